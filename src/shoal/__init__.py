@@ -1,0 +1,1 @@
+"""Shoal: composable sandboxes for agentic RL."""

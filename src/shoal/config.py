@@ -1,0 +1,67 @@
+"""Where Shoal keeps its state, and the defaults a host uses.
+
+Resolution order for the root: explicit argument > $SHOAL_ROOT > `root` in the config file
+($SHOAL_CONFIG, else /etc/shoal/config.toml) > /var/lib/shoal.
+"""
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import InvalidArgument
+
+DEFAULT_ROOT = Path("/var/lib/shoal")
+DEFAULT_CONFIG = Path("/etc/shoal/config.toml")
+
+
+@dataclass(frozen=True)
+class Settings:
+    root: Path = DEFAULT_ROOT
+    default_memory_mb: int = 512
+    default_cpu: float = 1.0
+    default_disk_mb: int = 1024
+    default_pids: int = 512
+    output_cap_bytes: int = 1 << 20
+    compression: str | None = None  # None = uncompressed EROFS (fastest to read); "lz4" / "lz4hc"
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def layers_dir(self) -> Path:
+        return self.root / "layers"
+
+    @property
+    def mounts_dir(self) -> Path:
+        return self.root / "mnt"
+
+    @property
+    def sandboxes_dir(self) -> Path:
+        return self.root / "sandboxes"
+
+    @property
+    def tombstones_dir(self) -> Path:
+        return self.root / "tombstones"
+
+    @property
+    def db_path(self) -> Path:
+        return self.root / "shoal.db"
+
+    @property
+    def tmp_dir(self) -> Path:
+        return self.root / "tmp"
+
+
+def load_settings(root: str | os.PathLike | None = None) -> Settings:
+    cfg_path = Path(os.environ.get("SHOAL_CONFIG", DEFAULT_CONFIG))
+    data: dict = {}
+    if cfg_path.is_file():
+        try:
+            data = tomllib.loads(cfg_path.read_text())
+        except tomllib.TOMLDecodeError as e:
+            raise InvalidArgument(f"config file {cfg_path} is not valid TOML: {e}") from e
+    chosen = root or os.environ.get("SHOAL_ROOT") or data.get("root") or DEFAULT_ROOT
+    known = {k: data[k] for k in ("default_memory_mb", "default_cpu", "default_disk_mb", "default_pids",
+                                  "output_cap_bytes", "compression") if k in data}
+    unknown = set(data) - set(known) - {"root"}
+    return Settings(root=Path(chosen).absolute(), extra={k: data[k] for k in unknown}, **known)

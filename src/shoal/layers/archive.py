@@ -1,0 +1,174 @@
+"""Reading layer tarballs and image archives safely.
+
+`extract_layer_tar` unpacks one layer tar into a directory and translates OCI whiteouts into the
+overlayfs form the kernel understands (`.wh.NAME` -> 0/0 character device NAME; `.wh..wh..opq` ->
+`trusted.overlay.opaque=y` on the directory). Members that would land outside the destination —
+absolute or `..` paths, paths through a symlink, hard links to outside — are refused.
+
+`read_image_archive` understands `docker save` archives (manifest.json) and OCI image layouts
+(index.json + blobs/), and yields each layer's tar stream bottom to top.
+"""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import tarfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from ..errors import CorruptArchive
+
+WHITEOUT_PREFIX = ".wh."
+OPAQUE_MARKER = ".wh..wh..opq"
+OPAQUE_XATTR = "trusted.overlay.opaque"
+
+
+def _clean_name(name: str) -> str:
+    parts = []
+    for p in name.replace("\\", "/").split("/"):
+        if p in ("", "."):
+            continue
+        if p == "..":
+            raise CorruptArchive(f"tar member {name!r} climbs out of the layer with '..'")
+        parts.append(p)
+    return "/".join(parts)
+
+
+def _check_parent(dest: str, rel: str) -> None:
+    """Refuse a member whose parent path crosses a symlink (it could point at the host)."""
+    cur = dest
+    for part in rel.split("/")[:-1]:
+        cur = os.path.join(cur, part)
+        try:
+            st = os.lstat(cur)
+        except FileNotFoundError:
+            return
+        if stat.S_ISLNK(st.st_mode):
+            raise CorruptArchive(f"tar member {rel!r} passes through symlink {cur[len(dest):]!r}")
+
+
+def _remove(path: str) -> None:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        import shutil
+
+        shutil.rmtree(path)
+    else:
+        os.unlink(path)
+
+
+def make_whiteout(path: str) -> None:
+    _remove(path)
+    os.mknod(path, stat.S_IFCHR | 0o000, os.makedev(0, 0))
+
+
+def extract_layer_tar(fileobj: IO[bytes] | None, dest: Path, path: Path | None = None) -> int:
+    """Extract one layer tar (plain or compressed) into `dest`; returns the member count."""
+    dest_s = str(dest)
+    count = 0
+    try:
+        tf = tarfile.open(name=str(path) if path else None, fileobj=fileobj, mode="r|*")
+    except (tarfile.TarError, OSError, EOFError) as e:
+        raise CorruptArchive(f"not a readable tar archive ({e})") from e
+    try:
+        with tf:
+            for member in tf:
+                count += 1
+                rel = _clean_name(member.name)
+                if not rel:
+                    continue
+                _check_parent(dest_s, rel)
+                parent, base = os.path.split(rel)
+                target = os.path.join(dest_s, rel)
+                if base == OPAQUE_MARKER:
+                    pdir = os.path.join(dest_s, parent)
+                    os.makedirs(pdir, exist_ok=True)
+                    os.setxattr(pdir, OPAQUE_XATTR, b"y")
+                    continue
+                if base.startswith(WHITEOUT_PREFIX):
+                    os.makedirs(os.path.join(dest_s, parent), exist_ok=True)
+                    make_whiteout(os.path.join(dest_s, parent, base[len(WHITEOUT_PREFIX):]))
+                    continue
+                if member.islnk():
+                    link = _clean_name(member.linkname)
+                    _check_parent(dest_s, link + "/x")
+                    member.linkname = link
+                member.name = rel
+                if os.path.lexists(target) and not (member.isdir() and os.path.isdir(target)):
+                    _remove(target)
+                tf.extract(member, dest_s, set_attrs=True, numeric_owner=True, filter="fully_trusted")
+    except tarfile.TarError as e:
+        raise CorruptArchive(f"corrupt tar archive: {e}") from e
+    except EOFError as e:
+        raise CorruptArchive(f"truncated tar archive: {e}") from e
+    return count
+
+
+@dataclass
+class ArchiveLayer:
+    name: str  # path of the layer inside the archive
+    open: object  # () -> IO[bytes]
+
+
+@dataclass
+class ImageArchive:
+    tags: list[str]
+    layers: list[ArchiveLayer]
+    config: dict
+
+
+def read_image_archive(path: Path) -> ImageArchive:
+    """Parse a docker-save or OCI-layout tar and describe its (first) image."""
+    try:
+        outer = tarfile.open(str(path), mode="r:*")
+    except (tarfile.TarError, OSError, EOFError) as e:
+        raise CorruptArchive(f"{path} is not a readable image archive ({e})") from e
+    members = {_clean_name(m.name): m for m in outer.getmembers() if m.isfile()}
+
+    def read_json(name: str) -> object:
+        if name not in members:
+            raise CorruptArchive(f"{path}: {name} missing from image archive")
+        try:
+            return json.load(outer.extractfile(members[name]))  # type: ignore[arg-type]
+        except (ValueError, tarfile.TarError) as e:
+            raise CorruptArchive(f"{path}: {name} is not valid JSON ({e})") from e
+
+    def opener(name: str):
+        if name not in members:
+            raise CorruptArchive(f"{path}: layer {name} missing from image archive")
+        return lambda: outer.extractfile(members[name])
+
+    if "manifest.json" in members:
+        manifest = read_json("manifest.json")
+        if not isinstance(manifest, list) or not manifest or "Layers" not in manifest[0]:
+            raise CorruptArchive(f"{path}: manifest.json has no image with Layers")
+        entry = manifest[0]
+        config = read_json(_clean_name(entry["Config"])) if entry.get("Config") else {}
+        layers = [ArchiveLayer(_clean_name(l), opener(_clean_name(l))) for l in entry["Layers"]]
+        return ImageArchive(list(entry.get("RepoTags") or []), layers, config if isinstance(config, dict) else {})
+    if "index.json" in members:
+        index = read_json("index.json")
+        try:
+            desc = index["manifests"][0]
+            blob = lambda d: "blobs/" + d.replace(":", "/", 1)  # noqa: E731
+            manifest = read_json(blob(desc["digest"]))
+            if "manifests" in manifest:  # nested index
+                manifest = read_json(blob(manifest["manifests"][0]["digest"]))
+            config = read_json(blob(manifest["config"]["digest"]))
+            layers = [ArchiveLayer(blob(l["digest"]), opener(blob(l["digest"]))) for l in manifest["layers"]]
+        except (KeyError, IndexError, TypeError) as e:
+            raise CorruptArchive(f"{path}: OCI layout is missing {e}") from e
+        ref = (desc.get("annotations") or {}).get("org.opencontainers.image.ref.name")
+        return ImageArchive([ref] if ref else [], layers, config)
+    raise CorruptArchive(f"{path}: neither manifest.json (docker save) nor index.json (OCI layout) found")
+
+
+def iter_layer_members(archive: ImageArchive) -> Iterator[tuple[str, IO[bytes]]]:
+    for layer in archive.layers:
+        yield layer.name, layer.open()  # type: ignore[operator]

@@ -1,0 +1,357 @@
+"""The layer store: immutable, content-addressed EROFS layers and named images (layer stacks).
+
+On disk, under the Shoal root:
+    layers/<hex>.erofs    one EROFS image per layer, named by its content digest
+    mnt/<hex>/            where that image is mounted, once per host, shared by all sandboxes
+    shoal.db              SQLite (WAL): layer metadata, layer names, images and their layer lists
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import shutil
+import sqlite3
+import tempfile
+import threading
+import time
+import tomllib
+from collections.abc import Callable, Iterable
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from ..config import Settings
+from ..errors import BadDigest, CorruptArchive, ImageNotFound, InvalidArgument, LayerInUse, LayerNotFound
+from . import archive, erofs
+from .digest import tree_digest
+
+_DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+_PREFIX_RE = re.compile(r"^(sha256:)?[0-9a-f]{6,64}$")
+_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._/-]{0,127}$")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS layers (
+    digest TEXT PRIMARY KEY, size INTEGER NOT NULL, image_bytes INTEGER NOT NULL,
+    entries INTEGER NOT NULL, created REAL NOT NULL, source TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS layer_names (
+    name TEXT PRIMARY KEY, digest TEXT NOT NULL REFERENCES layers(digest));
+CREATE TABLE IF NOT EXISTS images (
+    name TEXT NOT NULL, tag TEXT NOT NULL, created REAL NOT NULL, PRIMARY KEY (name, tag));
+CREATE TABLE IF NOT EXISTS image_layers (
+    name TEXT NOT NULL, tag TEXT NOT NULL, position INTEGER NOT NULL, digest TEXT NOT NULL,
+    PRIMARY KEY (name, tag, position));
+"""
+
+
+@dataclass(frozen=True)
+class LayerInfo:
+    digest: str
+    size: int  # bytes of file content
+    image_bytes: int  # bytes of the EROFS image on disk
+    entries: int
+    created: float
+    source: str
+    names: tuple[str, ...] = ()
+
+    @property
+    def hex(self) -> str:
+        return self.digest.split(":", 1)[1]
+
+    @property
+    def short(self) -> str:
+        return self.hex[:12]
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    name: str
+    tag: str
+    layers: tuple[str, ...]  # digests, bottom -> top
+    created: float
+
+    @property
+    def ref(self) -> str:
+        return f"{self.name}:{self.tag}"
+
+
+def split_ref(ref: str) -> tuple[str, str]:
+    name, _, tag = ref.partition(":")
+    tag = tag or "latest"
+    if not _NAME_RE.match(name) or not re.match(r"^[A-Za-z0-9_.-]{1,128}$", tag):
+        raise InvalidArgument(f"invalid image reference {ref!r}: expected NAME[:TAG] with lowercase name")
+    return name, tag
+
+
+class LayerStore:
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        for d in (settings.root, settings.layers_dir, settings.mounts_dir, settings.tmp_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(settings.db_path, timeout=30, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA busy_timeout=30000")
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    # ---------------------------------------------------------------- internals
+    @contextmanager
+    def _tx(self):
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _query(self, sql: str, args: Iterable = ()) -> list[tuple]:
+        with self._lock:
+            return self._db.execute(sql, tuple(args)).fetchall()
+
+    @contextmanager
+    def _host_lock(self, name: str):
+        """A cross-process lock (flock) under the root, e.g. around mounting a layer."""
+        path = self.settings.root / f".{name}.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def image_path(self, digest: str) -> Path:
+        return self.settings.layers_dir / f"{digest.split(':', 1)[1]}.erofs"
+
+    def mount_path(self, digest: str) -> Path:
+        return self.settings.mounts_dir / digest.split(":", 1)[1]
+
+    def _info(self, row: tuple) -> LayerInfo:
+        names = tuple(r[0] for r in self._query("SELECT name FROM layer_names WHERE digest=? ORDER BY name", [row[0]]))
+        return LayerInfo(*row, names=names)
+
+    # ---------------------------------------------------------------- building
+    def build_from_dir(self, src: str | os.PathLike, source: str | None = None, name: str | None = None) -> LayerInfo:
+        """Build (or find) the layer holding exactly the tree under `src`."""
+        src_path = Path(src)
+        if not src_path.is_dir():
+            raise InvalidArgument(f"layer source {src_path} is not a directory")
+        digest, size, entries = tree_digest(src_path)
+        existing = self._query("SELECT * FROM layers WHERE digest=?", [digest])
+        if existing and self.image_path(digest).exists():
+            if name:
+                self.tag_layer(name, digest)
+            return self.get(digest)
+        tmp = Path(tempfile.mkstemp(dir=self.settings.tmp_dir, suffix=".erofs")[1])
+        try:
+            erofs.build_image(src_path, tmp, self.settings.compression)
+            image_bytes = tmp.stat().st_size
+            os.chmod(tmp, 0o444)
+            os.replace(tmp, self.image_path(digest))  # atomic: readers never see half an image
+        finally:
+            tmp.unlink(missing_ok=True)
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO layers VALUES (?,?,?,?,?,?)",
+                       (digest, size, image_bytes, entries, time.time(), source or f"dir:{src_path.absolute()}"))
+        if name:
+            self.tag_layer(name, digest)
+        return self.get(digest)
+
+    @contextmanager
+    def _scratch(self):
+        d = Path(tempfile.mkdtemp(dir=self.settings.tmp_dir, prefix="build-"))
+        try:
+            yield d
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+
+    def build_from_tar(self, stream: IO[bytes] | None = None, path: str | os.PathLike | None = None,
+                       source: str | None = None, name: str | None = None) -> LayerInfo:
+        """Build a layer from a tar stream or file (gzip/bz2/xz accepted; OCI whiteouts translated)."""
+        if stream is None and path is None:
+            raise InvalidArgument("build_from_tar needs a stream or a path")
+        if path is not None and not Path(path).is_file():
+            raise InvalidArgument(f"tar file {path} does not exist")
+        with self._scratch() as d:
+            root = d / "root"
+            root.mkdir()
+            archive.extract_layer_tar(stream, root, Path(path) if path else None)
+            return self.build_from_dir(root, source=source or (f"tar:{path}" if path else "tar:stream"), name=name)
+
+    def import_archive(self, path: str | os.PathLike, ref: str | None = None,
+                       progress: Callable[[int, int], None] | None = None) -> ImageInfo:
+        """Import a `docker save` / OCI archive: each image layer becomes a layer; returns the image."""
+        p = Path(path)
+        if not p.is_file():
+            raise InvalidArgument(f"image archive {p} does not exist")
+        img = archive.read_image_archive(p)
+        digests = []
+        for i, layer in enumerate(img.layers):
+            if progress:
+                progress(i, len(img.layers))
+            stream = layer.open()  # type: ignore[operator]
+            if stream is None:
+                raise CorruptArchive(f"{p}: layer {layer.name} is not a regular file")
+            digests.append(self.build_from_tar(stream, source=f"archive:{p.name}:{layer.name}").digest)
+        if progress:
+            progress(len(img.layers), len(img.layers))
+        chosen = ref or (img.tags[0] if img.tags else p.stem.lower())
+        name, tag = split_ref(chosen.split("/")[-1] if "/" in chosen and ":" in chosen.split("/")[-1] else chosen)
+        return self.create_image(f"{name}:{tag}", digests)
+
+    # ---------------------------------------------------------------- lookup
+    def resolve(self, ref: str) -> str:
+        """A full digest, a unique digest prefix (>= 6 hex chars) or a layer name -> full digest."""
+        if not isinstance(ref, str) or not ref:
+            raise BadDigest(f"bad layer reference {ref!r}")
+        if _DIGEST_RE.match(ref):
+            if not self._query("SELECT 1 FROM layers WHERE digest=?", [ref]):
+                raise LayerNotFound(f"layer {ref} not found")
+            return ref
+        rows = self._query("SELECT digest FROM layer_names WHERE name=?", [ref])
+        if rows:
+            return rows[0][0]
+        if ref.startswith("sha256:") and not _PREFIX_RE.match(ref):
+            raise BadDigest(f"bad digest {ref!r}: expected sha256: followed by hex characters")
+        if _PREFIX_RE.match(ref):
+            hexpart = ref.split(":", 1)[-1]
+            rows = self._query("SELECT digest FROM layers WHERE digest LIKE ?", [f"sha256:{hexpart}%"])
+            if len(rows) == 1:
+                return rows[0][0]
+            if len(rows) > 1:
+                raise BadDigest(f"digest prefix {ref!r} is ambiguous ({len(rows)} layers match)")
+        raise LayerNotFound(f"layer {ref!r} not found (no such digest or layer name)")
+
+    def get(self, ref: str) -> LayerInfo:
+        digest = self.resolve(ref)
+        return self._info(self._query("SELECT * FROM layers WHERE digest=?", [digest])[0])
+
+    def list(self) -> list[LayerInfo]:
+        return [self._info(r) for r in self._query("SELECT * FROM layers ORDER BY created")]
+
+    def tag_layer(self, name: str, ref: str) -> None:
+        if not _NAME_RE.match(name):
+            raise InvalidArgument(f"invalid layer name {name!r}: lowercase letters, digits, . _ / - only")
+        digest = self.resolve(ref)
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO layer_names VALUES (?,?)", (name, digest))
+
+    # ---------------------------------------------------------------- images
+    def create_image(self, ref: str, layers: list[str]) -> ImageInfo:
+        """Name an ordered stack of layers (bottom -> top). Replaces an existing name:tag."""
+        name, tag = split_ref(ref)
+        if not layers:
+            raise InvalidArgument(f"image {ref} needs at least one layer")
+        digests = [self.resolve(l) for l in layers]
+        with self._tx() as db:
+            db.execute("DELETE FROM image_layers WHERE name=? AND tag=?", (name, tag))
+            db.execute("INSERT OR REPLACE INTO images VALUES (?,?,?)", (name, tag, time.time()))
+            db.executemany("INSERT INTO image_layers VALUES (?,?,?,?)",
+                           [(name, tag, i, d) for i, d in enumerate(digests)])
+        return self.get_image(f"{name}:{tag}")
+
+    def create_image_from_spec(self, spec_path: str | os.PathLike) -> ImageInfo:
+        """Create an image from a TOML spec: [image] name=..., tag=..., layers=[bottom, ..., top]."""
+        p = Path(spec_path)
+        try:
+            data = tomllib.loads(p.read_text())
+        except FileNotFoundError:
+            raise InvalidArgument(f"image spec {p} does not exist") from None
+        except tomllib.TOMLDecodeError as e:
+            raise InvalidArgument(f"image spec {p} is not valid TOML: {e}") from e
+        img = data.get("image")
+        if not isinstance(img, dict) or not isinstance(img.get("name"), str) or not isinstance(img.get("layers"), list):
+            raise InvalidArgument(f"image spec {p} needs an [image] table with name = \"...\" and layers = [...]")
+        return self.create_image(f"{img['name']}:{img.get('tag', 'latest')}", [str(x) for x in img["layers"]])
+
+    def get_image(self, ref: str) -> ImageInfo:
+        name, tag = split_ref(ref)
+        row = self._query("SELECT created FROM images WHERE name=? AND tag=?", [name, tag])
+        if not row:
+            raise ImageNotFound(f"image {name}:{tag} not found (see `shoal image ls`)")
+        layers = tuple(r[0] for r in self._query(
+            "SELECT digest FROM image_layers WHERE name=? AND tag=? ORDER BY position", [name, tag]))
+        return ImageInfo(name, tag, layers, row[0])
+
+    def list_images(self) -> list[ImageInfo]:
+        return [self.get_image(f"{n}:{t}") for n, t in self._query("SELECT name, tag FROM images ORDER BY name, tag")]
+
+    def remove_image(self, ref: str) -> None:
+        info = self.get_image(ref)
+        with self._tx() as db:
+            db.execute("DELETE FROM image_layers WHERE name=? AND tag=?", (info.name, info.tag))
+            db.execute("DELETE FROM images WHERE name=? AND tag=?", (info.name, info.tag))
+
+    # ---------------------------------------------------------------- removal
+    def image_refs(self, digest: str) -> list[str]:
+        return [f"{n}:{t}" for n, t in self._query(
+            "SELECT DISTINCT name, tag FROM image_layers WHERE digest=?", [digest])]
+
+    def remove_layer(self, ref: str, live: set[str] = frozenset()) -> LayerInfo:
+        """Remove a layer unless an image or a live sandbox (digests in `live`) still uses it."""
+        info = self.get(ref)
+        users = self.image_refs(info.digest)
+        if users:
+            raise LayerInUse(f"layer {info.short} is used by image(s) {', '.join(users)}; remove those first")
+        if info.digest in live:
+            raise LayerInUse(f"layer {info.short} is used by a live sandbox")
+        with self._host_lock("mount"):
+            self._unmount(info.digest)
+            with self._tx() as db:
+                db.execute("DELETE FROM layer_names WHERE digest=?", (info.digest,))
+                db.execute("DELETE FROM layers WHERE digest=?", (info.digest,))
+            self.image_path(info.digest).unlink(missing_ok=True)
+        return info
+
+    def gc(self, live: set[str] = frozenset(), keep_named: bool = True) -> dict:
+        """Unmount layers no live sandbox uses; delete layers no image, name or sandbox references."""
+        removed, unmounted = [], []
+        named = {r[0] for r in self._query("SELECT digest FROM layer_names")} if keep_named else set()
+        in_images = {r[0] for r in self._query("SELECT DISTINCT digest FROM image_layers")}
+        for info in self.list():
+            if info.digest in live:
+                continue
+            with self._host_lock("mount"):
+                if self._unmount(info.digest):
+                    unmounted.append(info.digest)
+            if info.digest not in in_images and info.digest not in named:
+                self.remove_layer(info.digest, live)
+                removed.append(info.digest)
+        for leftover in self.settings.tmp_dir.iterdir():
+            if time.time() - leftover.stat().st_mtime > 3600:
+                shutil.rmtree(leftover, ignore_errors=True) if leftover.is_dir() else leftover.unlink(missing_ok=True)
+        return {"removed": removed, "unmounted": unmounted}
+
+    # ---------------------------------------------------------------- mounting
+    def ensure_mounted(self, digests: Iterable[str]) -> list[Path]:
+        """Mount each layer once per host (idempotent, safe across processes)."""
+        digests = list(digests)
+        paths = [self.mount_path(d) for d in digests]
+        missing = [(d, p) for d, p in zip(digests, paths) if not os.path.ismount(p)]
+        if missing:
+            with self._host_lock("mount"):
+                for d, p in missing:
+                    if os.path.ismount(p):
+                        continue
+                    img = self.image_path(d)
+                    if not img.exists():
+                        raise LayerNotFound(f"layer {d} has no image file at {img}")
+                    p.mkdir(parents=True, exist_ok=True)
+                    erofs.mount_image(img, p)
+        return paths
+
+    def _unmount(self, digest: str) -> bool:
+        p = self.mount_path(digest)
+        if os.path.ismount(p):
+            erofs.unmount(p)
+            try:
+                p.rmdir()
+            except OSError:
+                pass
+            return True
+        return False

@@ -1,0 +1,336 @@
+"""The container backend: namespaces + cgroups + overlayfs over shared EROFS layer mounts.
+
+How a sandbox comes to life (see docs/architecture.md):
+ 1. the layer store mounts each layer of the image once per host (file-backed EROFS);
+ 2. this module creates the sandbox's cgroups (v1 or v2) and its state directory;
+ 3. `shoal-init launch` (C) starts a supervisor that mounts a size-capped tmpfs for the writable
+    upper and clones the sandbox init into new namespaces; init mounts overlayfs
+    (lowers = layer mounts, upper = tmpfs), /proc, /dev, pivots, hardens itself and serves
+    exec requests on a Unix socket that only the host can reach;
+ 4. when init dies (kill, TTL, crash) the supervisor releases the tmpfs, cgroups and state dir and
+    leaves a tombstone saying why. If the supervisor itself died, `sweep()` does the same.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import select
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from ...config import Settings
+from ...errors import InvalidArgument, QuotaExceeded, SandboxError, SandboxNotFound
+from ..abstract import (ExecRequest, ExecResult, Limits, OutputCallback, Runtime, SandboxInfo, SandboxSpec,
+                        SandboxState)
+from . import agent
+from .cgroups import CgroupDriver
+from .files import SandboxFiles
+from .native import helper_path
+
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+STARTUP_GRACE_S = 30.0
+
+
+def _starttime(pid: int) -> int | None:
+    """Process start time (clock ticks since boot) — with the pid, an identity that survives pid reuse."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    return int(data[data.rindex(b")") + 2:].split()[19])
+
+
+def _alive(pid: int | None, start: int | None) -> bool:
+    return bool(pid) and start is not None and _starttime(pid) == start  # type: ignore[arg-type]
+
+
+class ContainerRuntime(Runtime):
+    name = "container"
+
+    def __init__(self, settings: Settings, max_sandboxes: int = 4096):
+        if os.geteuid() != 0:
+            raise SandboxError("the container backend needs root (mounts, namespaces, cgroups)")
+        self.settings = settings
+        self.max_sandboxes = max_sandboxes
+        for d in (settings.sandboxes_dir, settings.tombstones_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        self.cgroups = CgroupDriver.detect()
+        self.cgroups.prepare_parent()
+        self.helper = str(helper_path(settings.root / "bin"))
+        self._meta: dict[str, dict] = {}
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ state
+    def _dir(self, sandbox_id: str) -> Path:
+        if not sandbox_id or "/" in sandbox_id or sandbox_id.startswith("."):
+            raise SandboxNotFound(f"invalid sandbox id {sandbox_id!r}")
+        return self.settings.sandboxes_dir / sandbox_id
+
+    def sock_path(self, sandbox_id: str) -> str:
+        return str(self._dir(sandbox_id) / "agent.sock")
+
+    def _load(self, sandbox_id: str) -> dict:
+        meta = self._meta.get(sandbox_id)
+        if meta is not None:
+            return meta
+        try:
+            meta = json.loads((self._dir(sandbox_id) / "meta.json").read_text())
+        except (FileNotFoundError, NotADirectoryError):
+            raise SandboxNotFound(self._gone_message(sandbox_id)) from None
+        except ValueError as e:
+            raise SandboxError(f"sandbox {sandbox_id}: unreadable state ({e})") from e
+        if meta.get("init_pid"):
+            self._meta[sandbox_id] = meta
+        return meta
+
+    def _gone_message(self, sandbox_id: str) -> str:
+        tomb = self.settings.tombstones_dir / sandbox_id
+        if tomb.exists():
+            reason = tomb.read_text().strip() or "exited"
+            explain = {"ttl": "its absolute TTL expired", "idle_ttl": "its idle TTL expired",
+                       "killed": "it was killed"}.get(reason, reason)
+            return f"sandbox {sandbox_id} no longer exists: {explain}"
+        return f"sandbox {sandbox_id} not found"
+
+    def _live_meta(self, sandbox_id: str) -> dict:
+        meta = self._load(sandbox_id)
+        if not _alive(meta.get("init_pid"), meta.get("init_start")):
+            self._meta.pop(sandbox_id, None)
+            raise SandboxNotFound(self._gone_message(sandbox_id))
+        return meta
+
+    def _write_meta(self, meta: dict) -> None:
+        d = self._dir(meta["id"])
+        tmp = d / "meta.json.tmp"
+        tmp.write_text(json.dumps(meta))
+        os.replace(tmp, d / "meta.json")
+
+    # ------------------------------------------------------------------ lifecycle
+    def create(self, spec: SandboxSpec, lower_dirs: list[Path] | None = None) -> SandboxInfo:
+        """Start a sandbox. `lower_dirs` are the mounted layers, bottom -> top."""
+        if not lower_dirs:
+            raise InvalidArgument("a sandbox needs at least one mounted layer")
+        if len(self._meta) >= self.max_sandboxes:
+            raise QuotaExceeded(f"host sandbox limit reached ({self.max_sandboxes}); kill some or retry later")
+        sandbox_id = "sb-" + secrets.token_hex(6)
+        d = self._dir(sandbox_id)
+        d.mkdir()
+        (d / "rootfs").mkdir()
+        (d / "disk").mkdir()
+        limits = spec.limits
+        meta = {"id": sandbox_id, "image": spec.image, "layers": list(spec.layers), "limits": limits.model_dump(),
+                "created": time.time(), "ttl": spec.ttl, "idle_ttl": spec.idle_ttl, "env": spec.env,
+                "hostname": spec.hostname or sandbox_id}
+        self._write_meta(meta)
+        try:
+            cg_dirs = self.cgroups.create(sandbox_id, limits)
+        except Exception:
+            shutil.rmtree(d, ignore_errors=True)
+            raise
+        # overlayfs wants the top-most lower first
+        lower = ":".join(str(p) for p in reversed(lower_dirs))
+        cmd = [self.helper, "launch", "--state", str(d), "--lower", lower, "--hostname", meta["hostname"],
+               "--disk-mb", str(limits.disk_mb), "--tombstone", str(self.settings.tombstones_dir / sandbox_id)]
+        for cg in cg_dirs:
+            cmd += ["--cgroup", str(cg)]
+        if spec.ttl:
+            cmd += ["--ttl-ms", str(int(spec.ttl * 1000))]
+        if spec.idle_ttl:
+            cmd += ["--idle-ttl-ms", str(int(spec.idle_ttl * 1000))]
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        line = proc.stdout.decode(errors="replace").strip()
+        if proc.returncode != 0 or not line.startswith("OK "):
+            self._cleanup(sandbox_id)
+            detail = line[4:] if line.startswith("ERR ") else (line or proc.stderr.decode(errors="replace").strip())
+            raise SandboxError(f"sandbox {sandbox_id} failed to start: {detail}")
+        init_pid, sup_pid = (int(x) for x in line.split()[1:3])
+        meta.update(init_pid=init_pid, sup_pid=sup_pid, init_start=_starttime(init_pid), sup_start=_starttime(sup_pid))
+        self._write_meta(meta)
+        with self._lock:
+            self._meta[sandbox_id] = meta
+        return self._info(meta)
+
+    def _info(self, meta: dict, state: SandboxState | None = None) -> SandboxInfo:
+        if state is None:
+            alive = _alive(meta.get("init_pid"), meta.get("init_start"))
+            state = (SandboxState.PAUSED if self.cgroups.is_frozen(meta["id"]) else SandboxState.RUNNING) \
+                if alive else SandboxState.DEAD
+        return SandboxInfo(id=meta["id"], image=meta["image"], layers=meta["layers"], limits=Limits(**meta["limits"]),
+                           state=state, created=meta["created"], ttl=meta.get("ttl"), idle_ttl=meta.get("idle_ttl"),
+                           init_pid=meta.get("init_pid"),
+                           memory_bytes=self.cgroups.memory_bytes(meta["id"]) if state != SandboxState.DEAD else None)
+
+    def info(self, sandbox_id: str) -> SandboxInfo:
+        meta = self._live_meta(sandbox_id)
+        return self._info(meta)
+
+    def list(self) -> list[SandboxInfo]:
+        out = []
+        for d in sorted(self.settings.sandboxes_dir.iterdir()):
+            try:
+                meta = self._load(d.name)
+            except (SandboxNotFound, SandboxError):
+                continue
+            if meta.get("init_pid") and _alive(meta["init_pid"], meta.get("init_start")):
+                out.append(self._info(meta))
+        return out
+
+    def live_layers(self) -> set[str]:
+        return {l for info in self.list() for l in info.layers}
+
+    def kill(self, sandbox_id: str) -> None:
+        meta = self._load(sandbox_id)
+        if not _alive(meta.get("init_pid"), meta.get("init_start")):
+            self._meta.pop(sandbox_id, None)
+            self._cleanup(sandbox_id)
+            raise SandboxNotFound(self._gone_message(sandbox_id))
+        # a frozen cgroup cannot die: thaw first so SIGKILL is delivered
+        try:
+            init_fd = os.pidfd_open(meta["init_pid"])
+        except ProcessLookupError:
+            init_fd = None
+        sup_fd = None
+        if _alive(meta.get("sup_pid"), meta.get("sup_start")):
+            try:
+                sup_fd = os.pidfd_open(meta["sup_pid"])
+            except ProcessLookupError:
+                sup_fd = None
+        try:
+            if init_fd is not None and _starttime(meta["init_pid"]) == meta["init_start"]:
+                signal.pidfd_send_signal(init_fd, signal.SIGKILL)
+            if self.cgroups.is_frozen(sandbox_id):
+                self.cgroups.freeze(sandbox_id, False)
+            if sup_fd is not None:
+                # the supervisor releases tmpfs, cgroups and the state dir; wait for it briefly
+                select.select([sup_fd], [], [], 5.0)
+        finally:
+            for fd in (init_fd, sup_fd):
+                if fd is not None:
+                    os.close(fd)
+        with self._lock:
+            self._meta.pop(sandbox_id, None)
+        self._cleanup(sandbox_id, reason="killed")
+
+    def _cleanup(self, sandbox_id: str, reason: str | None = None) -> None:
+        """Release everything a sandbox holds on the host; safe to call twice."""
+        d = self.settings.sandboxes_dir / sandbox_id
+        disk = d / "disk"
+        if os.path.ismount(disk):
+            from ...layers.erofs import unmount
+
+            unmount(disk)
+        self.cgroups.remove(sandbox_id)
+        shutil.rmtree(d, ignore_errors=True)
+        tomb = self.settings.tombstones_dir / sandbox_id
+        if reason and not tomb.exists():
+            tomb.write_text(reason)
+
+    def sweep(self) -> list[str]:
+        """Reap sandboxes whose supervisor died (host crash, kill -9): kill leftovers, free resources."""
+        reaped = []
+        known = set()
+        for d in list(self.settings.sandboxes_dir.iterdir()):
+            known.add(d.name)
+            try:
+                meta = json.loads((d / "meta.json").read_text())
+            except (OSError, ValueError):
+                if time.time() - d.stat().st_mtime > STARTUP_GRACE_S:
+                    self._cleanup(d.name, reason="orphaned")
+                    reaped.append(d.name)
+                continue
+            if not meta.get("init_pid"):
+                if time.time() - meta.get("created", 0) > STARTUP_GRACE_S:
+                    self._cleanup(d.name, reason="orphaned")
+                    reaped.append(d.name)
+                continue
+            if _alive(meta.get("sup_pid"), meta.get("sup_start")):
+                continue
+            if _alive(meta["init_pid"], meta.get("init_start")):
+                try:
+                    os.kill(meta["init_pid"], signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                if self.cgroups.is_frozen(d.name):
+                    self.cgroups.freeze(d.name, False)
+                for _ in range(200):
+                    if not _alive(meta["init_pid"], meta.get("init_start")):
+                        break
+                    time.sleep(0.005)
+            self._meta.pop(d.name, None)
+            self._cleanup(d.name, reason="orphaned")
+            reaped.append(d.name)
+        for cg in self.cgroups.list_ids() - known:
+            self.cgroups.remove(cg)
+        cutoff = time.time() - 86400
+        for t in self.settings.tombstones_dir.iterdir():
+            if t.stat().st_mtime < cutoff:
+                t.unlink(missing_ok=True)
+        return reaped
+
+    # ------------------------------------------------------------------ pause / TTL
+    def pause(self, sandbox_id: str) -> None:
+        self._live_meta(sandbox_id)
+        self.cgroups.freeze(sandbox_id, True)
+
+    def resume(self, sandbox_id: str) -> None:
+        self._live_meta(sandbox_id)
+        self.cgroups.freeze(sandbox_id, False)
+
+    def _ensure_running(self, sandbox_id: str) -> dict:
+        """Any request to a paused sandbox resumes it first (DSec semantics)."""
+        meta = self._live_meta(sandbox_id)
+        if self.cgroups.is_frozen(sandbox_id):
+            self.cgroups.freeze(sandbox_id, False)
+        return meta
+
+    def set_ttl(self, sandbox_id: str, ttl: float | None = None, idle_ttl: float | None = None) -> None:
+        """Replace both lifetimes: `ttl` counts from now; None clears it (so does idle_ttl=None)."""
+        for name, v in (("ttl", ttl), ("idle_ttl", idle_ttl)):
+            if v is not None and v <= 0:
+                raise InvalidArgument(f"{name} must be > 0 seconds or None, got {v}")
+        meta = self._ensure_running(sandbox_id)
+        agent.set_lifetimes(self.sock_path(sandbox_id), sandbox_id, int((ttl or 0) * 1000), int((idle_ttl or 0) * 1000))
+        meta.update(ttl=ttl, idle_ttl=idle_ttl)
+        self._write_meta(meta)
+
+    def touch(self, sandbox_id: str) -> None:
+        """Count as activity for the idle TTL (used by file operations, which bypass init)."""
+        meta = self._live_meta(sandbox_id)
+        if meta.get("idle_ttl"):
+            self._ensure_running(sandbox_id)
+            agent.ping(self.sock_path(sandbox_id), sandbox_id)
+
+    # ------------------------------------------------------------------ exec
+    def env_for(self, sandbox_id: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+        meta = self._load(sandbox_id)
+        env = {"PATH": DEFAULT_PATH, "HOME": "/root", "HOSTNAME": meta["hostname"], "LANG": "C.UTF-8"}
+        env.update(meta.get("env") or {})
+        if extra:
+            env.update(extra)
+        return env
+
+    def exec(self, sandbox_id: str, req: ExecRequest, on_stdout: OutputCallback | None = None,
+             on_stderr: OutputCallback | None = None) -> ExecResult:
+        self._ensure_running(sandbox_id)
+        return agent.run(self.sock_path(sandbox_id), sandbox_id, req.argv, self.env_for(sandbox_id, req.env),
+                         cwd=req.cwd, timeout=req.timeout, stdin=req.stdin, output_cap=req.output_cap,
+                         on_stdout=on_stdout, on_stderr=on_stderr)
+
+    def spawn(self, sandbox_id: str, argv: list[str], env: dict[str, str] | None = None, cwd: str = "/",
+              timeout: float | None = None, stdin_pipe: bool = False, merge_stderr: bool = False,
+              kill_on_close: bool = True, busy: bool = False) -> agent.Process:
+        """Start a process and hand back its pipes and control connection (background / sessions)."""
+        self._ensure_running(sandbox_id)
+        flags = (agent.FLAG_KILL_ON_CLOSE if kill_on_close else 0) | (agent.FLAG_BUSY if busy else 0)
+        return agent.Process(self.sock_path(sandbox_id), sandbox_id, argv, self.env_for(sandbox_id, env), cwd,
+                             timeout, flags, stdin_pipe=stdin_pipe, merge_stderr=merge_stderr)
+
+    def files(self, sandbox_id: str) -> SandboxFiles:
+        meta = self._live_meta(sandbox_id)
+        return SandboxFiles(f"/proc/{meta['init_pid']}/root", sandbox_id)

@@ -1,0 +1,183 @@
+"""Per-sandbox cgroups on v1 (per-controller hierarchies) and v2 (unified) hosts.
+
+Detected once at start: v2 when /sys/fs/cgroup is a cgroup2 mount with the memory controller,
+otherwise v1 with memory, pids, cpu and freezer mounted as separate (or co-mounted) hierarchies.
+Each sandbox gets `shoal/<id>` in every hierarchy; the supervisor removes them when it ends.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ...errors import BackendUnavailable, SandboxError
+from ..abstract import Limits
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+CFS_PERIOD_US = 100_000
+
+
+def _write(path: Path, value: str) -> None:
+    with open(path, "w") as f:
+        f.write(value)
+
+
+@dataclass
+class CgroupDriver:
+    version: int
+    mounts: dict[str, Path]  # controller -> hierarchy root (v2: all the same path)
+    parent: str = "shoal"
+
+    @classmethod
+    def detect(cls, parent: str = "shoal") -> "CgroupDriver":
+        controllers = CGROUP_ROOT / "cgroup.controllers"
+        if controllers.exists() and "memory" in controllers.read_text().split():
+            return cls(2, {c: CGROUP_ROOT for c in ("memory", "pids", "cpu", "freezer")}, parent)
+        mounts: dict[str, Path] = {}
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                fstype, _, opts = right.split(" ", 2)
+                if fstype != "cgroup":
+                    continue
+                opt_set = set(opts.strip().split(","))
+                for c in ("memory", "pids", "cpu", "freezer"):
+                    if c in opt_set:
+                        mounts[c] = Path(left.split(" ")[4])
+        missing = {"memory", "pids", "cpu", "freezer"} - set(mounts)
+        if missing:
+            raise BackendUnavailable(f"cgroup controllers not available on this host: {', '.join(sorted(missing))}")
+        return cls(1, mounts, parent)
+
+    # ------------------------------------------------------------------ paths
+    def dirs(self, sandbox_id: str) -> list[Path]:
+        unique = dict.fromkeys(m / self.parent / sandbox_id for m in self.mounts.values())
+        return list(unique)
+
+    def _dir(self, controller: str, sandbox_id: str) -> Path:
+        return self.mounts[controller] / self.parent / sandbox_id
+
+    # ------------------------------------------------------------------ lifecycle
+    def prepare_parent(self) -> None:
+        if self.version == 2:
+            root = CGROUP_ROOT
+            parent = root / self.parent
+            parent.mkdir(exist_ok=True)
+            for d in (root, parent):
+                have = set((d / "cgroup.subtree_control").read_text().split())
+                want = {"memory", "pids", "cpu"} - have
+                if want:
+                    _write(d / "cgroup.subtree_control", " ".join(f"+{c}" for c in sorted(want)))
+        else:
+            for m in set(self.mounts.values()):
+                (m / self.parent).mkdir(exist_ok=True)
+
+    def create(self, sandbox_id: str, limits: Limits) -> list[Path]:
+        dirs = self.dirs(sandbox_id)
+        try:
+            for d in dirs:
+                d.mkdir()
+            mem = limits.memory_mb * 1024 * 1024
+            quota = max(1000, int(limits.cpu * CFS_PERIOD_US))
+            if self.version == 2:
+                d = dirs[0]
+                _write(d / "memory.max", str(mem))
+                if (d / "memory.swap.max").exists():
+                    _write(d / "memory.swap.max", "0")
+                _write(d / "pids.max", str(limits.pids))
+                _write(d / "cpu.max", f"{quota} {CFS_PERIOD_US}")
+            else:
+                m = self._dir("memory", sandbox_id)
+                _write(m / "memory.limit_in_bytes", str(mem))
+                if (m / "memory.memsw.limit_in_bytes").exists():
+                    _write(m / "memory.memsw.limit_in_bytes", str(mem))
+                _write(self._dir("pids", sandbox_id) / "pids.max", str(limits.pids))
+                c = self._dir("cpu", sandbox_id)
+                _write(c / "cpu.cfs_period_us", str(CFS_PERIOD_US))
+                _write(c / "cpu.cfs_quota_us", str(quota))
+        except OSError as e:
+            self.remove(sandbox_id)
+            raise SandboxError(f"cannot set up cgroups for {sandbox_id}: {e}") from e
+        return dirs
+
+    def remove(self, sandbox_id: str, wait_s: float = 2.0) -> bool:
+        """Remove the sandbox's cgroups (retrying while the kernel still reaps its tasks)."""
+        deadline = time.monotonic() + wait_s
+        ok = True
+        for d in self.dirs(sandbox_id):
+            while True:
+                try:
+                    d.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        ok = False
+                        break
+                    self._kill_all(d)
+                    time.sleep(0.01)
+        return ok
+
+    def _kill_all(self, d: Path) -> None:
+        try:
+            for pid in (d / "cgroup.procs").read_text().split():
+                try:
+                    os.kill(int(pid), 9)
+                except ProcessLookupError:
+                    pass
+        except OSError:
+            pass
+
+    def list_ids(self) -> set[str]:
+        out: set[str] = set()
+        for m in set(self.mounts.values()):
+            p = m / self.parent
+            if p.is_dir():
+                out.update(x.name for x in p.iterdir() if x.is_dir())
+        return out
+
+    # ------------------------------------------------------------------ freezer and stats
+    def freeze(self, sandbox_id: str, frozen: bool, timeout: float = 5.0) -> None:
+        deadline = time.monotonic() + timeout
+        if self.version == 2:
+            d = self._dir("freezer", sandbox_id)
+            _write(d / "cgroup.freeze", "1" if frozen else "0")
+            want = f"frozen {1 if frozen else 0}"
+            while want not in (d / "cgroup.events").read_text():
+                if time.monotonic() > deadline:
+                    raise SandboxError(f"{sandbox_id}: freezer did not reach {want!r}")
+                time.sleep(0.001)
+        else:
+            d = self._dir("freezer", sandbox_id)
+            target = "FROZEN" if frozen else "THAWED"
+            _write(d / "freezer.state", target)
+            while (d / "freezer.state").read_text().strip() != target:
+                if time.monotonic() > deadline:
+                    raise SandboxError(f"{sandbox_id}: freezer did not reach {target}")
+                _write(d / "freezer.state", target)
+                time.sleep(0.001)
+
+    def is_frozen(self, sandbox_id: str) -> bool:
+        d = self._dir("freezer", sandbox_id)
+        try:
+            if self.version == 2:
+                return "frozen 1" in (d / "cgroup.events").read_text()
+            return (d / "freezer.state").read_text().strip() != "THAWED"
+        except OSError:
+            return False
+
+    def memory_bytes(self, sandbox_id: str) -> int | None:
+        d = self._dir("memory", sandbox_id)
+        name = "memory.current" if self.version == 2 else "memory.usage_in_bytes"
+        try:
+            return int((d / name).read_text())
+        except (OSError, ValueError):
+            return None
+
+    def pids_current(self, sandbox_id: str) -> int | None:
+        try:
+            return int((self._dir("pids", sandbox_id) / "pids.current").read_text())
+        except (OSError, ValueError):
+            return None

@@ -1,0 +1,259 @@
+"""File access inside a sandbox from the host, confined to the sandbox root.
+
+Every path is resolved with openat2(RESOLVE_IN_ROOT) against the sandbox's root directory
+(/proc/<init>/root): `..` stops at the sandbox root and absolute symlinks are resolved as if the
+sandbox root were `/`, so no path or symlink can reach a host file. The final component is opened
+with O_NOFOLLOW where a symlink would be written through.
+"""
+from __future__ import annotations
+
+import ctypes
+import io
+import os
+import stat
+import tarfile
+from pathlib import PurePosixPath
+
+from ...errors import FileOpError, InvalidArgument, PathOutsideSandbox
+from ..abstract import FileEntry
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+_SYS_OPENAT2 = 437
+RESOLVE_NO_MAGICLINKS = 0x02
+RESOLVE_IN_ROOT = 0x10
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+def openat2(dirfd: int, path: str, flags: int, mode: int = 0, resolve: int = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS) -> int:
+    how = _OpenHow(flags | os.O_CLOEXEC, mode, resolve)
+    fd = _libc.syscall(_SYS_OPENAT2, dirfd, path.encode("utf-8", "surrogateescape"), ctypes.byref(how), ctypes.sizeof(how))
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), path)
+    return fd
+
+
+def _norm(path: str) -> str:
+    if not isinstance(path, str) or not path:
+        raise InvalidArgument(f"invalid sandbox path {path!r}")
+    if "\0" in path:
+        raise InvalidArgument("sandbox paths may not contain NUL bytes")
+    return path
+
+
+def _type(mode: int) -> str:
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISDIR(mode):
+        return "dir"
+    if stat.S_ISLNK(mode):
+        return "symlink"
+    return "other"
+
+
+class SandboxFiles:
+    """Files API over one sandbox root (a directory fd the caller keeps valid)."""
+
+    def __init__(self, root_path: str, sandbox_id: str):
+        self.root_path = root_path
+        self.sandbox_id = sandbox_id
+
+    def _root(self) -> int:
+        try:
+            return os.open(self.root_path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as e:
+            raise FileOpError(f"sandbox {self.sandbox_id} root is not reachable: {e.strerror}") from e
+
+    def _err(self, e: OSError, op: str, path: str) -> FileOpError:
+        if e.errno == 18:  # EXDEV: resolution tried to leave the root
+            return PathOutsideSandbox(f"{op} {path!r}: path escapes the sandbox root")
+        return FileOpError(f"{op} {path!r} in sandbox {self.sandbox_id}: {e.strerror}")
+
+    def _open(self, path: str, flags: int, mode: int = 0) -> int:
+        root = self._root()
+        try:
+            return openat2(root, _norm(path), flags, mode)
+        except OSError as e:
+            raise self._err(e, "open", path) from e
+        finally:
+            os.close(root)
+
+    def _parent(self, path: str) -> tuple[int, str]:
+        """An O_PATH fd of the parent directory (resolved in root) and the final name."""
+        p = PurePosixPath(_norm(path))
+        name = p.name
+        if name in ("", ".", ".."):
+            raise InvalidArgument(f"{path!r} does not name a file")
+        return self._open(str(p.parent), os.O_PATH | os.O_DIRECTORY), name
+
+    # ------------------------------------------------------------------ API
+    def read(self, path: str, max_bytes: int = 64 << 20) -> bytes:
+        fd = self._open(path, os.O_RDONLY)
+        try:
+            st = os.fstat(fd)
+            if stat.S_ISDIR(st.st_mode):
+                raise FileOpError(f"read {path!r}: is a directory")
+            chunks, total = [], 0
+            while chunk := os.read(fd, 1 << 20):
+                total += len(chunk)
+                if total > max_bytes:
+                    raise FileOpError(f"read {path!r}: larger than max_bytes={max_bytes}")
+                chunks.append(chunk)
+            return b"".join(chunks)
+        finally:
+            os.close(fd)
+
+    def write(self, path: str, data: bytes | str, mode: int = 0o644, make_parents: bool = True) -> int:
+        if isinstance(data, str):
+            data = data.encode()
+        if make_parents:
+            self.mkdir(str(PurePosixPath(path).parent), parents=True)
+        pfd, name = self._parent(path)
+        try:
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=pfd)
+        except OSError as e:
+            raise self._err(e, "write", path) from e
+        finally:
+            os.close(pfd)
+        try:
+            view = memoryview(data)
+            while view:
+                n = os.write(fd, view)
+                view = view[n:]
+        except OSError as e:
+            raise self._err(e, "write", path) from e
+        finally:
+            os.close(fd)
+        return len(data)
+
+    def mkdir(self, path: str, parents: bool = True, mode: int = 0o755) -> None:
+        p = PurePosixPath(_norm(path))
+        parts = [str(x) for x in ([p] if not parents else list(reversed(p.parents))[1:] + [p])]
+        for part in parts:
+            if part in ("/", "."):
+                continue
+            pfd, name = self._parent(part)
+            try:
+                os.mkdir(name, mode, dir_fd=pfd)
+            except FileExistsError:
+                # never follow here: an absolute symlink would be resolved against the host root
+                st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
+                if not (stat.S_ISDIR(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+                    raise FileOpError(f"mkdir {part!r}: exists and is not a directory") from None
+            except OSError as e:
+                raise self._err(e, "mkdir", part) from e
+            finally:
+                os.close(pfd)
+
+    def stat(self, path: str) -> FileEntry:
+        pfd, name = (self._open("/", os.O_PATH | os.O_DIRECTORY), ".") if PurePosixPath(path).name in ("", "/") else self._parent(path)
+        try:
+            st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
+        except OSError as e:
+            raise self._err(e, "stat", path) from e
+        finally:
+            os.close(pfd)
+        return FileEntry(name=PurePosixPath(path).name or "/", path=path, type=_type(st.st_mode), size=st.st_size,
+                         mode=stat.S_IMODE(st.st_mode), mtime=st.st_mtime)
+
+    def exists(self, path: str) -> bool:
+        try:
+            self.stat(path)
+            return True
+        except FileOpError:
+            return False
+
+    def list(self, path: str = "/") -> list[FileEntry]:
+        fd = self._open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            out = []
+            for name in sorted(os.listdir(fd)):
+                try:
+                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                out.append(FileEntry(name=name, path=str(PurePosixPath(path) / name), type=_type(st.st_mode),
+                                     size=st.st_size, mode=stat.S_IMODE(st.st_mode), mtime=st.st_mtime))
+            return out
+        finally:
+            os.close(fd)
+
+    def remove(self, path: str) -> None:
+        pfd, name = self._parent(path)
+        try:
+            st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode):
+                os.rmdir(name, dir_fd=pfd)
+            else:
+                os.unlink(name, dir_fd=pfd)
+        except OSError as e:
+            raise self._err(e, "remove", path) from e
+        finally:
+            os.close(pfd)
+
+    # ------------------------------------------------------------------ tar transfer
+    def download(self, path: str) -> bytes:
+        """A tar archive of `path` (file or directory tree) inside the sandbox; symlinks are not followed."""
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tf:
+            top = self.stat(path)
+            self._add_tar(tf, path, PurePosixPath(path).name or ".", top)
+        return buf.getvalue()
+
+    def _add_tar(self, tf: tarfile.TarFile, path: str, arcname: str, entry: FileEntry) -> None:
+        info = tarfile.TarInfo(arcname)
+        info.mode, info.mtime = entry.mode, int(entry.mtime)
+        if entry.type == "dir":
+            info.type = tarfile.DIRTYPE
+            tf.addfile(info)
+            for child in self.list(path):
+                self._add_tar(tf, child.path, f"{arcname}/{child.name}", child)
+        elif entry.type == "symlink":
+            pfd, name = self._parent(path)
+            try:
+                info.linkname = os.readlink(name, dir_fd=pfd)
+            finally:
+                os.close(pfd)
+            info.type = tarfile.SYMTYPE
+            tf.addfile(info)
+        elif entry.type == "file":
+            data = self.read(path, max_bytes=1 << 40)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+
+    def upload(self, dest_dir: str, tar_bytes: bytes) -> int:
+        """Extract a tar archive under `dest_dir` inside the sandbox; returns the number of entries."""
+        self.mkdir(dest_dir, parents=True)
+        count = 0
+        try:
+            tf = tarfile.open(fileobj=io.BytesIO(tar_bytes), mode="r:*")
+        except tarfile.TarError as e:
+            raise InvalidArgument(f"upload: not a tar archive ({e})") from e
+        with tf:
+            for m in tf:
+                rel = PurePosixPath(m.name)
+                if rel.is_absolute() or ".." in rel.parts:
+                    raise PathOutsideSandbox(f"upload: archive member {m.name!r} leaves the destination")
+                target = str(PurePosixPath(dest_dir) / rel)
+                count += 1
+                if m.isdir():
+                    self.mkdir(target, parents=True, mode=m.mode & 0o7777 or 0o755)
+                elif m.isfile():
+                    f = tf.extractfile(m)
+                    self.write(target, f.read() if f else b"", mode=m.mode & 0o7777 or 0o644)
+                elif m.issym():
+                    self.mkdir(str(PurePosixPath(target).parent), parents=True)
+                    pfd, name = self._parent(target)
+                    try:
+                        os.symlink(m.linkname, name, dir_fd=pfd)
+                    except OSError as e:
+                        raise self._err(e, "symlink", target) from e
+                    finally:
+                        os.close(pfd)
+                else:
+                    raise InvalidArgument(f"upload: member {m.name!r} has an unsupported type")
+        return count

@@ -1,0 +1,847 @@
+/*
+ * shoal-init: the small privileged core of Shoal's container backend.
+ *
+ * One binary, three roles (bubblewrap-style: each step maps to one kernel feature):
+ *
+ *   launcher   (the process Python starts)   forks the supervisor, waits for "ready", prints
+ *                                            "OK <init_pid> <supervisor_pid>" and exits.
+ *   supervisor (host namespaces, detached)   mounts the size-capped tmpfs that holds the writable
+ *                                            upper, clones the sandbox init, puts it in its cgroups,
+ *                                            then waits for it to die and releases everything
+ *                                            (tmpfs, cgroups, state dir) and writes a tombstone.
+ *   init       (PID 1 of new mnt/pid/uts/ipc/net/cgroup namespaces)
+ *                                            builds the rootfs (overlayfs over the EROFS layer
+ *                                            mounts), pivots into it, hardens itself (capability
+ *                                            bounding set, no_new_privs, seccomp, non-dumpable) and
+ *                                            then serves exec requests on a SOCK_SEQPACKET socket
+ *                                            that lives in a host directory the sandbox cannot see.
+ *                                            Every command it forks inherits the hardening.
+ *
+ * Protocol (little endian; one message per packet; see shoal/runtime/container/agent.py):
+ *   client -> init   'E' exec: u8 op, u8 flags, u16 pad, u32 timeout_ms, u32 argc, u32 envc,
+ *                              then cwd\0 argv[i]\0... env[i]\0...; SCM_RIGHTS: stdin, stdout, stderr
+ *                    'K' signal: u8 op, u8 mode (0 = process group, 1 = group except leader), i32 sig
+ *                    'T' touch: u8 op, u8 busy   (marks this connection busy/idle for the idle TTL)
+ *                    'P' ping:  u8 op            (answers 'P' + u32 running commands)
+ *                    'L' lifetimes: u8 op, 7 pad, i64 ttl_ms from now (0 none, -1 keep), i64 idle_ttl_ms
+ *   init -> client   'S' started: u8 op, 3 pad, i32 pid (pid inside the sandbox)
+ *                    'X' exited:  u8 op, u8 timed_out, 2 pad, i32 wait status
+ *                    'F' failed:  u8 op, 3 pad, i32 errno, message
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/audit.h>
+#include <linux/capability.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <net/if.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/sysmacros.h>
+#include <sys/types.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <dirent.h>
+
+#ifndef CLONE_NEWCGROUP
+#define CLONE_NEWCGROUP 0x02000000
+#endif
+
+#define MAX_CGROUPS 16
+#define MAX_MSG (256 * 1024)
+
+enum { EXIT_OK = 0, EXIT_SETUP = 70, EXIT_TTL = 71, EXIT_IDLE = 72 };
+
+struct config {
+    const char *rootfs, *disk, *lower, *sock, *hostname, *state_dir, *tombstone;
+    const char *cgroups[MAX_CGROUPS];
+    int n_cgroups;
+    long disk_mb, shm_mb;
+    long long ttl_ms, idle_ttl_ms;
+};
+
+static struct config cfg;
+static int status_fd = -1; /* init -> supervisor: "" on success, error text on failure */
+static int ready_out_fd = -1; /* supervisor -> launcher: "OK ..." or "ERR ..." */
+
+static void die(const char *fmt, ...) {
+    char buf[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, sizeof buf - 64, fmt, ap);
+    va_end(ap);
+    if (errno) n += snprintf(buf + n, sizeof buf - n, ": %s", strerror(errno));
+    if (status_fd >= 0) {
+        ssize_t w = write(status_fd, buf, (size_t)n);
+        (void)w;
+    } else if (ready_out_fd >= 0) {
+        dprintf(ready_out_fd, "ERR %s\n", buf);
+    } else {
+        fprintf(stderr, "shoal-init: %s\n", buf);
+    }
+    _exit(EXIT_SETUP);
+}
+
+static long long now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int write_file(const char *path, const char *data) {
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    ssize_t n = write(fd, data, strlen(data));
+    int saved = errno;
+    close(fd);
+    errno = saved;
+    return n == (ssize_t)strlen(data) ? 0 : -1;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* rootfs                                                                                      */
+
+static void mount_or_die(const char *src, const char *dst, const char *type, unsigned long flags,
+                         const char *data) {
+    if (mount(src, dst, type, flags, data) < 0) die("mount %s on %s (%s)", src ? src : "-", dst, type ? type : "bind");
+}
+
+static void mkdir_p_in(const char *path, mode_t mode) {
+    if (mkdir(path, mode) < 0 && errno != EEXIST) die("mkdir %s", path);
+    errno = 0;
+}
+
+/* Hide a /proc entry: a file gets /dev/null bound over it, a directory an empty read-only tmpfs. */
+static void mask_path(const char *path) {
+    struct stat st;
+    if (stat(path, &st) < 0) { errno = 0; return; }
+    if (S_ISDIR(st.st_mode)) {
+        mount_or_die("tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=0,mode=0555");
+    } else {
+        mount_or_die("/dev/null", path, NULL, MS_BIND, NULL);
+    }
+}
+
+/* Bind a /proc subtree onto itself read-only (writes to /proc/sys et al. then fail with EROFS). */
+static void readonly_path(const char *path) {
+    struct stat st;
+    if (stat(path, &st) < 0) { errno = 0; return; }
+    mount_or_die(path, path, NULL, MS_BIND | MS_REC, NULL);
+    mount_or_die(NULL, path, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+}
+
+static void make_dev(const char *name, unsigned maj, unsigned min) {
+    if (mknod(name, S_IFCHR | 0666, makedev(maj, min)) < 0) die("mknod /dev/%s", name);
+    chmod(name, 0666); /* umask-proof */
+}
+
+static void setup_rootfs(void) {
+    char path[4096], opts[8192];
+
+    mount_or_die(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL);
+    int n = snprintf(opts, sizeof opts, "lowerdir=%s,upperdir=%s/upper,workdir=%s/work", cfg.lower, cfg.disk, cfg.disk);
+    if (n >= (int)sizeof opts - 1) { errno = 0; die("overlay options too long (%d layers?)", n); }
+    mount_or_die("overlay", cfg.rootfs, "overlay", 0, opts);
+    if (chdir(cfg.rootfs) < 0) die("chdir rootfs");
+
+    /* /proc: a fresh instance for the new PID namespace, then hide what leaks host state. */
+    mkdir_p_in("proc", 0555);
+    mount_or_die("proc", "proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+    static const char *masked[] = {"proc/kcore", "proc/kpagecgroup", "proc/kpagecount", "proc/kpageflags",
+                                   "proc/kpageidle", "proc/keys", "proc/key-users", "proc/timer_list",
+                                   "proc/sched_debug", "proc/latency_stats", "proc/sysrq-trigger",
+                                   "proc/acpi", "proc/scsi", "proc/driver", "proc/kmsg", "proc/vmallocinfo",
+                                   "proc/slabinfo", "proc/pagetypeinfo", "proc/buddyinfo", "proc/mtrr", NULL};
+    for (int i = 0; masked[i]; i++) mask_path(masked[i]);
+    static const char *ro[] = {"proc/sys", "proc/irq", "proc/bus", "proc/fs", "proc/asound", NULL};
+    for (int i = 0; ro[i]; i++) readonly_path(ro[i]);
+
+    /* /dev: a small tmpfs with the usual character devices; no host device is reachable. */
+    mkdir_p_in("dev", 0755);
+    mount_or_die("tmpfs", "dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=1024k,nr_inodes=256");
+    if (chdir("dev") < 0) die("chdir dev");
+    make_dev("null", 1, 3);
+    make_dev("zero", 1, 5);
+    make_dev("full", 1, 7);
+    make_dev("random", 1, 8);
+    make_dev("urandom", 1, 9);
+    make_dev("tty", 5, 0);
+    mkdir_p_in("pts", 0755);
+    mount_or_die("devpts", "pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620");
+    if (symlink("pts/ptmx", "ptmx") < 0) die("symlink ptmx");
+    mkdir_p_in("shm", 01777);
+    snprintf(opts, sizeof opts, "mode=1777,size=%ldm", cfg.shm_mb);
+    mount_or_die("shm", "shm", "tmpfs", MS_NOSUID | MS_NODEV, opts);
+    if (symlink("/proc/self/fd", "fd") < 0 || symlink("/proc/self/fd/0", "stdin") < 0 ||
+        symlink("/proc/self/fd/1", "stdout") < 0 || symlink("/proc/self/fd/2", "stderr") < 0)
+        die("symlink /dev/fd");
+    if (chdir("..") < 0) die("chdir ..");
+
+    /* /sys read-only (it belongs to the new network namespace, so it shows only `lo`). */
+    mkdir_p_in("sys", 0555);
+    if (mount("sysfs", "sys", "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0) errno = 0;
+    mkdir_p_in("tmp", 01777);
+    chmod("tmp", 01777);
+
+    /* pivot_root(".", ".") stacks the old root under the new one; detaching it leaves no trace. */
+    if (syscall(SYS_pivot_root, ".", ".") < 0) die("pivot_root");
+    if (umount2(".", MNT_DETACH) < 0) die("detach old root");
+    if (chdir("/") < 0) die("chdir /");
+    (void)path;
+}
+
+static void loopback_up(void) {
+    int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (s < 0) die("socket");
+    struct ifreq ifr;
+    memset(&ifr, 0, sizeof ifr);
+    strcpy(ifr.ifr_name, "lo");
+    if (ioctl(s, SIOCGIFFLAGS, &ifr) < 0) die("SIOCGIFFLAGS lo");
+    ifr.ifr_flags |= IFF_UP | IFF_RUNNING;
+    if (ioctl(s, SIOCSIFFLAGS, &ifr) < 0) die("SIOCSIFFLAGS lo");
+    close(s);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* hardening                                                                                   */
+
+/* The capabilities a root process inside the sandbox keeps (Docker's default set minus
+ * NET_RAW and MKNOD). Everything else leaves the bounding set, so no exec can regain it. */
+static const int keep_caps[] = {CAP_CHOWN, CAP_DAC_OVERRIDE, CAP_FOWNER, CAP_FSETID, CAP_KILL,
+                                CAP_SETGID, CAP_SETUID, CAP_SETPCAP, CAP_NET_BIND_SERVICE,
+                                CAP_SYS_CHROOT, CAP_AUDIT_WRITE, CAP_SETFCAP};
+
+static void drop_capabilities(void) {
+    uint64_t keep = 0;
+    for (size_t i = 0; i < sizeof keep_caps / sizeof keep_caps[0]; i++) keep |= 1ULL << keep_caps[i];
+    for (int cap = 0; cap < 64; cap++) {
+        if (keep & (1ULL << cap)) continue;
+        if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 && errno != EINVAL) die("PR_CAPBSET_DROP %d", cap);
+        errno = 0;
+    }
+    prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+    struct __user_cap_header_struct hdr = {_LINUX_CAPABILITY_VERSION_3, 0};
+    struct __user_cap_data_struct data[2];
+    memset(data, 0, sizeof data);
+    data[0].effective = data[0].permitted = (uint32_t)keep;
+    data[1].effective = data[1].permitted = (uint32_t)(keep >> 32);
+    if (syscall(SYS_capset, &hdr, data) < 0) die("capset");
+}
+
+#if defined(__x86_64__)
+#define SHOAL_AUDIT_ARCH AUDIT_ARCH_X86_64
+#elif defined(__aarch64__)
+#define SHOAL_AUDIT_ARCH AUDIT_ARCH_AARCH64
+#else
+#error "unsupported architecture"
+#endif
+
+/* Syscalls no sandboxed process may make: they reach host-global kernel state. */
+static const int denied_syscalls[] = {
+    SYS_mount, SYS_umount2, SYS_pivot_root, SYS_move_mount, SYS_open_tree, SYS_fsopen, SYS_fsconfig,
+    SYS_fsmount, SYS_fspick, SYS_mount_setattr, SYS_kexec_load, SYS_kexec_file_load, SYS_init_module,
+    SYS_finit_module, SYS_delete_module, SYS_bpf, SYS_keyctl, SYS_add_key, SYS_request_key,
+    SYS_perf_event_open, SYS_setns, SYS_swapon, SYS_swapoff, SYS_reboot, SYS_syslog, SYS_acct,
+    SYS_settimeofday, SYS_clock_settime, SYS_clock_adjtime, SYS_adjtimex, SYS_quotactl,
+    SYS_open_by_handle_at, SYS_name_to_handle_at, SYS_userfaultfd, SYS_fanotify_init,
+    SYS_process_vm_writev, SYS_lookup_dcookie, SYS_personality, SYS_vhangup, SYS_pidfd_getfd,
+#ifdef SYS_iopl
+    SYS_iopl, SYS_ioperm,
+#endif
+#ifdef SYS_uselib
+    SYS_uselib, SYS_sysfs, SYS__sysctl, SYS_ustat, SYS_nfsservctl,
+#endif
+#ifdef SYS_quotactl_fd
+    SYS_quotactl_fd,
+#endif
+};
+
+/* ioctl commands (type and number, any size/direction) that move or share extents between
+ * files or inject terminal input: XFS_IOC_SWAPEXT, EXT4_IOC_MOVE_EXT, FICLONE, FICLONERANGE,
+ * FIDEDUPERANGE, TIOCSTI, TIOCLINUX. */
+static const uint32_t denied_ioctls[] = {0x586d, 0x660f, 0x9409, 0x940d, 0x9436, 0x5412, 0x541c};
+
+#define EMIT(code, k, jt, jf) (prog[n++] = (struct sock_filter)BPF_JUMP(code, k, jt, jf))
+#define RET_ERRNO(e) (SECCOMP_RET_ERRNO | ((e) & SECCOMP_RET_DATA))
+
+static void install_seccomp(void) {
+    struct sock_filter prog[256];
+    int n = 0;
+    const size_t n_denied = sizeof denied_syscalls / sizeof denied_syscalls[0];
+    const size_t n_ioctl = sizeof denied_ioctls / sizeof denied_ioctls[0];
+
+    /* 0: a foreign ABI (e.g. 32-bit int 0x80 on x86_64) is not allowed at all */
+    EMIT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch), 0, 0);
+    EMIT(BPF_JMP | BPF_JEQ | BPF_K, SHOAL_AUDIT_ARCH, 1, 0);
+    EMIT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS, 0, 0);
+    EMIT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr), 0, 0);
+#if defined(__x86_64__)
+    /* x32 syscall numbers have bit 30 set */
+    EMIT(BPF_JMP | BPF_JGE | BPF_K, 0x40000000, 0, 1);
+    EMIT(BPF_RET | BPF_K, RET_ERRNO(EPERM), 0, 0);
+#endif
+    for (size_t i = 0; i < n_denied; i++) {
+        EMIT(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)denied_syscalls[i], 0, 1);
+        EMIT(BPF_RET | BPF_K, RET_ERRNO(EPERM), 0, 0);
+    }
+    /* clone3 passes flags in memory that seccomp cannot read: ENOSYS makes libc fall back to clone */
+    EMIT(BPF_JMP | BPF_JEQ | BPF_K, SYS_clone3, 0, 1);
+    EMIT(BPF_RET | BPF_K, RET_ERRNO(ENOSYS), 0, 0);
+    /* clone/unshare: no new user namespace (the door to most kernel attack surface) */
+    EMIT(BPF_JMP | BPF_JEQ | BPF_K, SYS_clone, 1, 0);
+    EMIT(BPF_JMP | BPF_JEQ | BPF_K, SYS_unshare, 0, 4);
+    EMIT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[0]), 0, 0);
+    EMIT(BPF_JMP | BPF_JSET | BPF_K, CLONE_NEWUSER, 0, 1);
+    EMIT(BPF_RET | BPF_K, RET_ERRNO(EPERM), 0, 0);
+    EMIT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW, 0, 0);
+    /* ioctl: compare the low 16 bits (type << 8 | nr) of the request */
+    EMIT(BPF_JMP | BPF_JEQ | BPF_K, SYS_ioctl, 0, (uint8_t)(3 + 2 * n_ioctl));
+    EMIT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[1]), 0, 0);
+    EMIT(BPF_ALU | BPF_AND | BPF_K, 0xffff, 0, 0);
+    for (size_t i = 0; i < n_ioctl; i++) {
+        EMIT(BPF_JMP | BPF_JEQ | BPF_K, denied_ioctls[i], 0, 1);
+        EMIT(BPF_RET | BPF_K, RET_ERRNO(EPERM), 0, 0);
+    }
+    EMIT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW, 0, 0);
+    EMIT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW, 0, 0);
+
+    struct sock_fprog fprog = {.len = (unsigned short)n, .filter = prog};
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) die("no_new_privs");
+    if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &fprog) < 0) die("seccomp");
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* init: the exec server                                                                       */
+
+struct conn {
+    int fd;
+    pid_t pid;          /* running command, 0 if none */
+    int kill_on_close;  /* kill the command's process group if the client goes away */
+    int busy;           /* counts as activity for the idle TTL */
+    int timed_out;
+    long long deadline; /* ms, 0 = none */
+};
+
+static struct conn *conns;
+static int n_conns, cap_conns;
+static long long last_activity;
+static long long ttl_deadline; /* ms on CLOCK_MONOTONIC, 0 = none */
+
+static void conn_add(int fd) {
+    if (n_conns == cap_conns) {
+        cap_conns = cap_conns ? cap_conns * 2 : 64;
+        conns = realloc(conns, sizeof *conns * (size_t)cap_conns);
+        if (!conns) _exit(EXIT_SETUP);
+    }
+    conns[n_conns++] = (struct conn){.fd = fd};
+}
+
+static void conn_close(int i) {
+    if (conns[i].pid > 0 && conns[i].kill_on_close) kill(-conns[i].pid, SIGKILL);
+    close(conns[i].fd);
+    conns[i] = conns[--n_conns];
+}
+
+static void send_msg(int fd, const void *buf, size_t len) {
+    /* MSG_DONTWAIT: a client that stops reading must never stall the sandbox's init */
+    ssize_t r = send(fd, buf, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    (void)r;
+}
+
+static void reply_failed(int fd, int err, const char *what) {
+    char buf[512];
+    memset(buf, 0, 8);
+    buf[0] = 'F';
+    int32_t e = err;
+    memcpy(buf + 4, &e, 4);
+    size_t n = strlen(what);
+    if (n > sizeof buf - 8) n = sizeof buf - 8;
+    memcpy(buf + 8, what, n);
+    send_msg(fd, buf, 8 + n);
+}
+
+/* Kill every process in process group `pgid` except its leader (interrupts a session's command
+ * while keeping the session shell). */
+static void kill_group_except_leader(pid_t pgid, int sig) {
+    DIR *d = opendir("/proc");
+    if (!d) return;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        pid_t p = (pid_t)atoi(de->d_name);
+        if (p <= 1 || p == pgid) continue;
+        char path[64], buf[512];
+        snprintf(path, sizeof path, "/proc/%d/stat", p);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) continue;
+        ssize_t r = read(fd, buf, sizeof buf - 1);
+        close(fd);
+        if (r <= 0) continue;
+        buf[r] = 0;
+        char *rp = strrchr(buf, ')');
+        int ppid, pgrp;
+        char state;
+        if (!rp || sscanf(rp + 2, "%c %d %d", &state, &ppid, &pgrp) != 3) continue;
+        if (pgrp == pgid) kill(p, sig);
+    }
+    closedir(d);
+}
+
+static void handle_exec(int ci, char *msg, ssize_t len, int *fds, int nfds) {
+    struct conn *c = &conns[ci];
+    if (c->pid > 0) { reply_failed(c->fd, EBUSY, "connection already runs a command"); goto closefds; }
+    if (nfds != 3 || len < 16) { reply_failed(c->fd, EINVAL, "exec needs 3 fds and a header"); goto closefds; }
+    uint8_t flags = (uint8_t)msg[1];
+    uint32_t timeout_ms, argc, envc;
+    memcpy(&timeout_ms, msg + 4, 4);
+    memcpy(&argc, msg + 8, 4);
+    memcpy(&envc, msg + 12, 4);
+    if (argc == 0 || argc > 65536 || envc > 65536) { reply_failed(c->fd, EINVAL, "bad argc/envc"); goto closefds; }
+    /* split the NUL-separated strings: cwd, argv..., env... */
+    size_t want = 1 + argc + envc;
+    char **strs = calloc(want + 2, sizeof *strs);
+    if (!strs) { reply_failed(c->fd, ENOMEM, "oom"); goto closefds; }
+    char *p = msg + 16, *end = msg + len;
+    for (size_t i = 0; i < want; i++) {
+        char *z = memchr(p, 0, (size_t)(end - p));
+        if (!z) { free(strs); reply_failed(c->fd, EINVAL, "truncated exec request"); goto closefds; }
+        strs[i] = p;
+        p = z + 1;
+    }
+    char *cwd = strs[0];
+    char **argv = calloc(argc + 1, sizeof *argv), **envp = calloc(envc + 1, sizeof *envp);
+    if (!argv || !envp) { free(strs); free(argv); free(envp); reply_failed(c->fd, ENOMEM, "oom"); goto closefds; }
+    for (uint32_t i = 0; i < argc; i++) argv[i] = strs[1 + i];
+    for (uint32_t i = 0; i < envc; i++) envp[i] = strs[1 + argc + i];
+
+    pid_t pid = fork();
+    if (pid == 0) {
+        sigset_t all;
+        sigemptyset(&all);
+        sigprocmask(SIG_SETMASK, &all, NULL);
+        for (int s = 1; s < NSIG; s++) signal(s, SIG_DFL);
+        setsid();
+        if (dup2(fds[0], 0) < 0 || dup2(fds[1], 1) < 0 || dup2(fds[2], 2) < 0) _exit(126);
+        syscall(SYS_close_range, 3, ~0U, 0);
+        if (chdir(cwd) < 0) {
+            dprintf(2, "shoal: cannot enter working directory %s: %s\n", cwd, strerror(errno));
+            _exit(126);
+        }
+        extern char **environ;
+        environ = envp;
+        execvp(argv[0], argv);
+        int e = errno;
+        dprintf(2, "shoal: %s: %s\n", argv[0], strerror(e));
+        _exit(e == ENOENT ? 127 : 126);
+    }
+    free(strs);
+    free(argv);
+    free(envp);
+    if (pid < 0) { reply_failed(c->fd, errno, "fork failed"); goto closefds; }
+    c->pid = pid;
+    c->kill_on_close = flags & 1;
+    c->busy = (flags & 2) ? 1 : 0;
+    c->timed_out = 0;
+    c->deadline = timeout_ms ? now_ms() + timeout_ms : 0;
+    char out[8] = {'S', 0, 0, 0};
+    int32_t p32 = pid;
+    memcpy(out + 4, &p32, 4);
+    send_msg(c->fd, out, sizeof out);
+closefds:
+    for (int i = 0; i < nfds; i++) close(fds[i]);
+}
+
+static void handle_message(int ci) {
+    static char buf[MAX_MSG];
+    char cbuf[CMSG_SPACE(sizeof(int) * 4)];
+    struct iovec iov = {buf, sizeof buf};
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof cbuf};
+    ssize_t len = recvmsg(conns[ci].fd, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    if (len < 0 && (errno == EAGAIN || errno == EINTR)) return;
+    int fds[4], nfds = 0;
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
+        if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
+            int k = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+            for (int j = 0; j < k && nfds < 4; j++) memcpy(&fds[nfds++], CMSG_DATA(cm) + j * sizeof(int), sizeof(int));
+        }
+    }
+    if (len <= 0 || (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
+        for (int i = 0; i < nfds; i++) close(fds[i]);
+        conn_close(ci);
+        return;
+    }
+    last_activity = now_ms();
+    switch (buf[0]) {
+    case 'E':
+        handle_exec(ci, buf, len, fds, nfds);
+        return;
+    case 'K':
+        if (len >= 8 && conns[ci].pid > 0) {
+            int32_t sig;
+            memcpy(&sig, buf + 4, 4);
+            if (buf[1] == 1) kill_group_except_leader(conns[ci].pid, sig);
+            else kill(-conns[ci].pid, sig);
+        }
+        break;
+    case 'T':
+        if (len >= 2) conns[ci].busy = buf[1] ? 1 : 0;
+        break;
+    case 'L': /* set lifetimes: i64 ttl_ms from now (0 = none, -1 = keep), i64 idle_ttl_ms (-1 = keep) */
+        if (len >= 24) {
+            int64_t ttl, idle;
+            memcpy(&ttl, buf + 8, 8);
+            memcpy(&idle, buf + 16, 8);
+            if (ttl >= 0) ttl_deadline = ttl ? now_ms() + ttl : 0;
+            if (idle >= 0) cfg.idle_ttl_ms = idle;
+            char out[8] = {'L', 0, 0, 0, 0, 0, 0, 0};
+            send_msg(conns[ci].fd, out, sizeof out);
+        }
+        break;
+    case 'P': {
+        char out[8] = {'P', 0, 0, 0};
+        uint32_t running = 0;
+        for (int i = 0; i < n_conns; i++) running += conns[i].pid > 0;
+        memcpy(out + 4, &running, 4);
+        send_msg(conns[ci].fd, out, sizeof out);
+        break;
+    }
+    default:
+        reply_failed(conns[ci].fd, EINVAL, "unknown request");
+    }
+    for (int i = 0; i < nfds; i++) close(fds[i]);
+}
+
+static void reap_children(void) {
+    int st;
+    pid_t pid;
+    while ((pid = waitpid(-1, &st, WNOHANG)) > 0) {
+        for (int i = 0; i < n_conns; i++) {
+            if (conns[i].pid != pid) continue;
+            char out[8] = {'X', (char)conns[i].timed_out, 0, 0};
+            int32_t s32 = st;
+            memcpy(out + 4, &s32, 4);
+            send_msg(conns[i].fd, out, sizeof out);
+            conns[i].pid = 0;
+            conns[i].busy = 0;
+            last_activity = now_ms();
+            break;
+        }
+    }
+}
+
+static int serve(int listen_fd) {
+    sigset_t mask;
+    sigemptyset(&mask);
+    sigaddset(&mask, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &mask, NULL);
+    int sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+    if (sfd < 0) die("signalfd");
+    signal(SIGPIPE, SIG_IGN);
+    long long started = now_ms();
+    last_activity = started;
+    ttl_deadline = cfg.ttl_ms > 0 ? started + cfg.ttl_ms : 0;
+    struct pollfd *pfds = NULL;
+    int cap_pfds = 0;
+
+    for (;;) {
+        long long now = now_ms(), wait = -1;
+        if (ttl_deadline > 0) {
+            if (now >= ttl_deadline) return EXIT_TTL;
+            wait = ttl_deadline - now;
+        }
+        if (cfg.idle_ttl_ms > 0) {
+            int busy = 0;
+            for (int i = 0; i < n_conns; i++) busy |= conns[i].busy;
+            if (busy) last_activity = now;
+            else if (now >= last_activity + cfg.idle_ttl_ms) return EXIT_IDLE;
+            long long w = last_activity + cfg.idle_ttl_ms - now;
+            if (wait < 0 || w < wait) wait = w;
+        }
+        for (int i = 0; i < n_conns; i++) {
+            if (conns[i].pid <= 0 || !conns[i].deadline) continue;
+            if (now >= conns[i].deadline) {
+                if (!conns[i].timed_out) kill(-conns[i].pid, SIGKILL);
+                conns[i].timed_out = 1;
+                conns[i].deadline = 0;
+                continue;
+            }
+            long long w = conns[i].deadline - now;
+            if (wait < 0 || w < wait) wait = w;
+        }
+        if (n_conns + 2 > cap_pfds) {
+            cap_pfds = (n_conns + 2) * 2;
+            pfds = realloc(pfds, sizeof *pfds * (size_t)cap_pfds);
+            if (!pfds) return EXIT_SETUP;
+        }
+        pfds[0] = (struct pollfd){.fd = listen_fd, .events = POLLIN};
+        pfds[1] = (struct pollfd){.fd = sfd, .events = POLLIN};
+        int polled = n_conns;
+        for (int i = 0; i < polled; i++) pfds[2 + i] = (struct pollfd){.fd = conns[i].fd, .events = POLLIN};
+        int r = poll(pfds, (nfds_t)(polled + 2), wait > 0x7fffffff ? 0x7fffffff : (int)wait);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            return EXIT_SETUP;
+        }
+        if (pfds[1].revents) {
+            struct signalfd_siginfo si;
+            while (read(sfd, &si, sizeof si) > 0) {}
+            reap_children();
+        }
+        /* walk backwards: conn_close() moves the last entry into the closed slot */
+        for (int i = polled - 1; i >= 0; i--) {
+            if (!pfds[2 + i].revents) continue;
+            if (pfds[2 + i].revents & POLLIN) handle_message(i);
+            else conn_close(i);
+        }
+        if (pfds[0].revents & POLLIN) {
+            for (;;) {
+                int fd = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+                if (fd < 0) break;
+                conn_add(fd);
+            }
+        }
+    }
+}
+
+struct init_args {
+    int go_fd, status_fd;
+};
+
+static int init_main(void *arg) {
+    /* the fds come through the argument: static globals written just before clone() may be
+     * optimised away, since the compiler cannot see clone() copy them into the child */
+    struct init_args *ia = arg;
+    int go_fd = ia->go_fd;
+    status_fd = ia->status_fd;
+    char b;
+    /* wait until the supervisor has placed us in our cgroups */
+    if (read(go_fd, &b, 1) != 1) _exit(EXIT_SETUP);
+    close(go_fd);
+    ready_out_fd = -1;
+    /* keep only fd 3 (listening socket) and the status pipe; everything else stays outside */
+    if (status_fd > 4) syscall(SYS_close_range, 4, (unsigned)status_fd - 1, 0);
+    syscall(SYS_close_range, (unsigned)status_fd + 1, ~0U, 0);
+    /* nothing of the host's stdio may stay open inside the sandbox */
+    int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (devnull < 0 || dup2(devnull, 0) < 0 || dup2(devnull, 1) < 0 || dup2(devnull, 2) < 0) die("stdio");
+    close(devnull);
+    errno = 0;
+    /* now inside the sandbox cgroups: a cgroup namespace rooted here hides the host's tree */
+    if (unshare(CLONE_NEWCGROUP) < 0) die("unshare cgroup ns");
+    setup_rootfs();
+    if (sethostname(cfg.hostname, strlen(cfg.hostname)) < 0) die("sethostname");
+    loopback_up();
+    prctl(PR_SET_PDEATHSIG, 0);
+    if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0) die("dumpable");
+    drop_capabilities();
+    install_seccomp();
+    int listen_fd = 3;
+    /* success: close the status pipe without writing anything */
+    close(status_fd);
+    status_fd = -1;
+    return serve(listen_fd);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* supervisor and launcher                                                                     */
+
+static void write_tombstone(const char *reason) {
+    if (!cfg.tombstone) return;
+    int fd = open(cfg.tombstone, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return;
+    ssize_t w = write(fd, reason, strlen(reason));
+    (void)w;
+    close(fd);
+}
+
+static void release_resources(void) {
+    char path[4096];
+    umount2(cfg.disk, MNT_DETACH);
+    for (int i = 0; i < cfg.n_cgroups; i++) {
+        /* a memory cgroup can stay busy for a moment after its last task is reaped */
+        for (int tries = 0; tries < 200; tries++) {
+            if (rmdir(cfg.cgroups[i]) == 0 || errno == ENOENT) break;
+            usleep(5000);
+        }
+    }
+    static const char *names[] = {"agent.sock", "meta.json", "rootfs", "disk", NULL};
+    for (int i = 0; names[i]; i++) {
+        snprintf(path, sizeof path, "%s/%s", cfg.state_dir, names[i]);
+        if (unlink(path) < 0) rmdir(path);
+    }
+    rmdir(cfg.state_dir);
+}
+
+static int supervise(int ready_fd) {
+    char opts[128];
+    ready_out_fd = ready_fd;
+    setsid();
+    signal(SIGHUP, SIG_IGN);
+    signal(SIGPIPE, SIG_IGN);
+
+    snprintf(opts, sizeof opts, "size=%ldm,mode=0755", cfg.disk_mb);
+    if (mount("tmpfs", cfg.disk, "tmpfs", MS_NOSUID | MS_NODEV, opts) < 0) die("mount disk tmpfs on %s", cfg.disk);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/upper", cfg.disk);
+    if (mkdir(path, 0755) < 0) die("mkdir upper");
+    snprintf(path, sizeof path, "%s/work", cfg.disk);
+    if (mkdir(path, 0755) < 0) die("mkdir work");
+
+    /* the control socket is bound here, in the host mount namespace, before the sandbox exists */
+    int lfd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (lfd < 0) die("socket");
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    if (strlen(cfg.sock) >= sizeof sa.sun_path) { errno = 0; die("socket path too long: %s", cfg.sock); }
+    strcpy(sa.sun_path, cfg.sock);
+    unlink(cfg.sock);
+    if (bind(lfd, (struct sockaddr *)&sa, sizeof sa) < 0) die("bind %s", cfg.sock);
+    chmod(cfg.sock, 0600);
+    if (listen(lfd, 1024) < 0) die("listen");
+    if (lfd != 3) {
+        if (dup3(lfd, 3, 0) < 0) die("dup3");
+        close(lfd);
+    }
+    /* fd 3 must survive into init: clear CLOEXEC (clone does not exec, but be explicit) */
+    fcntl(3, F_SETFD, 0);
+
+    int go[2], st[2];
+    if (pipe2(go, O_CLOEXEC) < 0 || pipe2(st, O_CLOEXEC) < 0) die("pipe");
+    static char stack[256 * 1024] __attribute__((aligned(16)));
+    static struct init_args ia;
+    ia.go_fd = go[0];
+    ia.status_fd = st[1];
+    pid_t init_pid = clone(init_main, stack + sizeof stack,
+                           CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWNET | SIGCHLD, &ia);
+    if (init_pid < 0) die("clone");
+    close(go[0]);
+    close(st[1]);
+    close(3);
+    char pidbuf[32];
+    snprintf(pidbuf, sizeof pidbuf, "%d", init_pid);
+    for (int i = 0; i < cfg.n_cgroups; i++) {
+        snprintf(path, sizeof path, "%s/cgroup.procs", cfg.cgroups[i]);
+        if (write_file(path, pidbuf) < 0) {
+            kill(init_pid, SIGKILL);
+            waitpid(init_pid, NULL, 0);
+            release_resources();
+            die("join cgroup %s", path);
+        }
+    }
+    if (write(go[1], "g", 1) != 1) die("start init");
+    close(go[1]);
+
+    char err[1024];
+    ssize_t n = read(st[0], err, sizeof err - 1);
+    close(st[0]);
+    if (n > 0) {
+        err[n] = 0;
+        waitpid(init_pid, NULL, 0);
+        release_resources();
+        dprintf(ready_fd, "ERR %s\n", err);
+        _exit(1);
+    }
+    dprintf(ready_fd, "OK %d %d\n", init_pid, getpid());
+    close(ready_fd);
+    int devnull = open("/dev/null", O_RDWR);
+    if (devnull >= 0) {
+        dup2(devnull, 0);
+        dup2(devnull, 1);
+        dup2(devnull, 2);
+        if (devnull > 2) close(devnull);
+    }
+
+    int status;
+    while (waitpid(init_pid, &status, 0) < 0 && errno == EINTR) {}
+    const char *reason = "exited";
+    if (WIFSIGNALED(status)) reason = WTERMSIG(status) == SIGKILL ? "killed" : "crashed";
+    else if (WEXITSTATUS(status) == EXIT_TTL) reason = "ttl";
+    else if (WEXITSTATUS(status) == EXIT_IDLE) reason = "idle_ttl";
+    else if (WEXITSTATUS(status) == EXIT_SETUP) reason = "init_error";
+    release_resources();
+    write_tombstone(reason);
+    return 0;
+}
+
+static void usage(void) {
+    fprintf(stderr,
+            "usage: shoal-init launch --state DIR --lower L1:L2 --hostname H --disk-mb N [--shm-mb N]\n"
+            "                         [--cgroup DIR]... [--ttl-ms N] [--idle-ttl-ms N] [--tombstone FILE]\n");
+    exit(2);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || strcmp(argv[1], "launch") != 0) usage();
+    static char rootfs[4096], disk[4096], sock[4096];
+    cfg.shm_mb = 64;
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i];
+        if (i + 1 >= argc) usage();
+        const char *v = argv[++i];
+        if (!strcmp(a, "--state")) cfg.state_dir = v;
+        else if (!strcmp(a, "--lower")) cfg.lower = v;
+        else if (!strcmp(a, "--hostname")) cfg.hostname = v;
+        else if (!strcmp(a, "--disk-mb")) cfg.disk_mb = atol(v);
+        else if (!strcmp(a, "--shm-mb")) cfg.shm_mb = atol(v);
+        else if (!strcmp(a, "--ttl-ms")) cfg.ttl_ms = atoll(v);
+        else if (!strcmp(a, "--idle-ttl-ms")) cfg.idle_ttl_ms = atoll(v);
+        else if (!strcmp(a, "--tombstone")) cfg.tombstone = v;
+        else if (!strcmp(a, "--cgroup")) {
+            if (cfg.n_cgroups == MAX_CGROUPS) usage();
+            cfg.cgroups[cfg.n_cgroups++] = v;
+        } else usage();
+    }
+    if (!cfg.state_dir || !cfg.lower || !cfg.hostname || cfg.disk_mb <= 0) usage();
+    snprintf(rootfs, sizeof rootfs, "%s/rootfs", cfg.state_dir);
+    snprintf(disk, sizeof disk, "%s/disk", cfg.state_dir);
+    snprintf(sock, sizeof sock, "%s/agent.sock", cfg.state_dir);
+    cfg.rootfs = rootfs;
+    cfg.disk = disk;
+    cfg.sock = sock;
+
+    int ready[2];
+    if (pipe2(ready, O_CLOEXEC) < 0) die("pipe");
+    pid_t sup = fork();
+    if (sup < 0) die("fork");
+    if (sup == 0) {
+        close(ready[0]);
+        _exit(supervise(ready[1]));
+    }
+    close(ready[1]);
+    char line[1200];
+    ssize_t n = 0, r;
+    while (n < (ssize_t)sizeof line - 1 && (r = read(ready[0], line + n, sizeof line - 1 - (size_t)n)) > 0) {
+        n += r;
+        if (memchr(line, '\n', (size_t)n)) break;
+    }
+    line[n] = 0;
+    /* the supervisor's first fork child is reparented; reap nothing here except a failed one */
+    if (n == 0) {
+        int st;
+        waitpid(sup, &st, 0);
+        fprintf(stdout, "ERR supervisor died before the sandbox started\n");
+        return 1;
+    }
+    fputs(line, stdout);
+    if (strncmp(line, "OK", 2) != 0) {
+        waitpid(sup, NULL, 0);
+        return 1;
+    }
+    return 0;
+}
