@@ -276,7 +276,7 @@ class LayerStore:
             raise ImageNotFound(f"image {name}:{tag} not found (see `shoal image ls`)")
         layers = tuple(r[0] for r in self._query(
             "SELECT digest FROM image_layers WHERE name=? AND tag=? ORDER BY position", [name, tag]))
-        return ImageInfo(name, tag, layers, row[0])
+        return ImageInfo(name, tag, layers, row[0][0])
 
     def list_images(self) -> list[ImageInfo]:
         return [self.get_image(f"{n}:{t}") for n, t in self._query("SELECT name, tag FROM images ORDER BY name, tag")]

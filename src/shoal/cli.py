@@ -1,0 +1,248 @@
+"""`shoal` command line: layers, images, sandboxes, gc."""
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from .errors import ShoalError
+from .host import Host
+
+app = typer.Typer(help="Shoal: composable EROFS-layer sandboxes.", no_args_is_help=True, add_completion=False)
+layer_app = typer.Typer(help="Build, import, list and remove layers.", no_args_is_help=True)
+image_app = typer.Typer(help="Images: named stacks of layers.", no_args_is_help=True)
+app.add_typer(layer_app, name="layer")
+app.add_typer(image_app, name="image")
+console = Console()
+err_console = Console(stderr=True)
+
+RootOpt = typer.Option(None, "--root", envvar="SHOAL_ROOT", help="Shoal state root (default /var/lib/shoal)")
+
+
+def _host(root: Optional[str]) -> Host:
+    return Host.get(root)
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return f"{n:.1f} TiB"
+
+
+def _progress() -> Progress:
+    return Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                    console=err_console, transient=True)
+
+
+# ------------------------------------------------------------------------------------------ layers
+@layer_app.command("build")
+def layer_build(src: Optional[Path] = typer.Argument(None, help="directory to turn into a layer"),
+                name: Optional[str] = typer.Option(None, "--name", "-n", help="name the layer"),
+                busybox: bool = typer.Option(False, "--busybox", help="build a minimal busybox rootfs instead"),
+                root: Optional[str] = RootOpt):
+    """Build a layer from a directory (content-addressed: the same content is stored once)."""
+    host = _host(root)
+    with _progress() as p:
+        task = p.add_task(f"building layer from {src or 'busybox'}", total=None)
+        if busybox:
+            from .layers.busybox import make_busybox_tree
+
+            with tempfile.TemporaryDirectory(dir=host.settings.tmp_dir) as d:
+                info = host.store.build_from_dir(make_busybox_tree(Path(d)), source="busybox", name=name)
+        elif src is None:
+            raise typer.BadParameter("give a directory or --busybox")
+        else:
+            info = host.store.build_from_dir(src, name=name)
+        p.update(task, completed=1, total=1)
+    console.print(f"{info.digest}  {_size(info.image_bytes)}  {' '.join(info.names)}")
+
+
+@layer_app.command("import")
+def layer_import(path: Path = typer.Argument(..., help="a layer tar (.tar/.tar.gz) or a docker-save/OCI archive"),
+                 name: Optional[str] = typer.Option(None, "--name", "-n", help="layer name (tar) or image ref (archive)"),
+                 root: Optional[str] = RootOpt):
+    """Import a tar stream as one layer, or a docker save / OCI archive as one layer per image layer."""
+    host = _host(root)
+    from .layers.archive import read_image_archive
+    from .errors import CorruptArchive
+
+    try:
+        read_image_archive(path)
+        is_image = True
+    except CorruptArchive:
+        is_image = False
+    if is_image:
+        with _progress() as p:
+            task = p.add_task(f"importing {path.name}", total=None)
+            img = host.store.import_archive(path, ref=name,
+                                            progress=lambda i, n: p.update(task, completed=i, total=n))
+        console.print(f"image {img.ref}: {len(img.layers)} layers")
+        for d in img.layers:
+            console.print(f"  {d}")
+    else:
+        info = host.store.build_from_tar(path=path, name=name)
+        console.print(f"{info.digest}  {_size(info.image_bytes)}  {' '.join(info.names)}")
+
+
+@layer_app.command("ls")
+def layer_ls(root: Optional[str] = RootOpt, as_json: bool = typer.Option(False, "--json")):
+    """List layers."""
+    layers = _host(root).store.list()
+    if as_json:
+        console.print_json(json.dumps([l.__dict__ for l in layers]))
+        return
+    t = Table("DIGEST", "NAMES", "CONTENT", "IMAGE", "ENTRIES", "SOURCE")
+    for l in layers:
+        t.add_row(l.short, ",".join(l.names), _size(l.size), _size(l.image_bytes), str(l.entries), l.source)
+    console.print(t)
+
+
+@layer_app.command("rm")
+def layer_rm(ref: str, root: Optional[str] = RootOpt):
+    """Remove a layer (refused while an image or a live sandbox uses it)."""
+    info = _host(root).remove_layer(ref)
+    console.print(f"removed {info.digest}")
+
+
+# ------------------------------------------------------------------------------------------ images
+@image_app.command("create")
+def image_create(ref: Optional[str] = typer.Argument(None, help="name[:tag]"),
+                 layers: Optional[list[str]] = typer.Argument(None, help="layers bottom -> top (names or digests)"),
+                 spec: Optional[Path] = typer.Option(None, "--spec", help="TOML spec: [image] name, tag, layers"),
+                 root: Optional[str] = RootOpt):
+    """Create (or replace) an image: a named, ordered stack of layers."""
+    store = _host(root).store
+    if spec:
+        img = store.create_image_from_spec(spec)
+    elif ref and layers:
+        img = store.create_image(ref, layers)
+    else:
+        raise typer.BadParameter("give NAME[:TAG] LAYER... or --spec FILE")
+    console.print(f"{img.ref}: {' -> '.join(d.split(':')[1][:12] for d in img.layers)}")
+
+
+@image_app.command("ls")
+def image_ls(root: Optional[str] = RootOpt):
+    """List images."""
+    t = Table("IMAGE", "LAYERS (bottom -> top)", "CREATED")
+    for img in _host(root).store.list_images():
+        t.add_row(img.ref, " ".join(d.split(":")[1][:12] for d in img.layers), time.strftime("%F %T", time.localtime(img.created)))
+    console.print(t)
+
+
+@image_app.command("rm")
+def image_rm(ref: str, root: Optional[str] = RootOpt):
+    """Remove an image (its layers stay until `shoal gc` or `shoal layer rm`)."""
+    _host(root).store.remove_image(ref)
+    console.print(f"removed {ref}")
+
+
+# ------------------------------------------------------------------------------------------ sandboxes
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def run(ctx: typer.Context, image: str = typer.Argument(..., help="image name[:tag]"),
+        layer: Optional[list[str]] = typer.Option(None, "--layer", "-l", help="extra layer on top (repeatable)"),
+        memory_mb: Optional[int] = typer.Option(None, "--memory-mb"), cpu: Optional[float] = typer.Option(None, "--cpu"),
+        disk_mb: Optional[int] = typer.Option(None, "--disk-mb"), timeout: float = typer.Option(600, "--timeout"),
+        detach: bool = typer.Option(False, "--detach", "-d", help="keep the sandbox and print its id"),
+        ttl: Optional[float] = typer.Option(None, "--ttl", help="absolute TTL in seconds (with --detach)"),
+        root: Optional[str] = RootOpt):
+    """Create a sandbox from IMAGE and run `-- CMD...` in it (removed afterwards unless --detach)."""
+    from .sdk.sandbox import Sandbox
+
+    cmd = list(ctx.args)
+    sb = Sandbox.create(image, layers=layer, memory_mb=memory_mb, cpu=cpu, disk_mb=disk_mb, ttl=ttl, root=root)
+    if detach and not cmd:
+        console.print(sb.id)
+        return
+    try:
+        res = sb.commands.run(cmd or ["/bin/sh", "-c", "true"], timeout=timeout,
+                              on_stdout=lambda t: sys.stdout.write(t), on_stderr=lambda t: sys.stderr.write(t))
+    finally:
+        if detach:
+            console.print(sb.id)
+        else:
+            sb.kill()
+    raise typer.Exit(res.exit_code)
+
+
+@app.command("exec", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def exec_(ctx: typer.Context, sandbox_id: str, timeout: float = typer.Option(600, "--timeout"),
+          root: Optional[str] = RootOpt):
+    """Run `-- CMD...` in a live sandbox."""
+    from .sdk.sandbox import Sandbox
+
+    if not ctx.args:
+        raise typer.BadParameter("give a command after --")
+    sb = Sandbox.connect(sandbox_id, root=root)
+    res = sb.commands.run(list(ctx.args), timeout=timeout, on_stdout=lambda t: sys.stdout.write(t),
+                          on_stderr=lambda t: sys.stderr.write(t))
+    raise typer.Exit(res.exit_code)
+
+
+@app.command()
+def ps(root: Optional[str] = RootOpt, as_json: bool = typer.Option(False, "--json")):
+    """List live sandboxes."""
+    infos = _host(root).runtime.list()
+    if as_json:
+        console.print_json(json.dumps([i.model_dump(mode="json") for i in infos]))
+        return
+    t = Table("ID", "IMAGE", "STATE", "AGE", "MEMORY", "LIMITS")
+    for i in infos:
+        t.add_row(i.id, i.image, i.state.value, f"{time.time() - i.created:.0f}s", _size(i.memory_bytes or 0),
+                  f"{i.limits.cpu} cpu, {i.limits.memory_mb} MiB, {i.limits.disk_mb} MiB disk")
+    console.print(t)
+
+
+@app.command()
+def kill(sandbox_ids: list[str], root: Optional[str] = RootOpt):
+    """Kill sandboxes (everything they hold is released)."""
+    rt = _host(root).runtime
+    for sid in sandbox_ids:
+        rt.kill(sid)
+        console.print(f"killed {sid}")
+
+
+@app.command()
+def pause(sandbox_id: str, root: Optional[str] = RootOpt):
+    """Freeze a sandbox (cgroup freezer)."""
+    _host(root).runtime.pause(sandbox_id)
+
+
+@app.command()
+def resume(sandbox_id: str, root: Optional[str] = RootOpt):
+    """Thaw a paused sandbox."""
+    _host(root).runtime.resume(sandbox_id)
+
+
+@app.command()
+def gc(root: Optional[str] = RootOpt):
+    """Reap dead sandboxes, unmount unused layers, delete layers no image or name references."""
+    res = _host(root).gc()
+    console.print(f"reaped {len(res['sandboxes_reaped'])} sandboxes, unmounted {len(res['unmounted'])} layers, "
+                  f"removed {len(res['removed'])} layers")
+
+
+def main() -> None:
+    try:
+        app(standalone_mode=False)
+    except ShoalError as e:
+        err_console.print(f"[red]error:[/red] {e}")
+        sys.exit(2)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except (typer.BadParameter, SystemExit) as e:
+        raise e
+
+
+if __name__ == "__main__":
+    main()
