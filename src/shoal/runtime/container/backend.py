@@ -43,7 +43,10 @@ def _starttime(pid: int) -> int | None:
             data = f.read()
     except OSError:
         return None
-    return int(data[data.rindex(b")") + 2:].split()[19])
+    fields = data[data.rindex(b")") + 2:].split()
+    if fields[0] in (b"Z", b"X"):  # a zombie is dead for our purposes
+        return None
+    return int(fields[19])
 
 
 def _alive(pid: int | None, start: int | None) -> bool:
@@ -143,7 +146,8 @@ class ContainerRuntime(Runtime):
             cmd += ["--ttl-ms", str(int(spec.ttl * 1000))]
         if spec.idle_ttl:
             cmd += ["--idle-ttl-ms", str(int(spec.idle_ttl * 1000))]
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        # env={}: nothing of the host environment may leak into init (/proc/1/environ)
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env={})
         line = proc.stdout.decode(errors="replace").strip()
         if proc.returncode != 0 or not line.startswith("OK "):
             self._cleanup(sandbox_id)

@@ -79,6 +79,7 @@ struct config {
 };
 
 static struct config cfg;
+static char **g_argv; /* scrubbed in init so /proc/1/cmdline shows no host paths */
 static int status_fd = -1; /* init -> supervisor: "" on success, error text on failure */
 static int ready_out_fd = -1; /* supervisor -> launcher: "OK ..." or "ERR ..." */
 
@@ -654,6 +655,8 @@ static int init_main(void *arg) {
     install_seccomp();
     int listen_fd = 3;
     /* success: close the status pipe without writing anything */
+    for (char **a = g_argv; *a; a++) memset(*a, 0, strlen(*a));
+    prctl(PR_SET_NAME, "shoal-init", 0, 0, 0);
     close(status_fd);
     status_fd = -1;
     return serve(listen_fd);
@@ -808,6 +811,13 @@ int main(int argc, char **argv) {
         } else usage();
     }
     if (!cfg.state_dir || !cfg.lower || !cfg.hostname || cfg.disk_mb <= 0) usage();
+    /* own copies of everything that points into argv, which init wipes */
+    cfg.state_dir = strdup(cfg.state_dir);
+    cfg.lower = strdup(cfg.lower);
+    cfg.hostname = strdup(cfg.hostname);
+    if (cfg.tombstone) cfg.tombstone = strdup(cfg.tombstone);
+    for (int i = 0; i < cfg.n_cgroups; i++) cfg.cgroups[i] = strdup(cfg.cgroups[i]);
+    g_argv = argv;
     snprintf(rootfs, sizeof rootfs, "%s/rootfs", cfg.state_dir);
     snprintf(disk, sizeof disk, "%s/disk", cfg.state_dir);
     snprintf(sock, sizeof sock, "%s/agent.sock", cfg.state_dir);

@@ -1,0 +1,37 @@
+# Two commands do all set-up on a fresh machine:  `make demo`  and  `make test`.
+SHELL := /bin/bash
+VENV  := .venv
+PY    := $(VENV)/bin/python
+APT_PKGS := erofs-utils busybox-static gcc libc6-dev iproute2
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test bench clean
+
+setup: $(STAMP)
+	@missing=""; \
+	command -v mkfs.erofs >/dev/null || missing="$$missing erofs-utils"; \
+	{ [ -x /bin/busybox ] && /bin/busybox --list | grep -qx sh; } || missing="$$missing busybox-static"; \
+	command -v gcc >/dev/null || missing="$$missing gcc"; \
+	[ -e /usr/lib/x86_64-linux-gnu/libc.a ] || [ -e /usr/lib/aarch64-linux-gnu/libc.a ] || missing="$$missing libc6-dev"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+demo: setup
+	$(PY) -m shoal.demo
+
+test: setup
+	$(PY) -m pytest -q -p no:cacheprovider tests
+
+bench: setup
+	$(PY) bench/startup.py
+
+clean:
+	rm -rf $(VENV) src/shoal/runtime/container/native/build

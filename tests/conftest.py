@@ -1,0 +1,83 @@
+"""Shared fixtures: a private Shoal root per test session, a busybox base image, layer helpers.
+
+These tests use the real thing: root, mounts, namespaces, cgroups and EROFS images."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from shoal import Host, Sandbox
+from shoal.layers.busybox import make_busybox_tree
+
+if os.geteuid() != 0:
+    pytest.exit("Shoal's tests need root (mounts, namespaces, cgroups)", returncode=3)
+
+
+@pytest.fixture(scope="session")
+def root():
+    # short path: sandbox control sockets live under it (sun_path is 108 bytes)
+    d = Path(tempfile.mkdtemp(prefix="shoal-t-", dir="/tmp"))
+    yield d
+    host = Host.get(d)
+    for info in host.runtime.list():
+        try:
+            host.runtime.kill(info.id)
+        except Exception:
+            pass
+    host.store.gc()
+    for m in (d / "mnt").iterdir() if (d / "mnt").exists() else []:
+        subprocess.run(["umount", "-l", str(m)], capture_output=True)
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def host(root) -> Host:
+    return Host.get(root)
+
+
+@pytest.fixture(scope="session")
+def base_image(host, tmp_path_factory) -> str:
+    tree = make_busybox_tree(tmp_path_factory.mktemp("busybox"))
+    host.store.build_from_dir(tree, source="busybox", name="busybox")
+    host.store.create_image("busybox:test", ["busybox"])
+    return "busybox:test"
+
+
+@pytest.fixture
+def make_layer(host, tmp_path):
+    """make_layer({"path": "content" | None (whiteout) | b"bytes"}, opaque=["dir"]) -> digest"""
+    counter = [0]
+
+    def _make(files: dict, opaque: list[str] = (), name: str | None = None) -> str:
+        counter[0] += 1
+        d = tmp_path / f"layer{counter[0]}"
+        d.mkdir()
+        for rel, content in files.items():
+            p = d / rel.lstrip("/")
+            p.parent.mkdir(parents=True, exist_ok=True)
+            if content is None:
+                os.mknod(p, 0o20000, os.makedev(0, 0))  # overlayfs whiteout
+            else:
+                p.write_bytes(content if isinstance(content, bytes) else content.encode())
+        for o in opaque:
+            p = d / o.lstrip("/")
+            p.mkdir(parents=True, exist_ok=True)
+            os.setxattr(p, "trusted.overlay.opaque", b"y")
+        return host.store.build_from_dir(d, name=name).digest
+
+    return _make
+
+
+@pytest.fixture
+def sandbox(root, base_image):
+    sb = Sandbox.create(base_image, root=root, memory_mb=256, disk_mb=64)
+    yield sb
+    try:
+        sb.kill()
+    except Exception:
+        pass
