@@ -16,7 +16,8 @@ from rich.table import Table
 from .errors import ShoalError
 from .host import Host
 
-app = typer.Typer(help="Shoal: composable EROFS-layer sandboxes.", no_args_is_help=True, add_completion=False)
+app = typer.Typer(help="Shoal: composable EROFS-layer sandboxes.", no_args_is_help=True, add_completion=False,
+                  pretty_exceptions_enable=False)
 layer_app = typer.Typer(help="Build, import, list and remove layers.", no_args_is_help=True)
 image_app = typer.Typer(help="Images: named stacks of layers.", no_args_is_help=True)
 app.add_typer(layer_app, name="layer")
@@ -233,15 +234,12 @@ def gc(root: Optional[str] = RootOpt):
 
 
 def main() -> None:
+    """Entry point: Shoal's typed errors become one red line and exit status 2, not a traceback."""
     try:
-        app(standalone_mode=False)
+        app()
     except ShoalError as e:
         err_console.print(f"[red]error:[/red] {e}")
         sys.exit(2)
-    except typer.Exit as e:
-        sys.exit(e.exit_code)
-    except (typer.BadParameter, SystemExit) as e:
-        raise e
 
 
 if __name__ == "__main__":

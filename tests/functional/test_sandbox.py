@@ -169,8 +169,12 @@ def _leftovers(host, sandbox_id: str, init_pid: int) -> list[str]:
     for cg in host.runtime.cgroups.dirs(sandbox_id):
         if cg.exists():
             found.append(f"cgroup: {cg}")
-    if os.path.exists(f"/proc/{init_pid}"):
-        found.append(f"process {init_pid}")
+    try:
+        stat = open(f"/proc/{init_pid}/stat").read()
+        if stat[stat.rindex(")") + 2] not in "ZX":  # a zombie waiting for the host's init is gone
+            found.append(f"process {init_pid}")
+    except FileNotFoundError:
+        pass
     if (host.settings.sandboxes_dir / sandbox_id).exists():
         found.append("state dir")
     return found
