@@ -1,0 +1,209 @@
+"""Attempts to break out of or harm the host from inside a sandbox. Each must fail."""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+
+from shoal import Sandbox
+from shoal.errors import FileOpError, PathOutsideSandbox
+
+HERE = os.path.dirname(__file__)
+
+
+@pytest.fixture(scope="module")
+def probe_layer(host, tmp_path_factory):
+    d = tmp_path_factory.mktemp("probe")
+    (d / "usr/local/bin").mkdir(parents=True)
+    subprocess.run(["gcc", "-static", "-O1", "-o", str(d / "usr/local/bin/probe"), os.path.join(HERE, "probe.c")],
+                   check=True)
+    return host.store.build_from_dir(d).digest
+
+
+@pytest.fixture
+def probed(root, base_image, probe_layer):
+    with Sandbox.create(base_image, layers=[probe_layer], root=root, memory_mb=128, pids=64, disk_mb=16) as sb:
+        yield sb
+
+
+def _probe(sb) -> dict[str, str]:
+    out = sb.commands.run(["probe"], timeout=20).stdout
+    return dict(line.split("=", 1) for line in out.splitlines())
+
+
+DENIED = ["mount", "umount", "unshare_user", "unshare_mnt", "clone_newuser", "ptrace_init", "kexec_load",
+          "init_module", "finit_module", "delete_module", "bpf", "keyctl", "add_key", "perf_event_open",
+          "ioctl_xfs_swapext", "ioctl_ficlone", "ioctl_tiocsti", "open_by_handle_at", "raw_socket", "setns",
+          "reboot", "swapon", "mknod_dev", "sethostname"]
+
+
+def test_dangerous_syscalls_are_denied(probed):
+    results = _probe(probed)
+    for name in DENIED:
+        assert results[name] != "OK", f"{name} succeeded inside the sandbox"
+        assert results[name] in ("EPERM", "EACCES", "ENOSYS"), f"{name}: {results[name]}"
+    assert results["socket_inet_ok"] == "OK"  # the probe itself works
+    assert os.uname().nodename != "renamed"
+
+
+def test_capabilities_are_reduced_and_no_new_privs(probed):
+    status = probed.commands.run("cat /proc/self/status").stdout
+    fields = dict(l.split(":\t", 1) for l in status.splitlines() if ":\t" in l)
+    cap_eff = int(fields["CapEff"], 16)
+    assert cap_eff & (1 << 21) == 0  # CAP_SYS_ADMIN
+    assert cap_eff & (1 << 13) == 0  # CAP_NET_RAW
+    assert cap_eff & (1 << 16) == 0  # CAP_SYS_MODULE
+    assert int(fields["CapBnd"], 16) == cap_eff
+    assert fields["NoNewPrivs"].strip() == "1"
+    assert fields["Seccomp"].strip() == "2"
+
+
+def test_cannot_see_host_processes_or_files(probed, tmp_path):
+    secret = tmp_path / "host-secret-7c1f"
+    secret.write_text("top secret")
+    ps = probed.commands.run("ps -o pid,args").stdout
+    pids = [int(l.split()[0]) for l in ps.splitlines()[1:]]
+    assert max(pids) < 100 and os.getpid() not in pids or len(pids) < 6
+    assert "pytest" not in ps
+    found = probed.commands.run("find / -xdev -name 'host-secret-*' 2>/dev/null; ls /tmp").stdout
+    assert "host-secret" not in found
+    assert "agent.sock" not in probed.commands.run("find / -name 'agent.sock*' 2>/dev/null").stdout
+    assert probed.commands.run("cat /proc/1/environ | wc -c").stdout.strip() in ("0", "")
+
+
+def test_no_network_but_loopback(probed):
+    # a server on the host's loopback is not the sandbox's loopback
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    port = srv.getsockname()[1]
+    try:
+        r = probed.commands.run(f"nc -w 1 127.0.0.1 {port} </dev/null; echo rc=$?", timeout=10)
+        assert "rc=0" not in r.stdout
+        links = probed.commands.run("ls /sys/class/net").stdout.split()
+        assert links == ["lo"]
+        # the sandbox's own loopback works
+        r = probed.commands.run("(nc -l -p 8080 > /tmp/got &) ; sleep 0.2; echo hi | nc -w 1 127.0.0.1 8080; "
+                                "sleep 0.2; cat /tmp/got", timeout=10)
+        assert "hi" in r.stdout
+    finally:
+        srv.close()
+
+
+def test_fork_bomb_is_stopped_by_pids_limit(probed, host, root, base_image):
+    r = probed.commands.run("bomb() { bomb | bomb & }; bomb; sleep 2; cat /sys/fs/cgroup/pids.current 2>/dev/null",
+                            timeout=4)
+    assert "can't fork" in r.stderr or "Resource temporarily unavailable" in r.stderr
+    pids_now = host.runtime.cgroups.pids_current(probed.id)
+    assert pids_now is not None and pids_now <= 64
+    time.sleep(0.5)
+    probed.commands.run("kill -9 -1", timeout=5)
+    with Sandbox.create(base_image, root=root) as other:  # the host still creates sandboxes
+        assert other.commands.run("echo fine").stdout == "fine\n"
+
+
+def test_memory_bomb_is_killed_inside_the_sandbox_only(probed):
+    r = probed.commands.run("awk 'BEGIN { s = \"xxxxxxxxxxxxxxxx\"; while (1) s = s s }'", timeout=30)
+    assert r.exit_code == 137 and r.signal == 9 and not r.timed_out
+    assert probed.commands.run("echo survived").stdout == "survived\n"
+
+
+def test_disk_fill_is_bounded(probed):
+    r = probed.commands.run("dd if=/dev/zero of=/fill bs=1M count=100 2>&1; ls -l /fill", timeout=30)
+    assert "No space left" in r.stdout
+    size = probed.files.stat("/fill").size
+    assert size <= 16 * 1024 * 1024
+    free = shutil.disk_usage("/").free
+    assert free > 100 * 1024 * 1024
+
+
+def test_proc_and_sys_are_hardened(probed):
+    r = probed.commands.run("wc -c /proc/kpagecgroup /proc/kpageflags /proc/timer_list 2>&1")
+    assert all(l.strip().startswith("0 ") or "No such" in l for l in r.stdout.splitlines() if "total" not in l)
+    r = probed.commands.run("echo 3 > /proc/sys/vm/drop_caches; echo rc=$?")
+    assert "rc=0" not in r.stdout
+    r = probed.commands.run("echo x > /sys/kernel/profiling; echo rc=$?")
+    assert "rc=0" not in r.stdout
+    r = probed.commands.run("echo b > /proc/sysrq-trigger; echo rc=$?")
+    assert "rc=0" not in r.stdout
+    assert probed.commands.run("ls /dev").stdout.split() == sorted(
+        ["fd", "full", "null", "ptmx", "pts", "random", "shm", "stderr", "stdin", "stdout", "tty", "urandom", "zero"])
+
+
+def test_init_cannot_be_killed_or_traced_from_inside(probed):
+    probed.commands.run("kill -9 1; kill -KILL 1")
+    assert probed.commands.run("echo alive").stdout == "alive\n"
+
+
+def test_cannot_kill_other_sandboxes(root, base_image, probed):
+    with Sandbox.create(base_image, root=root) as other:
+        other_pid = other.info().init_pid
+        r = probed.commands.run(f"kill -9 {other_pid}; echo rc=$?")
+        assert "rc=0" not in r.stdout
+        assert other.commands.run("echo ok").stdout == "ok\n"
+
+
+def test_overwriting_bin_sh_affects_only_that_sandbox(root, base_image):
+    with Sandbox.create(base_image, root=root) as a, Sandbox.create(base_image, root=root) as b:
+        a.files.remove("/bin/sh")
+        a.files.write("/bin/sh", "#!/bin/busybox echo\nhacked", mode=0o755)
+        assert "hacked" in a.commands.run(["cat", "/bin/sh"]).stdout
+        assert b.commands.run("echo intact").stdout == "intact\n"
+    with Sandbox.create(base_image, root=root) as c:
+        assert c.commands.run("echo intact").stdout == "intact\n"
+
+
+def test_files_api_cannot_escape_the_root(sandbox, tmp_path):
+    host_file = tmp_path / "host-only.txt"
+    host_file.write_text("host data")
+    f = sandbox.files
+    for p in (f"/../../../..{host_file}", f"../../{host_file}", str(host_file)):
+        with pytest.raises(FileOpError):
+            f.read(p)
+    # symlinks planted by the sandbox resolve inside the sandbox root
+    sandbox.commands.run(f"ln -s {host_file} /tmp/abs-link; ln -s ../../../../../..{tmp_path} /tmp/rel-link")
+    with pytest.raises(FileOpError):
+        f.read("/tmp/abs-link")
+    with pytest.raises(FileOpError):
+        f.read("/tmp/rel-link/host-only.txt")
+    # writing through a symlink must not create or change a host file
+    target = tmp_path / "planted.txt"
+    sandbox.commands.run(f"ln -s {target} /tmp/w-link; ln -s {tmp_path} /tmp/dir-link")
+    with pytest.raises(FileOpError):
+        f.write("/tmp/w-link", "x")
+    try:
+        f.write("/tmp/dir-link/planted.txt", "x")
+    except FileOpError:
+        pass
+    assert not target.exists()
+    assert host_file.read_text() == "host data"
+    with pytest.raises(PathOutsideSandbox):
+        f.upload("/dst", _evil_tar())
+
+
+def _evil_tar() -> bytes:
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        ti = tarfile.TarInfo("../../escape.txt")
+        ti.size = 1
+        tf.addfile(ti, io.BytesIO(b"x"))
+    return buf.getvalue()
+
+
+def test_output_flood_keeps_host_memory_flat(probed):
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    r = probed.commands.run("yes", timeout=3, output_cap=64 * 1024)
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    assert r.timed_out and r.stdout_truncated and r.stdout_bytes > 10_000_000
+    assert len(r.stdout) < 70 * 1024
+    assert after - before < 50 * 1024  # KiB: the flood did not accumulate in the host process
