@@ -7,6 +7,8 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from .config import Settings, load_settings
 from .errors import BackendUnavailable, InvalidArgument
 from .layers.store import LayerStore
@@ -75,8 +77,11 @@ class Host:
         rt = self.backend(backend)
         label, digests = self.resolve_layers(image, layers)
         mounts = self.store.ensure_mounted(digests)
-        spec = SandboxSpec(image=label, layers=digests, limits=limits, ttl=ttl, idle_ttl=idle_ttl,
-                           env=env or {}, hostname=hostname)
+        try:
+            spec = SandboxSpec(image=label, layers=digests, limits=limits, ttl=ttl, idle_ttl=idle_ttl,
+                               env=env or {}, hostname=hostname)
+        except ValidationError as e:
+            raise InvalidArgument(_describe(e)) from None
         return rt.create(spec, mounts)
 
     def gc(self) -> dict:
@@ -87,3 +92,9 @@ class Host:
 
     def remove_layer(self, ref: str):
         return self.store.remove_layer(ref, live=self.runtime.live_layers())
+
+
+def _describe(e: ValidationError) -> str:
+    """One line per problem, naming the field: 'ttl: must be > 0 seconds, got -1'."""
+    return "; ".join(f"{'.'.join(str(x) for x in err['loc'])}: {err['msg'].removeprefix('Value error, ')}"
+                     for err in e.errors())

@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from ..errors import CommandTimeout, InvalidArgument, SessionClosed
 from ..host import Host
 from ..runtime.abstract import ExecRequest, ExecResult, FileEntry, SandboxInfo, SandboxState
@@ -152,9 +154,14 @@ class Commands:
 
         On timeout the command's process group is killed and the result has timed_out=True
         (or CommandTimeout is raised with check=True)."""
-        req = ExecRequest(argv=_argv(cmd), cwd=cwd, env=env or {}, timeout=timeout,
-                          stdin=stdin.encode() if isinstance(stdin, str) else stdin,
-                          output_cap=output_cap or self._sb._host.settings.output_cap_bytes)
+        try:
+            req = ExecRequest(argv=_argv(cmd), cwd=cwd, env=env or {}, timeout=timeout,
+                              stdin=stdin.encode() if isinstance(stdin, str) else stdin,
+                              output_cap=output_cap or self._sb._host.settings.output_cap_bytes)
+        except ValidationError as e:
+            from ..host import _describe
+
+            raise InvalidArgument(_describe(e)) from None
         result = self._sb._rt.exec(self._sb.id, req, on_stdout=on_stdout, on_stderr=on_stderr)
         if check and result.timed_out:
             raise CommandTimeout(f"{cmd!r} timed out after {timeout} s in sandbox {self._sb.id}", result)
@@ -468,6 +475,8 @@ def _merge_args(backend: str, args: BackendArgs | None, settings, **kw) -> Backe
         raise BackendUnavailable(f"backend {backend!r} is not available on this host yet; use backend='container'")
     base = args or ContainerArgs(cpu=settings.default_cpu, memory_mb=settings.default_memory_mb,
                                  disk_mb=settings.default_disk_mb, pids=settings.default_pids)
+    if not isinstance(base, ContainerArgs):
+        raise InvalidArgument(f"backend {backend!r} takes ContainerArgs, got {type(base).__name__}")
     overrides = {k: v for k, v in kw.items() if v is not None}
     bad = {k: v for k, v in overrides.items() if v <= 0}
     if bad:
