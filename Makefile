@@ -5,7 +5,7 @@ PY    := $(VENV)/bin/python
 APT_PKGS := erofs-utils busybox-static gcc libc6-dev iproute2
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench clean docker-engine
 
 setup: $(STAMP)
 	@missing=""; \
@@ -24,13 +24,17 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/pip install -q -e '.[test]'
 	touch $(STAMP)
 
-demo: setup
+demo: setup docker-engine
 	$(PY) -m shoal.demo
+
+# the benchmark compares against a real Docker engine (Debian docker.io; the script starts dockerd)
+docker-engine:
+	@command -v dockerd >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io >/dev/null; }
 
 test: setup
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
-bench: setup
+bench: setup docker-engine
 	$(PY) bench/startup.py
 
 clean:
