@@ -130,3 +130,18 @@ def test_bad_image_spec(host, tmp_path):
         host.store.create_image("Bad Name", ["busybox"])
     with pytest.raises(LayerNotFound):
         host.store.create_image("ok:1", ["no-such-layer"])
+
+
+def test_host_sandbox_limit_is_a_retryable_quota_error(root, base_image, host):
+    from shoal import QuotaExceeded
+
+    rt = host.runtime
+    saved = rt.max_sandboxes
+    with Sandbox.create(base_image, root=root):
+        rt.max_sandboxes = len(os.listdir(host.settings.sandboxes_dir))
+        try:
+            with pytest.raises(QuotaExceeded, match="limit") as e:
+                Sandbox.create(base_image, root=root)
+            assert e.value.retryable
+        finally:
+            rt.max_sandboxes = saved

@@ -131,6 +131,9 @@ def test_pause_and_resume(sandbox, host):
     sandbox.pause()
     assert sandbox.commands.run("echo auto").stdout == "auto\n"  # a request resumes transparently
     assert sandbox.info().state.value == "running"
+    with sandbox.sessions.create() as s:
+        sandbox.pause()
+        assert s.run("echo from-session", timeout=5).stdout == "from-session\n"  # sessions resume too
     h.close()
 
 
@@ -274,3 +277,35 @@ def test_cli_run_ps_exec_kill(root, base_image):
     assert subprocess.run(shoal + ["kill", sid], env=env).returncode == 0
     r = subprocess.run(shoal + ["exec", sid, "--", "true"], env=env, capture_output=True, text=True)
     assert r.returncode == 2 and "killed" in r.stderr
+
+
+def test_cli_layers_and_images(root, tmp_path):
+    import subprocess
+    import sys
+
+    env = dict(os.environ, SHOAL_ROOT=str(root))
+    shoal = [sys.executable, "-m", "shoal.cli"]
+    src = tmp_path / "tree"
+    (src / "opt").mkdir(parents=True)
+    (src / "opt" / "hello.txt").write_text("hi from cli layer")
+    out = subprocess.run(shoal + ["layer", "build", str(src), "--name", "cli-layer"], env=env,
+                         capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.startswith("sha256:")
+    tar = tmp_path / "l.tar.gz"
+    with tarfile.open(tar, "w:gz") as tf:
+        tf.add(src / "opt", arcname="srv")
+    out = subprocess.run(shoal + ["layer", "import", str(tar), "--name", "cli-tar"], env=env, capture_output=True,
+                         text=True)
+    assert out.returncode == 0, out.stderr
+    assert subprocess.run(shoal + ["image", "create", "cli:1", "busybox", "cli-layer", "cli-tar"], env=env).returncode == 0
+    assert "cli:1" in subprocess.run(shoal + ["image", "ls"], env=env, capture_output=True, text=True).stdout
+    assert "cli-tar" in subprocess.run(shoal + ["layer", "ls"], env=env, capture_output=True, text=True).stdout
+    r = subprocess.run(shoal + ["run", "cli:1", "--", "cat", "/opt/hello.txt", "/srv/hello.txt"], env=env,
+                       capture_output=True, text=True)
+    assert r.stdout == "hi from cli layerhi from cli layer"
+    r = subprocess.run(shoal + ["layer", "rm", "cli-layer"], env=env, capture_output=True, text=True)
+    assert r.returncode == 2 and "cli:1" in r.stderr  # still used by the image
+    assert subprocess.run(shoal + ["image", "rm", "cli:1"], env=env).returncode == 0
+    assert subprocess.run(shoal + ["layer", "rm", "cli-layer"], env=env).returncode == 0
+    r = subprocess.run(shoal + ["gc"], env=env, capture_output=True, text=True)
+    assert r.returncode == 0 and "removed" in r.stdout

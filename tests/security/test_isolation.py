@@ -22,7 +22,7 @@ def probe_layer(host, tmp_path_factory):
     (d / "usr/local/bin").mkdir(parents=True)
     subprocess.run(["gcc", "-static", "-O1", "-o", str(d / "usr/local/bin/probe"), os.path.join(HERE, "probe.c")],
                    check=True)
-    return host.store.build_from_dir(d).digest
+    return host.store.build_from_dir(d, name="security-probe").digest  # named: survives `shoal gc`
 
 
 @pytest.fixture

@@ -246,6 +246,7 @@ class Session:
         quoted = "'" + cmd.replace("'", "'\\''") + "'"
         script = (f"command eval {quoted} </dev/null\n__shoal_rc=$?\n"
                   f"printf '__SHOAL_{nonce}_%d__\\n' \"$__shoal_rc\"\nprintf '__SHOAL_{nonce}__\\n' >&2\n")
+        self._sb._rt.ensure_running(self._sb.id)  # a paused sandbox resumes, as for any request
         if self._touch:
             self._proc.touch(True)
         started = time.monotonic()

@@ -119,7 +119,7 @@ class ContainerRuntime(Runtime):
         """Start a sandbox. `lower_dirs` are the mounted layers, bottom -> top."""
         if not lower_dirs:
             raise InvalidArgument("a sandbox needs at least one mounted layer")
-        if len(self._meta) >= self.max_sandboxes:
+        if len(os.listdir(self.settings.sandboxes_dir)) >= self.max_sandboxes:  # all processes on this host
             raise QuotaExceeded(f"host sandbox limit reached ({self.max_sandboxes}); kill some or retry later")
         sandbox_id = "sb-" + secrets.token_hex(6)
         d = self._dir(sandbox_id)
@@ -286,7 +286,7 @@ class ContainerRuntime(Runtime):
         self._live_meta(sandbox_id)
         self.cgroups.freeze(sandbox_id, False)
 
-    def _ensure_running(self, sandbox_id: str) -> dict:
+    def ensure_running(self, sandbox_id: str) -> dict:
         """Any request to a paused sandbox resumes it first (DSec semantics)."""
         meta = self._live_meta(sandbox_id)
         if self.cgroups.is_frozen(sandbox_id):
@@ -298,7 +298,7 @@ class ContainerRuntime(Runtime):
         for name, v in (("ttl", ttl), ("idle_ttl", idle_ttl)):
             if v is not None and v <= 0:
                 raise InvalidArgument(f"{name} must be > 0 seconds or None, got {v}")
-        meta = self._ensure_running(sandbox_id)
+        meta = self.ensure_running(sandbox_id)
         agent.set_lifetimes(self.sock_path(sandbox_id), sandbox_id, int((ttl or 0) * 1000), int((idle_ttl or 0) * 1000))
         meta.update(ttl=ttl, idle_ttl=idle_ttl)
         self._write_meta(meta)
@@ -307,7 +307,7 @@ class ContainerRuntime(Runtime):
         """Count as activity for the idle TTL (used by file operations, which bypass init)."""
         meta = self._live_meta(sandbox_id)
         if meta.get("idle_ttl"):
-            self._ensure_running(sandbox_id)
+            self.ensure_running(sandbox_id)
             agent.ping(self.sock_path(sandbox_id), sandbox_id)
 
     # ------------------------------------------------------------------ exec
@@ -321,7 +321,7 @@ class ContainerRuntime(Runtime):
 
     def exec(self, sandbox_id: str, req: ExecRequest, on_stdout: OutputCallback | None = None,
              on_stderr: OutputCallback | None = None) -> ExecResult:
-        self._ensure_running(sandbox_id)
+        self.ensure_running(sandbox_id)
         return agent.run(self.sock_path(sandbox_id), sandbox_id, req.argv, self.env_for(sandbox_id, req.env),
                          cwd=req.cwd, timeout=req.timeout, stdin=req.stdin, output_cap=req.output_cap,
                          on_stdout=on_stdout, on_stderr=on_stderr)
@@ -330,7 +330,7 @@ class ContainerRuntime(Runtime):
               timeout: float | None = None, stdin_pipe: bool = False, merge_stderr: bool = False,
               kill_on_close: bool = True, busy: bool = False) -> agent.Process:
         """Start a process and hand back its pipes and control connection (background / sessions)."""
-        self._ensure_running(sandbox_id)
+        self.ensure_running(sandbox_id)
         flags = (agent.FLAG_KILL_ON_CLOSE if kill_on_close else 0) | (agent.FLAG_BUSY if busy else 0)
         return agent.Process(self.sock_path(sandbox_id), sandbox_id, argv, self.env_for(sandbox_id, env), cwd,
                              timeout, flags, stdin_pipe=stdin_pipe, merge_stderr=merge_stderr)
