@@ -7,7 +7,8 @@ Measures, with medians and p99 (these machines are shared and noisy):
   * sustained creations per second for a batch (sequential and with 2 threads)
   * exec overhead (fork+exec of `true` in a live sandbox) and persistent-session command overhead
   * the same `true` through `docker run --rm` (Debian docker.io; the script starts dockerd if needed
-    and stops what it started) and `podman --runtime runc run --rm` if podman is installed.
+    and stops what it started), bare `runc run` of an OCI bundle, and `podman --runtime runc run --rm`
+    if podman is installed.
 
 Writes bench/results/startup.json and bench/results/startup.png, prints a table.
 """
@@ -201,6 +202,34 @@ def bench_docker(n: int) -> dict | None:
         d.down()
 
 
+def bench_runc(n: int) -> dict | None:
+    """`runc run` of an OCI bundle with the same busybox rootfs: the OCI runtime alone, no engine."""
+    if not shutil.which("runc"):
+        return None
+    bundle = Path(tempfile.mkdtemp(prefix="shoal-runc-"))
+    try:
+        make_busybox_tree(bundle / "rootfs")
+        subprocess.run(["runc", "spec"], cwd=bundle, check=True, capture_output=True)
+        spec = json.loads((bundle / "config.json").read_text())
+        spec["process"]["args"] = ["true"]
+        spec["process"]["terminal"] = False
+        (bundle / "config.json").write_text(json.dumps(spec))
+        times = []
+        for i in track(range(n + 3), description="runc run", console=console):
+            t0 = time.perf_counter()
+            r = subprocess.run(["runc", "run", "--bundle", str(bundle), f"shoal-bench-{os.getpid()}-{i}"],
+                               capture_output=True, text=True)
+            if i >= 3:
+                times.append(time.perf_counter() - t0)
+            if r.returncode != 0:
+                return {"error": r.stderr.strip()[-300:]}
+        res = summary(times)
+        res["version"] = subprocess.run(["runc", "--version"], capture_output=True, text=True).stdout.split("\n")[0]
+        return res
+    finally:
+        shutil.rmtree(bundle, ignore_errors=True)
+
+
 def bench_podman(n: int) -> dict | None:
     if not shutil.which("podman"):
         return None
@@ -222,6 +251,7 @@ def plot(res: dict, path: Path) -> None:
     labels, vals = [], []
     for label, key in (("Shoal warm pool\nacquire+exec", ("shoal", "warm_acquire_exec")),
                        ("Shoal cold\ncreate+exec", ("shoal", "cold_create_exec")),
+                       ("runc run\n(runtime only)", ("runc", None)),
                        ("podman+runc\nrun --rm", ("podman", None)), ("docker\nrun --rm", ("docker", None))):
         r = res.get(key[0])
         r = r.get(key[1]) if (r and key[1]) else r
@@ -229,8 +259,10 @@ def plot(res: dict, path: Path) -> None:
             labels.append(label)
             vals.append(r["p50_ms"])
     fig, ax = plt.subplots(figsize=(7, 3.6))
-    bars = ax.barh(labels, vals, color=["#2a9d8f", "#2a9d8f", "#e9c46a", "#e76f51"][: len(vals)])
+    colors = ["#2a9d8f" if l.startswith("Shoal") else "#e76f51" for l in labels]
+    bars = ax.barh(labels, vals, color=colors)
     ax.set_xscale("log")
+    ax.set_xlim(min(vals) / 2, max(vals) * 4)  # room for the value labels
     ax.set_xlabel("p50 latency to run `true` (ms, log scale)")
     ax.bar_label(bars, labels=[f"{v:.1f} ms" for v in vals], padding=3)
     ax.set_title(f"Sandbox start latency on this machine ({res['date']})")
@@ -254,6 +286,7 @@ def main() -> None:
     if not args.no_docker:
         res["docker"] = bench_docker(args.docker_n)
         res["podman"] = bench_podman(args.docker_n)
+        res["runc"] = bench_runc(args.docker_n)
 
     s = res["shoal"]
     t = Table(title=f"Startup, this machine, {res['date']} ({os.cpu_count()} cores)")
@@ -268,12 +301,13 @@ def main() -> None:
     t.add_row("Shoal exec `true` in live sandbox", f"{s['exec_true']['p50_ms']:.2f}", f"{s['exec_true']['p99_ms']:.2f}", "")
     t.add_row("Shoal session command overhead", f"{s['session_cmd']['p50_ms']:.3f}", f"{s['session_cmd']['p99_ms']:.3f}",
               "p50 <= 1 ms")
-    for peer in ("docker", "podman"):
+    for peer in ("docker", "podman", "runc"):
         r = res.get(peer)
         if r and "p50_ms" in r:
             ratio = r["p50_ms"] / s["cold_create_exec"]["p50_ms"]
             res[f"{peer}_over_shoal_cold_p50"] = round(ratio, 1)
-            t.add_row(f"{peer} run --rm `true`", f"{r['p50_ms']:.1f}", f"{r['p99_ms']:.1f}",
+            what = "runc run (OCI runtime only)" if peer == "runc" else f"{peer} run --rm"
+            t.add_row(f"{what} `true`", f"{r['p50_ms']:.1f}", f"{r['p99_ms']:.1f}",
                       f"Shoal cold is {ratio:.1f}x faster (goal >= 10x)" if peer == "docker" else f"{ratio:.1f}x")
         elif r and "error" in r:
             t.add_row(f"{peer} run --rm", "error", "", r["error"][:60])
