@@ -309,3 +309,14 @@ def test_cli_layers_and_images(root, tmp_path):
     assert subprocess.run(shoal + ["layer", "rm", "cli-layer"], env=env).returncode == 0
     r = subprocess.run(shoal + ["gc"], env=env, capture_output=True, text=True)
     assert r.returncode == 0 and "removed" in r.stdout
+
+
+def test_ttl_expiring_mid_command_says_why(root, base_image):
+    sb = Sandbox.create(base_image, root=root, ttl=0.8)
+    with pytest.raises(SandboxNotFound, match="absolute TTL"):
+        sb.commands.run("sleep 5")
+
+
+def test_run_background_flag_is_start(sandbox):
+    h = sandbox.commands.run("echo bg-flag", background=True)
+    assert h.wait(5).stdout == "bg-flag\n"

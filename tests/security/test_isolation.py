@@ -207,3 +207,20 @@ def test_output_flood_keeps_host_memory_flat(probed):
     assert r.timed_out and r.stdout_truncated and r.stdout_bytes > 10_000_000
     assert len(r.stdout) < 70 * 1024
     assert after - before < 50 * 1024  # KiB: the flood did not accumulate in the host process
+
+
+def test_files_api_is_not_trapped_by_fifos_devices_or_sparse_files(sandbox):
+    sandbox.commands.run("mkfifo /tmp/trap; truncate -s 50G /tmp/sparse; mkdir -p /tmp/d; "
+                         "truncate -s 20G /tmp/d/big")
+    t0 = time.monotonic()
+    with pytest.raises(FileOpError, match="regular"):
+        sandbox.files.read("/tmp/trap")  # would block forever on a blocking open
+    with pytest.raises(FileOpError, match="regular|No such device"):  # ENXIO: no reader, refused at once
+        sandbox.files.write("/tmp/trap", "x")
+    with pytest.raises(FileOpError, match="regular"):
+        sandbox.files.read("/dev/zero")
+    with pytest.raises(FileOpError, match="max_bytes"):
+        sandbox.files.read("/tmp/sparse")
+    with pytest.raises(FileOpError, match="max_bytes"):
+        sandbox.files.download("/tmp/d")
+    assert time.monotonic() - t0 < 5

@@ -125,8 +125,8 @@ class AsyncFiles:
     async def upload(self, dest_dir: str, src: str | os.PathLike | bytes) -> int:
         return await _t(self._f.upload, dest_dir, src)
 
-    async def download(self, path: str, dest: str | os.PathLike | None = None) -> bytes:
-        return await _t(self._f.download, path, dest)
+    async def download(self, path: str, dest: str | os.PathLike | None = None, max_bytes: int = 1 << 30) -> bytes:
+        return await _t(self._f.download, path, dest, max_bytes)
 
 
 class AsyncSandbox:

@@ -149,11 +149,14 @@ class Commands:
     def run(self, cmd: Cmd, *, cwd: str = "/", env: dict[str, str] | None = None, timeout: float | None = 60.0,
             stdin: bytes | str | None = None, on_stdout: Callable[[str], None] | None = None,
             on_stderr: Callable[[str], None] | None = None, output_cap: int | None = None,
-            check: bool = False) -> ExecResult:
+            check: bool = False, background: bool = False) -> ExecResult:
         """Run a command to completion. A string runs under /bin/sh -c; a list is an argv.
 
         On timeout the command's process group is killed and the result has timed_out=True
-        (or CommandTimeout is raised with check=True)."""
+        (or CommandTimeout is raised with check=True). `background=True` is `start()` (E2B style)
+        and returns a CommandHandle instead."""
+        if background:
+            return self.start(cmd, cwd=cwd, env=env, timeout=timeout)  # type: ignore[return-value]
         try:
             req = ExecRequest(argv=_argv(cmd), cwd=cwd, env=env or {}, timeout=timeout,
                               stdin=stdin.encode() if isinstance(stdin, str) else stdin,
@@ -378,9 +381,9 @@ class Files:
             data = buf.getvalue()
         return self._f().upload(dest_dir, data)
 
-    def download(self, path: str, dest: str | os.PathLike | None = None) -> bytes:
-        """A tar of `path`; extracted into local `dest` when given."""
-        data = self._f().download(path)
+    def download(self, path: str, dest: str | os.PathLike | None = None, max_bytes: int = 1 << 30) -> bytes:
+        """A tar of `path` (at most `max_bytes` of file content); extracted into local `dest` when given."""
+        data = self._f().download(path, max_bytes=max_bytes)
         if dest is not None:
             with tarfile.open(fileobj=io.BytesIO(data)) as tf:
                 tf.extractall(dest, filter="data")

@@ -27,6 +27,10 @@ SIG_MODE_GROUP = 0
 SIG_MODE_EXCEPT_LEADER = 1
 
 
+class SandboxGone(SandboxError):
+    """The control connection closed before the command's exit was reported (sandbox ended)."""
+
+
 class CappedBuffer:
     """Keeps the first and last `cap/2` bytes of a stream and counts everything."""
 
@@ -162,7 +166,7 @@ class Process:
         if not data:
             if self.status is None:
                 self.error = "the sandbox went away while the command ran"
-                self.status = 137 << 8 if self.status is None else self.status
+                self.status = 137 << 8
             return False
         kind = data[:1]
         if kind == b"S":
@@ -280,6 +284,8 @@ def run(sock_path: str, sandbox_id: str, argv: list[str], env: dict[str, str], c
     finally:
         sel.close()
         proc.close()
+    if proc.error and proc.pid is not None and not proc.timed_out and proc.error.startswith("the sandbox went away"):
+        raise SandboxGone(f"sandbox {sandbox_id} went away while {argv!r} ran")
     code, sig = _decode_status(proc.status if proc.status is not None else 137 << 8)
     stderr_bytes = err.value()
     if proc.error and not stderr_bytes:

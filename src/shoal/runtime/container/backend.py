@@ -322,9 +322,17 @@ class ContainerRuntime(Runtime):
     def exec(self, sandbox_id: str, req: ExecRequest, on_stdout: OutputCallback | None = None,
              on_stderr: OutputCallback | None = None) -> ExecResult:
         self.ensure_running(sandbox_id)
-        return agent.run(self.sock_path(sandbox_id), sandbox_id, req.argv, self.env_for(sandbox_id, req.env),
-                         cwd=req.cwd, timeout=req.timeout, stdin=req.stdin, output_cap=req.output_cap,
-                         on_stdout=on_stdout, on_stderr=on_stderr)
+        try:
+            return agent.run(self.sock_path(sandbox_id), sandbox_id, req.argv, self.env_for(sandbox_id, req.env),
+                             cwd=req.cwd, timeout=req.timeout, stdin=req.stdin, output_cap=req.output_cap,
+                             on_stdout=on_stdout, on_stderr=on_stderr)
+        except agent.SandboxGone:
+            # say why it ended (TTL, killed...) once the supervisor has written the tombstone
+            deadline = time.monotonic() + 2
+            while not (self.settings.tombstones_dir / sandbox_id).exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            self._meta.pop(sandbox_id, None)
+            raise SandboxNotFound(self._gone_message(sandbox_id)) from None
 
     def spawn(self, sandbox_id: str, argv: list[str], env: dict[str, str] | None = None, cwd: str = "/",
               timeout: float | None = None, stdin_pipe: bool = False, merge_stderr: bool = False,

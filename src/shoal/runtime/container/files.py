@@ -92,11 +92,15 @@ class SandboxFiles:
 
     # ------------------------------------------------------------------ API
     def read(self, path: str, max_bytes: int = 64 << 20) -> bytes:
-        fd = self._open(path, os.O_RDONLY)
+        # O_NONBLOCK: a FIFO planted by the sandbox must not hang the host; only regular files are read
+        fd = self._open(path, os.O_RDONLY | os.O_NONBLOCK)
         try:
             st = os.fstat(fd)
             if stat.S_ISDIR(st.st_mode):
                 raise FileOpError(f"read {path!r}: is a directory")
+            if not stat.S_ISREG(st.st_mode):
+                raise FileOpError(f"read {path!r}: not a regular file")
+            os.set_blocking(fd, True)
             chunks, total = [], 0
             while chunk := os.read(fd, 1 << 20):
                 total += len(chunk)
@@ -114,12 +118,17 @@ class SandboxFiles:
             self.mkdir(str(PurePosixPath(path).parent), parents=True)
         pfd, name = self._parent(path)
         try:
-            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=pfd)
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode,
+                         dir_fd=pfd)
         except OSError as e:
             raise self._err(e, "write", path) from e
         finally:
             os.close(pfd)
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise FileOpError(f"write {path!r}: not a regular file")
+            os.set_blocking(fd, True)
+            os.ftruncate(fd, 0)
             view = memoryview(data)
             while view:
                 n = os.write(fd, view)
@@ -196,22 +205,25 @@ class SandboxFiles:
             os.close(pfd)
 
     # ------------------------------------------------------------------ tar transfer
-    def download(self, path: str) -> bytes:
-        """A tar archive of `path` (file or directory tree) inside the sandbox; symlinks are not followed."""
+    def download(self, path: str, max_bytes: int = 1 << 30) -> bytes:
+        """A tar archive of `path` (file or directory tree) inside the sandbox; symlinks are not followed.
+
+        `max_bytes` bounds the file content read (a sandbox can create huge sparse files for free)."""
         buf = io.BytesIO()
+        budget = [max_bytes]
         with tarfile.open(fileobj=buf, mode="w") as tf:
             top = self.stat(path)
-            self._add_tar(tf, path, PurePosixPath(path).name or ".", top)
+            self._add_tar(tf, path, PurePosixPath(path).name or ".", top, budget)
         return buf.getvalue()
 
-    def _add_tar(self, tf: tarfile.TarFile, path: str, arcname: str, entry: FileEntry) -> None:
+    def _add_tar(self, tf: tarfile.TarFile, path: str, arcname: str, entry: FileEntry, budget: list[int]) -> None:
         info = tarfile.TarInfo(arcname)
         info.mode, info.mtime = entry.mode, int(entry.mtime)
         if entry.type == "dir":
             info.type = tarfile.DIRTYPE
             tf.addfile(info)
             for child in self.list(path):
-                self._add_tar(tf, child.path, f"{arcname}/{child.name}", child)
+                self._add_tar(tf, child.path, f"{arcname}/{child.name}", child, budget)
         elif entry.type == "symlink":
             pfd, name = self._parent(path)
             try:
@@ -221,7 +233,10 @@ class SandboxFiles:
             info.type = tarfile.SYMTYPE
             tf.addfile(info)
         elif entry.type == "file":
-            data = self.read(path, max_bytes=1 << 40)
+            if entry.size > budget[0]:
+                raise FileOpError(f"download: {path!r} would exceed max_bytes; download less or raise the limit")
+            data = self.read(path, max_bytes=budget[0])
+            budget[0] -= len(data)
             info.size = len(data)
             tf.addfile(info, io.BytesIO(data))
 
