@@ -25,6 +25,10 @@ class Settings:
     default_pids: int = 512
     output_cap_bytes: int = 1 << 20
     compression: str | None = None  # None = uncompressed EROFS (fastest to read); "lz4" / "lz4hc"
+    # paths left out of every snapshot by default (e.g. answer files, caches); empty = exact copy
+    snapshot_exclude: tuple[str, ...] = ()
+    max_stack_depth: int = 16  # snapshot chains deeper than this are folded
+    fold_threshold_bytes: int = 64 << 20  # layers smaller than this may be folded together
     extra: dict = field(default_factory=dict)
 
     @property
@@ -62,6 +66,9 @@ def load_settings(root: str | os.PathLike | None = None) -> Settings:
             raise InvalidArgument(f"config file {cfg_path} is not valid TOML: {e}") from e
     chosen = root or os.environ.get("SHOAL_ROOT") or data.get("root") or DEFAULT_ROOT
     known = {k: data[k] for k in ("default_memory_mb", "default_cpu", "default_disk_mb", "default_pids",
-                                  "output_cap_bytes", "compression") if k in data}
+                                  "output_cap_bytes", "compression", "max_stack_depth",
+                                  "fold_threshold_bytes") if k in data}
+    if "snapshot_exclude" in data:
+        known["snapshot_exclude"] = tuple(str(p).strip("/") for p in data["snapshot_exclude"])
     unknown = set(data) - set(known) - {"root"}
     return Settings(root=Path(chosen).absolute(), extra={k: data[k] for k in unknown}, **known)

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from .config import Settings, load_settings
 from .errors import BackendUnavailable, InvalidArgument
 from .layers.store import LayerStore
-from .runtime.abstract import Limits, SandboxInfo, SandboxSpec
+from .runtime.abstract import Limits, SandboxInfo, SandboxSpec, SnapshotInfo
 
 _hosts: dict[Path, "Host"] = {}
 _hosts_lock = threading.Lock()
@@ -54,35 +54,71 @@ class Host:
             raise BackendUnavailable(f"backend {name!r} is not available on this host yet; use backend='container'")
         raise InvalidArgument(f"unknown backend {name!r}; choose one of: container, fncall, microvm")
 
-    def resolve_layers(self, image: str | None, layers: list[str] | None) -> tuple[str, list[str]]:
-        """An image name[:tag] and/or extra layers (composed on top at creation) -> (label, digests)."""
+    def resolve_layers(self, image: str | None, layers: list[str] | None) -> tuple[str, list[str], dict]:
+        """An image name[:tag] and/or extra layers (composed on top at creation)
+        -> (label, digests bottom -> top, image config)."""
         digests: list[str] = []
         label_parts = []
+        config: dict = {}
         if image:
             info = self.store.get_image(image)
             digests += info.layers
             label_parts.append(info.ref)
+            config = info.config
         if layers:
             extra = [self.store.resolve(l) for l in layers]
             digests += extra
             label_parts += [d.split(":")[1][:12] for d in extra]
         if not digests:
             raise InvalidArgument("give an image (name[:tag]) or a list of layers to create a sandbox")
-        return "+".join(label_parts), digests
+        return "+".join(label_parts), digests, config
 
     def create_sandbox(self, image: str | None, layers: list[str] | None, limits: Limits,
                        ttl: float | None = None, idle_ttl: float | None = None,
                        env: dict[str, str] | None = None, hostname: str | None = None,
-                       backend: str = "container") -> SandboxInfo:
+                       backend: str = "container", workdir: str | None = None,
+                       network: str = "none") -> SandboxInfo:
         rt = self.backend(backend)
-        label, digests = self.resolve_layers(image, layers)
+        label, digests, config = self.resolve_layers(image, layers)
         mounts = self.store.ensure_mounted(digests)
         try:
             spec = SandboxSpec(image=label, layers=digests, limits=limits, ttl=ttl, idle_ttl=idle_ttl,
-                               env=env or {}, hostname=hostname)
+                               env={**config.get("env", {}), **(env or {})}, base_env=config.get("env", {}),
+                               hostname=hostname,
+                               workdir=workdir or config.get("workdir", "/"), network=network)
         except ValidationError as e:
             raise InvalidArgument(_describe(e)) from None
         return rt.create(spec, mounts)
+
+    # ------------------------------------------------------------------ pack_diff snapshots
+    def snapshot(self, sandbox_id: str, exclude: list[str] | None = None, max_depth: int | None = None) -> "SnapshotInfo":
+        """Turn a sandbox's writable upper into a layer on top of its stack, registered as the image
+        `snapshots/<id>`. Its processes are frozen while the layer is captured, so the snapshot is
+        consistent; `exclude` lists paths (e.g. build residue) left out of the layer."""
+        import secrets
+
+        rt = self.runtime
+        info = rt.info(sandbox_id)
+        exclude = list(self.settings.snapshot_exclude if exclude is None else exclude)
+        was_paused = info.state.value == "paused"
+        if not was_paused:
+            rt.pause(sandbox_id)
+        try:
+            layer = self.store.build_from_dir(rt.upper_dir(sandbox_id), source=f"snapshot:{sandbox_id}",
+                                              exclude=exclude)
+        finally:
+            if not was_paused:
+                rt.resume(sandbox_id)
+        stack = list(info.layers) + [layer.digest]
+        depth = max_depth or self.settings.max_stack_depth
+        if len(stack) > depth:
+            stack = self.store.fold_to_depth(stack, depth)
+        snap_id = "snap-" + secrets.token_hex(6)
+        img = self.store.create_image(f"snapshots/{snap_id}", stack,
+                                      config={"env": info.base_env, "workdir": info.workdir,
+                                              "source_sandbox": sandbox_id, "parent_layers": list(info.layers)})
+        return SnapshotInfo(id=snap_id, image=img.ref, layers=list(img.layers), layer=layer.digest,
+                            source_sandbox=sandbox_id, created=img.created, size=layer.size)
 
     def gc(self) -> dict:
         reaped = self.runtime.sweep()

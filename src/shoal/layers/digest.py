@@ -40,8 +40,10 @@ def file_sha256(path: str) -> str:
     return h.hexdigest()
 
 
-def tree_digest(root: str | os.PathLike) -> tuple[str, int, int]:
-    """Return ("sha256:<hex>", total file bytes, entry count) for the tree under `root`."""
+def tree_digest(root: str | os.PathLike, exclude: frozenset[str] | set[str] = frozenset()) -> tuple[str, int, int]:
+    """Return ("sha256:<hex>", total file bytes, entry count) for the tree under `root`.
+
+    `exclude` holds paths relative to `root` (no leading slash) left out with their subtrees."""
     root = str(root)
     h = hashlib.sha256(b"shoal-tree-v1\0")
     total = 0
@@ -66,7 +68,9 @@ def tree_digest(root: str | os.PathLike) -> tuple[str, int, int]:
         count += 1
         if stat.S_ISDIR(mode):
             for name in sorted(os.listdir(full)):
-                visit(os.path.join(rel, name) if rel else name)
+                child = os.path.join(rel, name) if rel else name
+                if child not in exclude:
+                    visit(child)
 
     if not Path(root).is_dir():
         raise NotADirectoryError(root)

@@ -31,13 +31,16 @@ def mkfs_available() -> bool:
     return shutil.which("mkfs.erofs") is not None
 
 
-def build_image(src_dir: Path, out: Path, compression: str | None = None) -> None:
-    """Build an EROFS image of `src_dir` into `out` (xattrs and device nodes kept)."""
+def build_image(src_dir: Path, out: Path, compression: str | None = None, exclude: list[str] = ()) -> None:
+    """Build an EROFS image of `src_dir` into `out` (xattrs and device nodes kept).
+
+    `exclude`: paths relative to `src_dir` left out with their subtrees."""
     if not mkfs_available():
         raise BuildError("mkfs.erofs not found: install erofs-utils (make setup does it)")
     cmd = ["mkfs.erofs", "--quiet"]
     if compression:
         cmd.append(f"-z{compression}")
+    cmd += [f"--exclude-path={p}" for p in exclude]
     cmd += [str(out), str(src_dir)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:

@@ -8,6 +8,7 @@ On disk, under the Shoal root:
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import re
 import shutil
@@ -18,7 +19,7 @@ import time
 import tomllib
 from collections.abc import Callable, Iterable
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
@@ -26,6 +27,7 @@ from ..config import Settings
 from ..errors import BadDigest, CorruptArchive, ImageNotFound, InvalidArgument, LayerInUse, LayerNotFound
 from . import archive, erofs
 from .digest import tree_digest
+from .fold import fold_trees
 
 _DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 _PREFIX_RE = re.compile(r"^(sha256:)?[0-9a-f]{6,64}$")
@@ -38,7 +40,10 @@ CREATE TABLE IF NOT EXISTS layers (
 CREATE TABLE IF NOT EXISTS layer_names (
     name TEXT PRIMARY KEY, digest TEXT NOT NULL REFERENCES layers(digest));
 CREATE TABLE IF NOT EXISTS images (
-    name TEXT NOT NULL, tag TEXT NOT NULL, created REAL NOT NULL, PRIMARY KEY (name, tag));
+    name TEXT NOT NULL, tag TEXT NOT NULL, created REAL NOT NULL, config TEXT NOT NULL DEFAULT '{}',
+    PRIMARY KEY (name, tag));
+CREATE TABLE IF NOT EXISTS build_cache (
+    key TEXT PRIMARY KEY, digest TEXT NOT NULL, step TEXT NOT NULL, created REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS image_layers (
     name TEXT NOT NULL, tag TEXT NOT NULL, position INTEGER NOT NULL, digest TEXT NOT NULL,
     PRIMARY KEY (name, tag, position));
@@ -70,6 +75,7 @@ class ImageInfo:
     tag: str
     layers: tuple[str, ...]  # digests, bottom -> top
     created: float
+    config: dict = field(default_factory=dict)  # {"env": {...}, "workdir": "/..."} from a recipe
 
     @property
     def ref(self) -> str:
@@ -136,12 +142,14 @@ class LayerStore:
         return LayerInfo(*row, names=names)
 
     # ---------------------------------------------------------------- building
-    def build_from_dir(self, src: str | os.PathLike, source: str | None = None, name: str | None = None) -> LayerInfo:
-        """Build (or find) the layer holding exactly the tree under `src`."""
+    def build_from_dir(self, src: str | os.PathLike, source: str | None = None, name: str | None = None,
+                       exclude: Iterable[str] = ()) -> LayerInfo:
+        """Build (or find) the layer holding exactly the tree under `src`, minus `exclude`d paths."""
         src_path = Path(src)
         if not src_path.is_dir():
             raise InvalidArgument(f"layer source {src_path} is not a directory")
-        digest, size, entries = tree_digest(src_path)
+        excluded = sorted({p.strip("/") for p in exclude if p.strip("/")})
+        digest, size, entries = tree_digest(src_path, frozenset(excluded))
         existing = self._query("SELECT * FROM layers WHERE digest=?", [digest])
         if existing and self.image_path(digest).exists():
             if name:
@@ -149,7 +157,7 @@ class LayerStore:
             return self.get(digest)
         tmp = Path(tempfile.mkstemp(dir=self.settings.tmp_dir, suffix=".erofs")[1])
         try:
-            erofs.build_image(src_path, tmp, self.settings.compression)
+            erofs.build_image(src_path, tmp, self.settings.compression, excluded)
             image_bytes = tmp.stat().st_size
             os.chmod(tmp, 0o444)
             os.replace(tmp, self.image_path(digest))  # atomic: readers never see half an image
@@ -242,15 +250,20 @@ class LayerStore:
             db.execute("INSERT OR REPLACE INTO layer_names VALUES (?,?)", (name, digest))
 
     # ---------------------------------------------------------------- images
-    def create_image(self, ref: str, layers: list[str]) -> ImageInfo:
-        """Name an ordered stack of layers (bottom -> top). Replaces an existing name:tag."""
+    def create_image(self, ref: str, layers: list[str], config: dict | None = None) -> ImageInfo:
+        """Name an ordered stack of layers (bottom -> top). Replaces an existing name:tag.
+
+        `config` may hold "env" (dict) and "workdir" (str): defaults for sandboxes of this image."""
         name, tag = split_ref(ref)
         if not layers:
             raise InvalidArgument(f"image {ref} needs at least one layer")
         digests = [self.resolve(l) for l in layers]
+        cfg = dict(config or {})
+        if not isinstance(cfg.get("env", {}), dict) or not isinstance(cfg.get("workdir", "/"), str):
+            raise InvalidArgument(f"image {ref}: config env must be a table and workdir a string")
         with self._tx() as db:
             db.execute("DELETE FROM image_layers WHERE name=? AND tag=?", (name, tag))
-            db.execute("INSERT OR REPLACE INTO images VALUES (?,?,?)", (name, tag, time.time()))
+            db.execute("INSERT OR REPLACE INTO images VALUES (?,?,?,?)", (name, tag, time.time(), json.dumps(cfg)))
             db.executemany("INSERT INTO image_layers VALUES (?,?,?,?)",
                            [(name, tag, i, d) for i, d in enumerate(digests)])
         return self.get_image(f"{name}:{tag}")
@@ -271,12 +284,12 @@ class LayerStore:
 
     def get_image(self, ref: str) -> ImageInfo:
         name, tag = split_ref(ref)
-        row = self._query("SELECT created FROM images WHERE name=? AND tag=?", [name, tag])
+        row = self._query("SELECT created, config FROM images WHERE name=? AND tag=?", [name, tag])
         if not row:
             raise ImageNotFound(f"image {name}:{tag} not found (see `shoal image ls`)")
         layers = tuple(r[0] for r in self._query(
             "SELECT digest FROM image_layers WHERE name=? AND tag=? ORDER BY position", [name, tag]))
-        return ImageInfo(name, tag, layers, row[0][0])
+        return ImageInfo(name, tag, layers, row[0][0], json.loads(row[0][1] or "{}"))
 
     def list_images(self) -> list[ImageInfo]:
         return [self.get_image(f"{n}:{t}") for n, t in self._query("SELECT name, tag FROM images ORDER BY name, tag")]
@@ -322,10 +335,67 @@ class LayerStore:
             if info.digest not in in_images and info.digest not in named:
                 self.remove_layer(info.digest, live)
                 removed.append(info.digest)
+        with self._tx() as db:  # build-cache entries whose layer is gone
+            db.execute("DELETE FROM build_cache WHERE digest NOT IN (SELECT digest FROM layers)")
         for leftover in self.settings.tmp_dir.iterdir():
             if time.time() - leftover.stat().st_mtime > 3600:
                 shutil.rmtree(leftover, ignore_errors=True) if leftover.is_dir() else leftover.unlink(missing_ok=True)
         return {"removed": removed, "unmounted": unmounted}
+
+    # ---------------------------------------------------------------- folding
+    def fold(self, layers: list[str], name: str | None = None) -> LayerInfo:
+        """One layer equivalent to `layers` (bottom -> top) stacked, whiteouts preserved."""
+        digests = [self.resolve(l) for l in layers]
+        if not digests:
+            raise InvalidArgument("fold needs at least one layer")
+        if len(digests) == 1:
+            return self.get(digests[0])
+        mounts = self.ensure_mounted(digests)
+        with self._scratch() as d:
+            staging = d / "root"
+            staging.mkdir()
+            fold_trees(mounts, staging)
+            return self.build_from_dir(staging, name=name,
+                                       source="fold:" + "+".join(x.split(":")[1][:12] for x in digests))
+
+    def fold_small(self, layers: list[str], threshold_bytes: int) -> list[str]:
+        """Fold every run of >= 2 consecutive layers whose content is below `threshold_bytes`."""
+        out: list[str] = []
+        run: list[str] = []
+        for d in [self.resolve(l) for l in layers] + [None]:  # type: ignore[list-item]
+            if d is not None and self.get(d).size < threshold_bytes:
+                run.append(d)
+                continue
+            if len(run) >= 2:
+                out.append(self.fold(run).digest)
+            else:
+                out.extend(run)
+            run = []
+            if d is not None:
+                out.append(d)
+        return out
+
+    def fold_to_depth(self, layers: list[str], max_depth: int) -> list[str]:
+        """Keep the bottom layers as they are (they are shared) and fold the top so len <= max_depth."""
+        digests = [self.resolve(l) for l in layers]
+        if max_depth < 2:
+            raise InvalidArgument(f"max_depth must be >= 2, got {max_depth}")
+        if len(digests) <= max_depth:
+            return digests
+        keep = max_depth - 1
+        return digests[:keep] + [self.fold(digests[keep:]).digest]
+
+    # ---------------------------------------------------------------- build cache
+    def cache_get(self, key: str) -> str | None:
+        rows = self._query("SELECT digest FROM build_cache WHERE key=?", [key])
+        if rows and self._query("SELECT 1 FROM layers WHERE digest=?", [rows[0][0]]) and \
+                self.image_path(rows[0][0]).exists():
+            return rows[0][0]
+        return None
+
+    def cache_put(self, key: str, digest: str, step: str) -> None:
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO build_cache VALUES (?,?,?,?)", (key, digest, step, time.time()))
 
     # ---------------------------------------------------------------- mounting
     def ensure_mounted(self, digests: Iterable[str]) -> list[Path]:

@@ -37,7 +37,12 @@ class SandboxSpec(BaseModel):
     ttl: float | None = Field(None, description="absolute lifetime in seconds from creation")
     idle_ttl: float | None = Field(None, description="seconds without any request before the sandbox ends")
     env: dict[str, str] = Field(default_factory=dict)
+    base_env: dict[str, str] = Field(default_factory=dict, description="the part of env that came from the image")
     hostname: str | None = None
+    workdir: str = Field("/", description="default working directory of commands")
+    network: Literal["none", "host"] = Field(
+        "none", description="'none': own network namespace with only lo (every task sandbox); "
+                            "'host': the host's network, for image builds that fetch packages")
 
     @field_validator("ttl", "idle_ttl")
     @classmethod
@@ -64,6 +69,10 @@ class SandboxInfo(BaseModel):
     idle_ttl: float | None = None
     init_pid: int | None = None
     memory_bytes: int | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    base_env: dict[str, str] = Field(default_factory=dict)
+    workdir: str = "/"
+    network: str = "none"
 
 
 class ExecRequest(BaseModel):
@@ -106,6 +115,18 @@ class ExecResult(BaseModel):
     @property
     def ok(self) -> bool:
         return self.exit_code == 0 and not self.timed_out
+
+
+class SnapshotInfo(BaseModel):
+    """A pack_diff snapshot: the source sandbox's writable upper as a layer on top of its stack."""
+
+    id: str
+    image: str = Field(description="image ref holding the full stack: snapshots/<id>:latest")
+    layers: list[str] = Field(description="full stack, bottom -> top (possibly folded)")
+    layer: str = Field(description="the layer captured from the writable upper")
+    source_sandbox: str
+    created: float
+    size: int = Field(description="bytes of file content in the captured layer")
 
 
 class FileEntry(BaseModel):

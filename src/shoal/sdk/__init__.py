@@ -2,7 +2,7 @@
 from .args import ContainerArgs, FnCallArgs, MicroVMArgs
 from .async_sandbox import AsyncSandbox
 from .pool import WarmPool
-from .sandbox import BackgroundOutput, CommandHandle, OutputEvent, Sandbox, Session
+from .sandbox import BackgroundOutput, CommandHandle, ForkResult, OutputEvent, Sandbox, Session
 
 __all__ = ["AsyncSandbox", "BackgroundOutput", "CommandHandle", "ContainerArgs", "FnCallArgs", "MicroVMArgs",
-           "OutputEvent", "Sandbox", "Session", "WarmPool"]
+           "ForkResult", "OutputEvent", "Sandbox", "Session", "WarmPool"]

@@ -10,7 +10,9 @@ import asyncio
 import os
 from collections.abc import AsyncIterator
 
-from ..runtime.abstract import ExecResult, FileEntry, SandboxInfo
+from dataclasses import dataclass
+
+from ..runtime.abstract import ExecResult, FileEntry, SandboxInfo, SnapshotInfo
 from .args import BackendArgs
 from .sandbox import BackgroundOutput, Cmd, CommandHandle, OutputEvent, Sandbox, Session
 
@@ -142,9 +144,11 @@ class AsyncSandbox:
                      memory_mb: int | None = None, disk_mb: int | None = None, pids: int | None = None,
                      ttl: float | None = None, idle_ttl: float | None = None, env: dict[str, str] | None = None,
                      backend: str = "container", args: BackendArgs | None = None,
+                     from_snapshot: str | SnapshotInfo | None = None,
                      root: str | os.PathLike | None = None) -> "AsyncSandbox":
         sb = await _t(Sandbox.create, image, layers=layers, cpu=cpu, memory_mb=memory_mb, disk_mb=disk_mb,
-                      pids=pids, ttl=ttl, idle_ttl=idle_ttl, env=env, backend=backend, args=args, root=root)
+                      pids=pids, ttl=ttl, idle_ttl=idle_ttl, env=env, backend=backend, args=args,
+                      from_snapshot=from_snapshot, root=root)
         return cls(sb)
 
     @classmethod
@@ -173,6 +177,13 @@ class AsyncSandbox:
     async def kill(self) -> None:
         await _t(self._sb.kill)
 
+    async def snapshot(self, exclude: list[str] | None = None) -> SnapshotInfo:
+        return await _t(self._sb.snapshot, exclude)
+
+    async def fork(self, n: int, **kw) -> "AsyncForkResult":
+        res = await _t(self._sb.fork, n, **kw)
+        return AsyncForkResult(res.snapshot, [AsyncSandbox(c) for c in res.sandboxes], res.failed)
+
     async def __aenter__(self) -> "AsyncSandbox":
         return self
 
@@ -181,3 +192,14 @@ class AsyncSandbox:
             await self.kill()
         except Exception:
             pass
+
+
+@dataclass
+class AsyncForkResult:
+    snapshot: SnapshotInfo
+    sandboxes: list[AsyncSandbox]
+    failed: list[tuple[int, BaseException]]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed

@@ -21,14 +21,14 @@ import tarfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from ..errors import CommandTimeout, InvalidArgument, SessionClosed
 from ..host import Host
-from ..runtime.abstract import ExecRequest, ExecResult, FileEntry, SandboxInfo, SandboxState
+from ..runtime.abstract import ExecRequest, ExecResult, FileEntry, SandboxInfo, SandboxState, SnapshotInfo
 from ..runtime.container import agent
 from .args import BACKEND_ARGS, BackendArgs, ContainerArgs
 
@@ -146,7 +146,7 @@ class Commands:
     def __init__(self, sb: "Sandbox"):
         self._sb = sb
 
-    def run(self, cmd: Cmd, *, cwd: str = "/", env: dict[str, str] | None = None, timeout: float | None = 60.0,
+    def run(self, cmd: Cmd, *, cwd: str | None = None, env: dict[str, str] | None = None, timeout: float | None = 60.0,
             stdin: bytes | str | None = None, on_stdout: Callable[[str], None] | None = None,
             on_stderr: Callable[[str], None] | None = None, output_cap: int | None = None,
             check: bool = False, background: bool = False) -> ExecResult:
@@ -158,7 +158,7 @@ class Commands:
         if background:
             return self.start(cmd, cwd=cwd, env=env, timeout=timeout)  # type: ignore[return-value]
         try:
-            req = ExecRequest(argv=_argv(cmd), cwd=cwd, env=env or {}, timeout=timeout,
+            req = ExecRequest(argv=_argv(cmd), cwd=cwd or self._sb._info.workdir, env=env or {}, timeout=timeout,
                               stdin=stdin.encode() if isinstance(stdin, str) else stdin,
                               output_cap=output_cap or self._sb._host.settings.output_cap_bytes)
         except ValidationError as e:
@@ -175,11 +175,11 @@ class Commands:
                                f"{result.stderr[-500:]}")
         return result
 
-    def start(self, cmd: Cmd, *, cwd: str = "/", env: dict[str, str] | None = None, timeout: float | None = None,
-              ring_bytes: int = 1 << 20) -> CommandHandle:
+    def start(self, cmd: Cmd, *, cwd: str | None = None, env: dict[str, str] | None = None,
+              timeout: float | None = None, ring_bytes: int = 1 << 20) -> CommandHandle:
         """Start a background command; output is kept in a ring buffer of `ring_bytes` per stream."""
         argv = _argv(cmd)
-        proc = self._sb._rt.spawn(self._sb.id, argv, env=env, cwd=cwd, timeout=timeout)
+        proc = self._sb._rt.spawn(self._sb.id, argv, env=env, cwd=cwd or self._sb._info.workdir, timeout=timeout)
         return CommandHandle(proc, ring_bytes, argv)
 
     def stream(self, cmd: Cmd, **kw) -> Iterator[OutputEvent | ExecResult]:
@@ -210,14 +210,14 @@ class Session:
     Each command is sent as `command eval '<cmd>'` followed by a random end marker, so a syntax
     error in one command cannot kill the shell; stdin of the command is /dev/null."""
 
-    def __init__(self, sb: "Sandbox", shell: str | None = None, cwd: str = "/", env: dict[str, str] | None = None,
-                 output_cap: int | None = None):
+    def __init__(self, sb: "Sandbox", shell: str | None = None, cwd: str | None = None,
+                 env: dict[str, str] | None = None, output_cap: int | None = None):
         self._sb = sb
         if shell is None:
             shell = "/bin/bash" if sb.files.exists("/bin/bash") else "/bin/sh"
         self.shell = shell
         self._cap = output_cap or sb._host.settings.output_cap_bytes
-        self._proc = sb._rt.spawn(sb.id, [shell], env=env, cwd=cwd, stdin_pipe=True)
+        self._proc = sb._rt.spawn(sb.id, [shell], env=env, cwd=cwd or sb._info.workdir, stdin_pipe=True)
         self._touch = bool(sb._info.idle_ttl)
         self._sel = selectors.DefaultSelector()
         self._sel.register(self._proc.out_r, selectors.EVENT_READ, "out")
@@ -326,7 +326,7 @@ class Sessions:
     def __init__(self, sb: "Sandbox"):
         self._sb = sb
 
-    def create(self, shell: str | None = None, cwd: str = "/", env: dict[str, str] | None = None) -> Session:
+    def create(self, shell: str | None = None, cwd: str | None = None, env: dict[str, str] | None = None) -> Session:
         return Session(self._sb, shell=shell, cwd=cwd, env=env)
 
 
@@ -408,12 +408,18 @@ class Sandbox:
                memory_mb: int | None = None, disk_mb: int | None = None, pids: int | None = None,
                ttl: float | None = None, idle_ttl: float | None = None, env: dict[str, str] | None = None,
                backend: str = "container", args: BackendArgs | None = None,
+               from_snapshot: "str | SnapshotInfo | None" = None,
                root: str | os.PathLike | None = None) -> "Sandbox":
-        """Create a sandbox from an image (name[:tag]) and/or layers composed on top, bottom -> top.
+        """Create a sandbox from an image (name[:tag]) and/or layers composed on top, bottom -> top,
+        or restore a snapshot (`from_snapshot=` id or SnapshotInfo) as a new sandbox.
 
         ttl: absolute lifetime in seconds from now; idle_ttl: seconds without any request (a
         running foreground command counts as activity). Either ends the sandbox and frees it."""
         host = Host.get(root)
+        if from_snapshot is not None:
+            if image is not None:
+                raise InvalidArgument("give either image= or from_snapshot=, not both")
+            image = _snapshot_image(from_snapshot)
         args = _merge_args(backend, args, cpu=cpu, memory_mb=memory_mb, disk_mb=disk_mb, pids=pids,
                            settings=host.settings)
         info = host.create_sandbox(image, layers, args.limits(), ttl=ttl, idle_ttl=idle_ttl, env=env,
@@ -454,6 +460,43 @@ class Sandbox:
     def kill(self) -> None:
         self._rt.kill(self.id)
 
+    def snapshot(self, exclude: list[str] | None = None) -> SnapshotInfo:
+        """pack_diff: capture the writable upper (processes frozen meanwhile) as a new layer on top of
+        this sandbox's stack. Restore with `Sandbox.create(from_snapshot=snap)` or `fork()`.
+        Filesystem state only: running processes are not captured."""
+        return self._host.snapshot(self.id, exclude=exclude)
+
+    def fork(self, n: int, *, copy_env: bool = False, inherit_ttl: bool = False,
+             exclude: list[str] | None = None, **create_kw) -> "ForkResult":
+        """n new sandboxes sharing one snapshot of this one read-only, each with its own upper.
+
+        Children get new ids, hostnames and /etc/machine-id; this sandbox's env only if copy_env,
+        its TTLs only if inherit_ttl; processes are not carried over. Failures are per child."""
+        if not isinstance(n, int) or n <= 0:
+            raise InvalidArgument(f"fork needs n >= 1, got {n!r}")
+        snap = self.snapshot(exclude=exclude)
+        info = self._info
+        kw = dict(create_kw)
+        if copy_env:
+            kw["env"] = {**info.env, **kw.get("env", {})}
+        if inherit_ttl:
+            remaining = None if info.ttl is None else max(0.001, info.created + info.ttl - time.time())
+            kw.setdefault("ttl", remaining)
+            kw.setdefault("idle_ttl", info.idle_ttl)
+        kw.setdefault("memory_mb", info.limits.memory_mb)
+        kw.setdefault("cpu", info.limits.cpu)
+        kw.setdefault("disk_mb", info.limits.disk_mb)
+        kw.setdefault("pids", info.limits.pids)
+        result = ForkResult(snapshot=snap)
+        for i in range(n):
+            try:
+                child = Sandbox.create(from_snapshot=snap, root=self._host.settings.root, **kw)
+                child.files.write("/etc/machine-id", secrets.token_hex(16) + "\n", mode=0o444)
+                result.sandboxes.append(child)
+            except Exception as e:  # reported per child, the others are kept
+                result.failed.append((i, e))
+        return result
+
     def __enter__(self) -> "Sandbox":
         return self
 
@@ -465,6 +508,33 @@ class Sandbox:
 
     def __repr__(self) -> str:
         return f"Sandbox({self.id}, image={self._info.image!r})"
+
+
+@dataclass
+class ForkResult:
+    """What fork(n) produced: the shared snapshot, the children that started, the ones that did not."""
+
+    snapshot: SnapshotInfo
+    sandboxes: list["Sandbox"] = field(default_factory=list)
+    failed: list[tuple[int, BaseException]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+    def kill_all(self) -> None:
+        for sb in self.sandboxes:
+            try:
+                sb.kill()
+            except Exception:
+                pass
+
+
+def _snapshot_image(snap: "str | SnapshotInfo") -> str:
+    sid = snap.id if isinstance(snap, SnapshotInfo) else snap
+    if not isinstance(sid, str) or not re.fullmatch(r"snap-[0-9a-f]{12}", sid):
+        raise InvalidArgument(f"not a snapshot id: {sid!r} (expected snap-<12 hex>)")
+    return f"snapshots/{sid}:latest"
 
 
 def _merge_args(backend: str, args: BackendArgs | None, settings, **kw) -> BackendArgs:

@@ -129,7 +129,8 @@ class ContainerRuntime(Runtime):
         limits = spec.limits
         meta = {"id": sandbox_id, "image": spec.image, "layers": list(spec.layers), "limits": limits.model_dump(),
                 "created": time.time(), "ttl": spec.ttl, "idle_ttl": spec.idle_ttl, "env": spec.env,
-                "hostname": spec.hostname or sandbox_id}
+                "base_env": spec.base_env,
+                "hostname": spec.hostname or sandbox_id, "workdir": spec.workdir, "network": spec.network}
         self._write_meta(meta)
         try:
             cg_dirs = self.cgroups.create(sandbox_id, limits)
@@ -142,6 +143,8 @@ class ContainerRuntime(Runtime):
                "--disk-mb", str(limits.disk_mb), "--tombstone", str(self.settings.tombstones_dir / sandbox_id)]
         for cg in cg_dirs:
             cmd += ["--cgroup", str(cg)]
+        if spec.network == "host":
+            cmd += ["--net", "host"]
         if spec.ttl:
             cmd += ["--ttl-ms", str(int(spec.ttl * 1000))]
         if spec.idle_ttl:
@@ -167,7 +170,9 @@ class ContainerRuntime(Runtime):
                 if alive else SandboxState.DEAD
         return SandboxInfo(id=meta["id"], image=meta["image"], layers=meta["layers"], limits=Limits(**meta["limits"]),
                            state=state, created=meta["created"], ttl=meta.get("ttl"), idle_ttl=meta.get("idle_ttl"),
-                           init_pid=meta.get("init_pid"),
+                           init_pid=meta.get("init_pid"), env=meta.get("env") or {},
+                           base_env=meta.get("base_env") or {},
+                           workdir=meta.get("workdir", "/"), network=meta.get("network", "none"),
                            memory_bytes=self.cgroups.memory_bytes(meta["id"]) if state != SandboxState.DEAD else None)
 
     def info(self, sandbox_id: str) -> SandboxInfo:
@@ -342,6 +347,14 @@ class ContainerRuntime(Runtime):
         flags = (agent.FLAG_KILL_ON_CLOSE if kill_on_close else 0) | (agent.FLAG_BUSY if busy else 0)
         return agent.Process(self.sock_path(sandbox_id), sandbox_id, argv, self.env_for(sandbox_id, env), cwd,
                              timeout, flags, stdin_pipe=stdin_pipe, merge_stderr=merge_stderr)
+
+    def upper_dir(self, sandbox_id: str) -> Path:
+        """The sandbox's writable overlayfs upper (host path): its whole diff against its layers."""
+        self._live_meta(sandbox_id)
+        return self._dir(sandbox_id) / "disk" / "upper"
+
+    def workdir(self, sandbox_id: str) -> str:
+        return self._load(sandbox_id).get("workdir", "/")
 
     def files(self, sandbox_id: str) -> SandboxFiles:
         meta = self._live_meta(sandbox_id)

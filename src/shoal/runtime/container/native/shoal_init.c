@@ -76,6 +76,7 @@ struct config {
     int n_cgroups;
     long disk_mb, shm_mb;
     long long ttl_ms, idle_ttl_ms;
+    int host_net; /* builds only: keep the host network namespace (package registries reachable) */
 };
 
 static struct config cfg;
@@ -201,6 +202,14 @@ static void setup_rootfs(void) {
     if (mount("sysfs", "sys", "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0) errno = 0;
     mkdir_p_in("tmp", 01777);
     chmod("tmp", 01777);
+
+    /* builds with host networking see the host's resolver config, bound read-only over the image's
+     * own file (only if the image has one, so nothing new lands in the writable upper) */
+    struct stat rst;
+    if (cfg.host_net && stat("etc/resolv.conf", &rst) == 0 && S_ISREG(rst.st_mode) &&
+        mount("/etc/resolv.conf", "etc/resolv.conf", NULL, MS_BIND, NULL) == 0)
+        mount(NULL, "etc/resolv.conf", NULL, MS_BIND | MS_REMOUNT | MS_RDONLY, NULL);
+    errno = 0;
 
     /* pivot_root(".", ".") stacks the old root under the new one; detaching it leaves no trace. */
     if (syscall(SYS_pivot_root, ".", ".") < 0) die("pivot_root");
@@ -648,7 +657,7 @@ static int init_main(void *arg) {
     if (unshare(CLONE_NEWCGROUP) < 0) die("unshare cgroup ns");
     setup_rootfs();
     if (sethostname(cfg.hostname, strlen(cfg.hostname)) < 0) die("sethostname");
-    loopback_up();
+    if (!cfg.host_net) loopback_up();
     prctl(PR_SET_PDEATHSIG, 0);
     if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0) die("dumpable");
     drop_capabilities();
@@ -731,7 +740,8 @@ static int supervise(int ready_fd) {
     ia.go_fd = go[0];
     ia.status_fd = st[1];
     pid_t init_pid = clone(init_main, stack + sizeof stack,
-                           CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWNET | SIGCHLD, &ia);
+                           CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWUTS | CLONE_NEWIPC |
+                               (cfg.host_net ? 0 : CLONE_NEWNET) | SIGCHLD, &ia);
     if (init_pid < 0) die("clone");
     close(go[0]);
     close(st[1]);
@@ -785,7 +795,8 @@ static int supervise(int ready_fd) {
 static void usage(void) {
     fprintf(stderr,
             "usage: shoal-init launch --state DIR --lower L1:L2 --hostname H --disk-mb N [--shm-mb N]\n"
-            "                         [--cgroup DIR]... [--ttl-ms N] [--idle-ttl-ms N] [--tombstone FILE]\n");
+            "                         [--cgroup DIR]... [--ttl-ms N] [--idle-ttl-ms N] [--tombstone FILE]\n"
+            "                         [--net none|host]\n");
     exit(2);
 }
 
@@ -805,6 +816,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--ttl-ms")) cfg.ttl_ms = atoll(v);
         else if (!strcmp(a, "--idle-ttl-ms")) cfg.idle_ttl_ms = atoll(v);
         else if (!strcmp(a, "--tombstone")) cfg.tombstone = v;
+        else if (!strcmp(a, "--net")) {
+            if (!strcmp(v, "host")) cfg.host_net = 1;
+            else if (strcmp(v, "none") != 0) usage();
+        }
         else if (!strcmp(a, "--cgroup")) {
             if (cfg.n_cgroups == MAX_CGROUPS) usage();
             cfg.cgroups[cfg.n_cgroups++] = v;
