@@ -26,12 +26,17 @@ def test_snapshot_captures_changes_and_restores(root, base_image, host):
 
 def test_snapshot_freezes_processes_while_capturing(root, base_image):
     with Sandbox.create(base_image, root=root) as sb:
-        h = sb.commands.start("i=0; while true; do i=$((i+1)); echo $i > /c; done")
+        # the writer replaces /c atomically; the snapshot is crash-consistent, so /c is always whole
+        h = sb.commands.start("i=0; while true; do i=$((i+1)); echo $i > /c.tmp; mv /c.tmp /c; done")
         time.sleep(0.2)
-        snap = sb.snapshot()
-        assert sb.info().state.value == "running"  # thawed afterwards
-        with Sandbox.create(from_snapshot=snap, root=root) as r:
-            assert r.files.read("/c").strip().isdigit()  # a whole value, not a torn write
+        for _ in range(5):
+            snap = sb.snapshot()
+            assert sb.info().state.value == "running"  # thawed afterwards
+            with Sandbox.create(from_snapshot=snap, root=root) as r:
+                first = r.files.read("/c")
+                assert first.strip().isdigit() and first.endswith("\n")
+                time.sleep(0.05)
+                assert r.files.read("/c") == first  # nothing runs in the restored copy
         h.kill()
 
 
