@@ -148,6 +148,30 @@ def image_rm(ref: str, root: Optional[str] = RootOpt):
     console.print(f"removed {ref}")
 
 
+@app.command()
+def build(recipe: Path = typer.Option(..., "--file", "-f", help="recipe (Dockerfile subset)"),
+          tag: str = typer.Option(..., "--tag", "-t", help="image name[:tag] to create"),
+          context: Optional[Path] = typer.Argument(None, help="build context (default: the recipe's folder)"),
+          quiet: bool = typer.Option(False, "--quiet", "-q", help="do not stream step output"),
+          root: Optional[str] = RootOpt):
+    """Build an image from a recipe; unchanged steps come from the build cache."""
+    from .envs import Builder, load_recipe
+
+    host = _host(root)
+    rec = load_recipe(recipe, context)
+    with _progress() as p:
+        task = p.add_task(f"building {tag}", total=len(rec.steps))
+
+        def on_step(i, n, step, cached):
+            p.update(task, completed=i, description=f"[{i + 1}/{n}] {'cached ' if cached else ''}{step.text[:60]}")
+
+        out = None if quiet else (lambda t: p.console.print(t, end="", markup=False, highlight=False))
+        res = Builder(host, on_output=out, on_step=on_step).build(rec, tag)
+        p.update(task, completed=len(rec.steps))
+    console.print(f"{res.image.ref}: {len(res.image.layers)} layers, {res.built} built, "
+                  f"{sum(1 for s in res.steps if s.digest and s.cached)} from cache")
+
+
 # ------------------------------------------------------------------------------------------ sandboxes
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def run(ctx: typer.Context, image: str = typer.Argument(..., help="image name[:tag]"),

@@ -10,7 +10,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from .config import Settings, load_settings
-from .errors import BackendUnavailable, InvalidArgument
+from .errors import BackendUnavailable, ImageNotFound, InvalidArgument, LayerNotFound
 from .layers.store import LayerStore
 from .runtime.abstract import Limits, SandboxInfo, SandboxSpec, SnapshotInfo
 
@@ -65,10 +65,23 @@ class Host:
             digests += info.layers
             label_parts.append(info.ref)
             config = info.config
-        if layers:
-            extra = [self.store.resolve(l) for l in layers]
-            digests += extra
-            label_parts += [d.split(":")[1][:12] for d in extra]
+        for ref in layers or []:
+            # a layer (digest, prefix or name), or an image whose layers compose on top (workspace, toolkit)
+            try:
+                digests.append(self.store.resolve(ref))
+                label_parts.append(digests[-1].split(":")[1][:12])
+                continue
+            except LayerNotFound:
+                pass
+            try:
+                img = self.store.get_image(ref)
+            except (ImageNotFound, InvalidArgument):
+                raise LayerNotFound(f"{ref!r} is neither a layer nor an image") from None
+            digests += img.layers
+            label_parts.append(img.ref)
+            config = {"env": {**config.get("env", {}), **img.config.get("env", {})},
+                      "workdir": img.config.get("workdir") if img.config.get("workdir", "/") != "/"
+                      else config.get("workdir", "/")}
         if not digests:
             raise InvalidArgument("give an image (name[:tag]) or a list of layers to create a sandbox")
         return "+".join(label_parts), digests, config
