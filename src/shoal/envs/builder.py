@@ -28,10 +28,14 @@ from ..errors import BuildError, InvalidArgument
 from ..host import Host
 from ..layers.store import ImageInfo
 from ..runtime.abstract import ExecRequest, Limits
+from ..runtime.container.backend import BUILD_CA_PATH, HOST_CA_BUNDLE
 from .recipe import Recipe, Step, load_recipe
 
 # build residue left out of RUN layers: scratch space and package-manager caches
-DEFAULT_EXCLUDE = ("tmp", "var/tmp", "root/.cache", "var/cache/apt/archives", "var/lib/apt/lists")
+DEFAULT_EXCLUDE = ("tmp", "var/tmp", "root/.cache", "var/cache/apt/archives", "var/lib/apt/lists",
+                   "run/shoal-build")
+# build steps with network trust the host's CA bundle (TLS-intercepting proxies), via env only
+_CA_ENV = ("SSL_CERT_FILE", "PIP_CERT", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")
 BUILD_LIMITS = Limits(cpu=2.0, memory_mb=4096, disk_mb=4096, pids=4096)
 
 
@@ -138,7 +142,10 @@ class Builder:
         if not layers:
             raise BuildError(f"line {step.line}: RUN needs a base with a shell (FROM scratch has none)")
         rt = self.host.runtime
-        info = self.host.create_sandbox(None, layers, self.limits, env=env, network=step.network,
+        step_env = dict(env)
+        if step.network == "host" and os.path.isfile(HOST_CA_BUNDLE):
+            step_env.update({k: BUILD_CA_PATH for k in _CA_ENV if k not in env})
+        info = self.host.create_sandbox(None, layers, self.limits, env=step_env, network=step.network,
                                         hostname="shoal-build")
         try:
             script = f"mkdir -p {_q(workdir)} && cd {_q(workdir)} && {step.args[0]}"

@@ -34,6 +34,8 @@ from .native import helper_path
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 STARTUP_GRACE_S = 30.0
+HOST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+BUILD_CA_PATH = "/run/shoal-build/ca.crt"  # where build sandboxes see the host's CA bundle
 
 
 def _starttime(pid: int) -> int | None:
@@ -145,6 +147,8 @@ class ContainerRuntime(Runtime):
             cmd += ["--cgroup", str(cg)]
         if spec.network == "host":
             cmd += ["--net", "host"]
+            if os.path.isfile(HOST_CA_BUNDLE):
+                cmd += ["--ca-bundle", HOST_CA_BUNDLE]
         if spec.ttl:
             cmd += ["--ttl-ms", str(int(spec.ttl * 1000))]
         if spec.idle_ttl:

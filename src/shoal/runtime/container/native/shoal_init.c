@@ -77,6 +77,7 @@ struct config {
     long disk_mb, shm_mb;
     long long ttl_ms, idle_ttl_ms;
     int host_net; /* builds only: keep the host network namespace (package registries reachable) */
+    const char *ca_bundle; /* builds only: host CA bundle, bound read-only at /run/shoal-build/ca.crt */
 };
 
 static struct config cfg;
@@ -210,6 +211,17 @@ static void setup_rootfs(void) {
         mount("/etc/resolv.conf", "etc/resolv.conf", NULL, MS_BIND, NULL) == 0)
         mount(NULL, "etc/resolv.conf", NULL, MS_BIND | MS_REMOUNT | MS_RDONLY, NULL);
     errno = 0;
+    /* builds behind a TLS-intercepting proxy need the host's trust store; it is bound at a path the
+     * builder leaves out of layers and points SSL_CERT_FILE & co. at, so no image ever contains it */
+    if (cfg.ca_bundle) {
+        mkdir_p_in("run", 0755);
+        mkdir_p_in("run/shoal-build", 0755);
+        int fd = open("run/shoal-build/ca.crt", O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+        if (fd < 0) die("create ca.crt mount point");
+        close(fd);
+        mount_or_die(cfg.ca_bundle, "run/shoal-build/ca.crt", NULL, MS_BIND, NULL);
+        mount_or_die(NULL, "run/shoal-build/ca.crt", NULL, MS_BIND | MS_REMOUNT | MS_RDONLY, NULL);
+    }
 
     /* pivot_root(".", ".") stacks the old root under the new one; detaching it leaves no trace. */
     if (syscall(SYS_pivot_root, ".", ".") < 0) die("pivot_root");
@@ -796,7 +808,7 @@ static void usage(void) {
     fprintf(stderr,
             "usage: shoal-init launch --state DIR --lower L1:L2 --hostname H --disk-mb N [--shm-mb N]\n"
             "                         [--cgroup DIR]... [--ttl-ms N] [--idle-ttl-ms N] [--tombstone FILE]\n"
-            "                         [--net none|host]\n");
+            "                         [--net none|host] [--ca-bundle FILE]\n");
     exit(2);
 }
 
@@ -816,6 +828,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--ttl-ms")) cfg.ttl_ms = atoll(v);
         else if (!strcmp(a, "--idle-ttl-ms")) cfg.idle_ttl_ms = atoll(v);
         else if (!strcmp(a, "--tombstone")) cfg.tombstone = v;
+        else if (!strcmp(a, "--ca-bundle")) cfg.ca_bundle = v;
         else if (!strcmp(a, "--net")) {
             if (!strcmp(v, "host")) cfg.host_net = 1;
             else if (strcmp(v, "none") != 0) usage();
@@ -831,6 +844,7 @@ int main(int argc, char **argv) {
     cfg.lower = strdup(cfg.lower);
     cfg.hostname = strdup(cfg.hostname);
     if (cfg.tombstone) cfg.tombstone = strdup(cfg.tombstone);
+    if (cfg.ca_bundle) cfg.ca_bundle = strdup(cfg.ca_bundle);
     for (int i = 0; i < cfg.n_cgroups; i++) cfg.cgroups[i] = strdup(cfg.cgroups[i]);
     g_argv = argv;
     snprintf(rootfs, sizeof rootfs, "%s/rootfs", cfg.state_dir);
