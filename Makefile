@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 VENV  := .venv
 PY    := $(VENV)/bin/python
-APT_PKGS := erofs-utils busybox-static gcc libc6-dev iproute2
+APT_PKGS := erofs-utils busybox-static gcc libc6-dev debootstrap
 STAMP := $(VENV)/.installed
 
 .PHONY: setup demo test bench clean docker-engine
@@ -13,6 +13,7 @@ setup: $(STAMP)
 	{ [ -x /bin/busybox ] && /bin/busybox --list | grep -qx sh; } || missing="$$missing busybox-static"; \
 	command -v gcc >/dev/null || missing="$$missing gcc"; \
 	[ -e /usr/lib/x86_64-linux-gnu/libc.a ] || [ -e /usr/lib/aarch64-linux-gnu/libc.a ] || missing="$$missing libc6-dev"; \
+	command -v debootstrap >/dev/null || missing="$$missing debootstrap"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
@@ -36,6 +37,7 @@ test: setup
 
 bench: setup docker-engine
 	$(PY) bench/startup.py
+	$(PY) bench/burst.py
 
 clean:
 	rm -rf $(VENV) src/shoal/runtime/container/native/build

@@ -15,6 +15,8 @@ written to the backing disk (/proc/diskstats, with `sync` inside the window), st
 peak host memory. Also: snapshot latency for 1/10/100 MB of changes and fork(10)/fork(100).
 
 Writes bench/results/burst.json and bench/results/burst.png and prints a table with ratios.
+`--sequence agent` (default) runs an agent-like tool-call sequence per task (read the task, list and
+grep the repo, git status, import the package); `--sequence tests` runs the project's quick tests.
 `--workspaces busybox` uses synthetic busybox workspaces (no Debian build; the CI smoke test).
 """
 from __future__ import annotations
@@ -123,7 +125,7 @@ def progress() -> Progress:
 
 
 # ------------------------------------------------------------------------------------------ workspaces
-def prepare_workspaces(host: Host, m: int, kind: str) -> tuple[str, list[dict]]:
+def prepare_workspaces(host: Host, m: int, kind: str, sequence: str = "agent") -> tuple[str, list[dict]]:
     """Returns (base image, [{image, cmd, env, workdir}]) for m workspaces."""
     if kind == "busybox":
         with tempfile.TemporaryDirectory() as d:
@@ -145,7 +147,7 @@ def prepare_workspaces(host: Host, m: int, kind: str) -> tuple[str, list[dict]]:
             out.append({"image": f"burst-ws{k}:1", "cmd": "sh test.sh", "env": {}, "workdir": "/work/repo"})
         return "burst-busybox:1", out
     from shoal.envs.debian import PYTHON_IMAGE, ensure_python_base
-    from shoal.envs.workspaces import CATALOG, build_workspace, test_command
+    from shoal.envs.workspaces import CATALOG, agent_sequence, build_workspace, test_command
 
     if m > len(CATALOG):
         raise SystemExit(f"--m {m}: only {len(CATALOG)} real workspaces in the catalog")
@@ -156,7 +158,8 @@ def prepare_workspaces(host: Host, m: int, kind: str) -> tuple[str, list[dict]]:
         t = p.add_task("workspaces", total=m)
         for spec in CATALOG[:m]:
             img = build_workspace(host, spec)
-            out.append({"image": img.ref, "cmd": test_command(spec, quick=True),
+            cmd = test_command(spec, quick=True) if sequence == "tests" else agent_sequence(spec)
+            out.append({"image": img.ref, "cmd": cmd,
                         "env": host.store.get_image(PYTHON_IMAGE).config.get("env", {}), "workdir": "/work/repo"})
             p.advance(t)
     return PYTHON_IMAGE, out
@@ -335,11 +338,17 @@ def plot(res: dict, path: Path) -> None:
 
 
 def main() -> None:
+    import signal
+
+    # a SIGTERM must still run the `finally` blocks that stop dockerd and remove task images
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=512, help="largest N of the sweep (N/8, N/4, N/2, N)")
     ap.add_argument("--m", type=int, default=8, help="number of workspaces")
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--workspaces", choices=("python", "busybox"), default="python")
+    ap.add_argument("--sequence", choices=("agent", "tests"), default="agent",
+                    help="per task: an agent-like tool-call sequence (default) or the project's quick tests")
     ap.add_argument("--no-docker", action="store_true")
     ap.add_argument("--no-snapshot", action="store_true")
     ap.add_argument("--sweep", type=str, default=None, help="comma-separated N values (overrides --n)")
@@ -352,8 +361,9 @@ def main() -> None:
     dev = disk_device()
     sweep = [int(x) for x in args.sweep.split(",")] if args.sweep else \
         sorted({max(1, args.n // 8), max(1, args.n // 4), max(1, args.n // 2), args.n})
-    base, workspaces = prepare_workspaces(host, args.m, args.workspaces)
+    base, workspaces = prepare_workspaces(host, args.m, args.workspaces, args.sequence)
     res: dict = {"date": time.strftime("%Y-%m-%d"), "m": args.m, "concurrency": args.concurrency,
+                 "sequence": args.sequence if args.workspaces == "python" else "busybox test.sh",
                  "workspaces": [w["image"] for w in workspaces], "kind": args.workspaces, "device": dev,
                  "sweep": []}
 
@@ -385,8 +395,8 @@ def main() -> None:
     if not args.no_snapshot:
         res["snapshot_fork"] = bench_snapshot_fork(host, base, workspaces[0])
 
-    t = Table(title=f"Burst: N tasks over {args.m} {args.workspaces} workspaces, concurrency {args.concurrency}, "
-                    f"{res['date']}")
+    t = Table(title=f"Burst: N tasks over {args.m} {args.workspaces} workspaces ({res['sequence']}), "
+                    f"concurrency {args.concurrency}, {res['date']}")
     for col in ("N", "side", "wall s", "p50 ms", "p99 ms", "disk written", "storage +", "peak mem +", "failed"):
         t.add_column(col, justify="right")
     for row in res["sweep"]:

@@ -22,6 +22,9 @@ layer_app = typer.Typer(help="Build, import, list and remove layers.", no_args_i
 image_app = typer.Typer(help="Images: named stacks of layers.", no_args_is_help=True)
 app.add_typer(layer_app, name="layer")
 app.add_typer(image_app, name="image")
+env_app = typer.Typer(help="Ready-made environments: Debian base, Python toolchain, real workspaces.",
+                      no_args_is_help=True)
+app.add_typer(env_app, name="env")
 console = Console()
 err_console = Console(stderr=True)
 
@@ -141,6 +144,23 @@ def image_ls(root: Optional[str] = RootOpt):
     console.print(t)
 
 
+@image_app.command("fold")
+def image_fold(ref: str, to: Optional[str] = typer.Option(None, "--to", help="new image ref (default: replace REF)"),
+               threshold_mb: Optional[float] = typer.Option(None, "--threshold-mb",
+                                                            help="fold runs of layers smaller than this"),
+               max_depth: Optional[int] = typer.Option(None, "--max-depth", help="fold the top so depth <= this"),
+               root: Optional[str] = RootOpt):
+    """Fold consecutive small layers of an image into one (whiteouts preserved; same content)."""
+    host = _host(root)
+    img = host.store.get_image(ref)
+    threshold = int(threshold_mb * 2**20) if threshold_mb is not None else host.settings.fold_threshold_bytes
+    layers = host.store.fold_small(list(img.layers), threshold)
+    if max_depth:
+        layers = host.store.fold_to_depth(layers, max_depth)
+    new = host.store.create_image(to or ref, layers, config=img.config)
+    console.print(f"{new.ref}: {len(img.layers)} -> {len(new.layers)} layers")
+
+
 @image_app.command("rm")
 def image_rm(ref: str, root: Optional[str] = RootOpt):
     """Remove an image (its layers stay until `shoal gc` or `shoal layer rm`)."""
@@ -170,6 +190,48 @@ def build(recipe: Path = typer.Option(..., "--file", "-f", help="recipe (Dockerf
         p.update(task, completed=len(rec.steps))
     console.print(f"{res.image.ref}: {len(res.image.layers)} layers, {res.built} built, "
                   f"{sum(1 for s in res.steps if s.digest and s.cached)} from cache")
+
+
+@env_app.command("base")
+def env_base(root: Optional[str] = RootOpt):
+    """Build (once; cached) debian:bookworm by debootstrap and python:3.11 by its recipe."""
+    from .envs.debian import ensure_python_base
+
+    with _progress() as p:
+        p.add_task("debootstrap bookworm + python toolchain (cached after the first time)", total=None)
+        img = ensure_python_base(_host(root))
+    console.print(f"{img.ref}: {len(img.layers)} layers")
+
+
+@env_app.command("workspaces")
+def env_workspaces(verify: bool = typer.Option(False, "--verify", help="run each project's tests in a sandbox"),
+                   quick: bool = typer.Option(False, "--quick", help="with --verify: the quick test subset"),
+                   only: Optional[list[str]] = typer.Option(None, "--only", help="project name (repeatable)"),
+                   root: Optional[str] = RootOpt):
+    """Build the real PyPI workspaces (ws/<project>:<version>) and optionally verify them."""
+    from .envs.debian import ensure_python_base
+    from .envs.workspaces import CATALOG, build_workspace, verify_workspace
+
+    host = _host(root)
+    specs = [s for s in CATALOG if not only or s.name in only]
+    t = Table("WORKSPACE", "LAYERS", "TESTS")
+    failed = 0
+    with _progress() as p:
+        task = p.add_task("python base", total=len(specs) + 1)
+        ensure_python_base(host)
+        for spec in specs:
+            p.update(task, advance=1, description=f"workspace {spec.name}")
+            img = build_workspace(host, spec)
+            verdict = "-"
+            if verify:
+                r = verify_workspace(host, spec, quick=quick)
+                lines = (r.stdout or r.stderr).strip().splitlines()
+                verdict = ("ok: " if r.exit_code == 0 else f"FAILED ({r.exit_code}): ") + (lines[-1] if lines else "")
+                failed += r.exit_code != 0
+            t.add_row(img.ref, str(len(img.layers)), verdict)
+    console.print(t)
+    if failed:
+        raise typer.Exit(1)
 
 
 # ------------------------------------------------------------------------------------------ sandboxes
@@ -247,6 +309,31 @@ def pause(sandbox_id: str, root: Optional[str] = RootOpt):
 def resume(sandbox_id: str, root: Optional[str] = RootOpt):
     """Thaw a paused sandbox."""
     _host(root).runtime.resume(sandbox_id)
+
+
+@app.command()
+def snapshot(sandbox_id: str, exclude: Optional[list[str]] = typer.Option(None, "--exclude", "-x",
+                                                                        help="path to leave out (repeatable)"),
+             root: Optional[str] = RootOpt):
+    """pack_diff: capture a sandbox's changes as a layer; prints the snapshot id."""
+    snap = _host(root).snapshot(sandbox_id, exclude=exclude)
+    console.print(f"{snap.id}  ({len(snap.layers)} layers, {_size(snap.size)} captured)")
+
+
+@app.command()
+def fork(sandbox_id: str, n: int = typer.Option(1, "--n", "-n", help="number of children"),
+         copy_env: bool = typer.Option(False, "--copy-env"), inherit_ttl: bool = typer.Option(False, "--inherit-ttl"),
+         root: Optional[str] = RootOpt):
+    """Fork a sandbox into N children (filesystem state only); prints their ids."""
+    from .sdk.sandbox import Sandbox
+
+    res = Sandbox.connect(sandbox_id, root=root).fork(n, copy_env=copy_env, inherit_ttl=inherit_ttl)
+    for sb in res.sandboxes:
+        console.print(sb.id)
+    for i, err in res.failed:
+        err_console.print(f"[red]child {i} failed:[/red] {err}")
+    if res.failed:
+        raise typer.Exit(1)
 
 
 @app.command()

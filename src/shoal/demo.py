@@ -1,5 +1,7 @@
 """`make demo`: build a busybox base layer and a second layer on top, start sandboxes, run commands
-in them, show that they are isolated from each other and from the host, then print the startup table."""
+in them, show that they are isolated from each other and from the host, print the startup table;
+then build the Debian base, the Python toolchain and 8 real workspaces and run a burst over them
+against Docker (bench/burst.py; its environments are cached under /var/lib/shoal-bench)."""
 from __future__ import annotations
 
 import os
@@ -66,6 +68,14 @@ def main() -> None:
     if os.environ.get("SHOAL_DEMO_NO_DOCKER"):
         args.append("--no-docker")
     subprocess.run(args, check=False)
+
+    console.print(Panel.fit("composable environments: Debian base + Python toolchain + 8 real workspaces, "
+                            "then a burst against Docker (bench/burst.py, reduced N)", style="bold cyan"))
+    burst = Path(__file__).resolve().parents[2] / "bench" / "burst.py"
+    bargs = [sys.executable, str(burst), "--m", "8", "--sweep", os.environ.get("SHOAL_DEMO_BURST", "32,64")]
+    if os.environ.get("SHOAL_DEMO_NO_DOCKER"):
+        bargs.append("--no-docker")
+    subprocess.run(bargs, check=False)
     if not os.environ.get("SHOAL_ROOT"):
         host.gc()
         host.store.gc(keep_named=False)  # unmount and drop the demo's layers; nothing stays mounted

@@ -129,3 +129,28 @@ def test_bad_snapshot_references(root, base_image):
     with Sandbox.create(base_image, root=root) as sb:
         with pytest.raises(InvalidArgument):
             sb.fork(0)
+
+
+def test_cli_snapshot_fork_and_fold(root, base_image, host):
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, SHOAL_ROOT=str(root))
+    shoal = [sys.executable, "-m", "shoal.cli"]
+    with Sandbox.create(base_image, root=root) as sb:
+        sb.commands.run("echo cli > /cli.txt")
+        r = subprocess.run(shoal + ["snapshot", sb.id], env=env, capture_output=True, text=True)
+        assert r.returncode == 0 and r.stdout.startswith("snap-")
+        snap_id = r.stdout.split()[0]
+        r = subprocess.run(shoal + ["fork", sb.id, "-n", "2"], env=env, capture_output=True, text=True)
+        kids = r.stdout.split()
+        assert r.returncode == 0 and len(kids) == 2 and all(k.startswith("sb-") for k in kids)
+        for k in kids:
+            assert Sandbox.connect(k, root=root).files.read("/cli.txt") == "cli\n"
+            host.runtime.kill(k)
+    r = subprocess.run(shoal + ["image", "fold", f"snapshots/{snap_id}", "--to", "folded:1", "--threshold-mb", "100"],
+                       env=env, capture_output=True, text=True)
+    assert r.returncode == 0 and "-> 1 layers" in r.stdout
+    with Sandbox.create("folded:1", root=root) as sb:
+        assert sb.files.read("/cli.txt") == "cli\n"

@@ -29,6 +29,11 @@ class WorkspaceSpec:
     tests: str  # pytest arguments for the suite shipped in the sdist
     quick: str  # a fast, deterministic subset (used by the burst benchmark and SWE tasks)
     test_deps: tuple[str, ...] = ()  # installed into the workspace layer besides pytest
+    module: str = ""  # import name, when it differs from the project name
+
+    @property
+    def import_name(self) -> str:
+        return self.module or self.name.replace("-", "_").lower()
 
     @property
     def image(self) -> str:
@@ -103,3 +108,12 @@ def verify_workspace(host: Host, spec: WorkspaceSpec, quick: bool = False, timeo
 def test_command(spec: WorkspaceSpec, quick: bool = False) -> str:
     # -o addopts= : projects' own pytest options may need plugins (coverage...) that tests do not
     return f"python3 -m pytest -q -p no:cacheprovider -o addopts= {spec.quick if quick else spec.tests}"
+
+
+def agent_sequence(spec: WorkspaceSpec) -> str:
+    """A deterministic, agent-like tool-call sequence (DSec replays recorded tool calls): read the
+    task, look around the repo, search the code, check git, import the package."""
+    return ("cat /work/task/task.json && ls /work/repo > /dev/null && "
+            "grep -rn --include=*.py 'def ' /work/repo | head -50 > /dev/null && "
+            "git -C /work/repo status --short | head -5 && "
+            f"python3 -c 'import {spec.import_name} as m; print(m.__name__)'")
