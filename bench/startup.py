@@ -277,6 +277,7 @@ def main() -> None:
     ap.add_argument("--docker-n", type=int, default=30, help="iterations of docker/podman run")
     ap.add_argument("--no-docker", action="store_true")
     ap.add_argument("--root", default=None, help="Shoal root for the benchmark (default: a temp dir)")
+    ap.add_argument("--out", default=str(RESULTS / "startup.json"), help="JSON path (the PNG goes beside it)")
     args = ap.parse_args()
 
     root = Path(args.root) if args.root else Path(tempfile.mkdtemp(prefix="shoal-bench-", dir="/tmp"))
@@ -317,10 +318,11 @@ def main() -> None:
     t.add_row("Shoal creations/s, 2 threads", f"{s['creations_per_s_2t']:.0f}/s", "", ">= 100/s")
     console.print(t)
 
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "startup.json").write_text(json.dumps(res, indent=2))
-    plot(res, RESULTS / "startup.png")
-    console.print(f"wrote {RESULTS / 'startup.json'} and {RESULTS / 'startup.png'}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=2))
+    plot(res, out.with_suffix(".png"))
+    console.print(f"wrote {out} and {out.with_suffix('.png')}")
     if not args.root:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -64,7 +64,9 @@ def main() -> None:
 
     console.print(Panel.fit("startup benchmark (bench/startup.py, reduced iterations)", style="bold cyan"))
     bench = Path(__file__).resolve().parents[2] / "bench" / "startup.py"
-    args = [sys.executable, str(bench), "--n", "100", "--batch", "100", "--docker-n", "10"]
+    results = Path(tempfile.mkdtemp(prefix="shoal-demo-results-"))  # the committed results stay as they are
+    args = [sys.executable, str(bench), "--n", "100", "--batch", "100", "--docker-n", "10",
+            "--out", str(results / "startup.json")]
     if os.environ.get("SHOAL_DEMO_NO_DOCKER"):
         args.append("--no-docker")
     subprocess.run(args, check=False)
@@ -72,10 +74,12 @@ def main() -> None:
     console.print(Panel.fit("composable environments: Debian base + Python toolchain + 8 real workspaces, "
                             "then a burst against Docker (bench/burst.py, reduced N)", style="bold cyan"))
     burst = Path(__file__).resolve().parents[2] / "bench" / "burst.py"
-    bargs = [sys.executable, str(burst), "--m", "8", "--sweep", os.environ.get("SHOAL_DEMO_BURST", "32,64")]
+    bargs = [sys.executable, str(burst), "--m", "8", "--sweep", os.environ.get("SHOAL_DEMO_BURST", "32,64"),
+             "--out", str(results / "burst.json")]
     if os.environ.get("SHOAL_DEMO_NO_DOCKER"):
         bargs.append("--no-docker")
     subprocess.run(bargs, check=False)
+    console.print(f"demo results (JSON + PNG) in {results}")
     if not os.environ.get("SHOAL_ROOT"):
         host.gc()
         host.store.gc(keep_named=False)  # unmount and drop the demo's layers; nothing stays mounted

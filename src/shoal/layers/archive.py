@@ -50,7 +50,8 @@ def _check_parent(dest: str, rel: str) -> None:
             raise CorruptArchive(f"tar member {rel!r} passes through symlink {cur[len(dest):]!r}")
 
 
-def _remove(path: str) -> None:
+def remove_path(path: str) -> None:
+    """Remove a file, link, device or whole directory tree; nothing if absent."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -64,7 +65,7 @@ def _remove(path: str) -> None:
 
 
 def make_whiteout(path: str) -> None:
-    _remove(path)
+    remove_path(path)
     os.mknod(path, stat.S_IFCHR | 0o000, os.makedev(0, 0))
 
 
@@ -101,7 +102,7 @@ def extract_layer_tar(fileobj: IO[bytes] | None, dest: Path, path: Path | None =
                     member.linkname = link
                 member.name = rel
                 if os.path.lexists(target) and not (member.isdir() and os.path.isdir(target)):
-                    _remove(target)
+                    remove_path(target)
                 tf.extract(member, dest_s, set_attrs=True, numeric_owner=True, filter="fully_trusted")
     except tarfile.TarError as e:
         raise CorruptArchive(f"corrupt tar archive: {e}") from e

@@ -16,7 +16,7 @@ import shutil
 import stat
 from pathlib import Path
 
-from .archive import OPAQUE_XATTR, make_whiteout
+from .archive import OPAQUE_XATTR, make_whiteout, remove_path
 
 
 def _is_whiteout(st: os.stat_result) -> bool:
@@ -47,17 +47,6 @@ def _copy_meta(src: str, dst: str, st: os.stat_result, skip_opaque: bool = False
     os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns), follow_symlinks=False)
 
 
-def _remove(path: str) -> None:
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    if stat.S_ISDIR(st.st_mode):
-        shutil.rmtree(path)
-    else:
-        os.unlink(path)
-
-
 def apply_layer(src: str, dst: str) -> None:
     """Apply the layer tree `src` on top of the staging tree `dst` (both directories)."""
     for entry in os.scandir(src):
@@ -69,14 +58,14 @@ def apply_layer(src: str, dst: str) -> None:
         except FileNotFoundError:
             old = None
         if _is_whiteout(st):
-            _remove(d)
+            remove_path(d)
             make_whiteout(d)
             continue
         if stat.S_ISDIR(st.st_mode):
             opaque = _xattrs(s).get(OPAQUE_XATTR) == b"y"
             replaces = old is not None and (not stat.S_ISDIR(old.st_mode))
             if opaque or replaces:
-                _remove(d)
+                remove_path(d)
                 old = None
             if old is None:
                 os.mkdir(d)
@@ -86,7 +75,7 @@ def apply_layer(src: str, dst: str) -> None:
             apply_layer(s, d)
             os.utime(d, ns=(st.st_atime_ns, st.st_mtime_ns))
             continue
-        _remove(d)
+        remove_path(d)
         if stat.S_ISLNK(st.st_mode):
             os.symlink(os.readlink(s), d)
         elif stat.S_ISREG(st.st_mode):
