@@ -83,6 +83,10 @@ def main() -> None:
     if not os.environ.get("SHOAL_ROOT"):
         host.gc()
         host.store.gc(keep_named=False)  # unmount and drop the demo's layers; nothing stays mounted
+        host.store.close()
+        import shutil
+
+        shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":
