@@ -22,6 +22,8 @@ layer_app = typer.Typer(help="Build, import, list and remove layers.", no_args_i
 image_app = typer.Typer(help="Images: named stacks of layers.", no_args_is_help=True)
 app.add_typer(layer_app, name="layer")
 app.add_typer(image_app, name="image")
+tenant_app = typer.Typer(help="Tenants and API keys (through the local shoald, as admin).", no_args_is_help=True)
+app.add_typer(tenant_app, name="tenant")
 env_app = typer.Typer(help="Ready-made environments: Debian base, Python toolchain, real workspaces.",
                       no_args_is_help=True)
 app.add_typer(env_app, name="env")
@@ -334,6 +336,57 @@ def fork(sandbox_id: str, n: int = typer.Option(1, "--n", "-n", help="number of 
         err_console.print(f"[red]child {i} failed:[/red] {err}")
     if res.failed:
         raise typer.Exit(1)
+
+
+@app.command()
+def serve(socket: Optional[Path] = typer.Option(None, "--socket", help="Unix socket (default <root>/shoald.sock)"),
+          tcp: Optional[str] = typer.Option(None, "--tcp", help="also listen on HOST:PORT (needs TLS)"),
+          tls_cert: Optional[Path] = typer.Option(None, "--tls-cert"),
+          tls_key: Optional[Path] = typer.Option(None, "--tls-key"),
+          max_sandboxes: int = typer.Option(1024, "--max-sandboxes"),
+          max_starting: int = typer.Option(32, "--max-starting", help="cap on sandboxes being created at once"),
+          creates_per_s: float = typer.Option(200.0, "--creates-per-s", help="creation rate limit"),
+          root: Optional[str] = RootOpt):
+    """Run shoald, the host daemon: HTTP API on a Unix socket (and optionally TCP+TLS)."""
+    from .daemon.admission import AdmissionConfig
+    from .daemon.server import serve as run
+
+    run(root, socket, tcp, str(tls_cert) if tls_cert else None, str(tls_key) if tls_key else None,
+        AdmissionConfig(max_sandboxes=max_sandboxes, max_starting=max_starting, creates_per_s=creates_per_s))
+
+
+def _admin_client(root: Optional[str]):
+    from .sdk.remote import Client
+
+    return Client("local", None, root)
+
+
+@tenant_app.command("create")
+def tenant_create(name: str, sandboxes: int = typer.Option(100, "--sandboxes"), cpu: float = typer.Option(64, "--cpu"),
+                  memory_mb: int = typer.Option(65536, "--memory-mb"), disk_mb: int = typer.Option(262144, "--disk-mb"),
+                  root: Optional[str] = RootOpt):
+    """Create a tenant; prints its API key once (only a hash is stored)."""
+    r = _admin_client(root).json("POST", "/v1/tenants", json={"name": name, "quotas": {
+        "sandboxes": sandboxes, "cpu": cpu, "memory_mb": memory_mb, "disk_mb": disk_mb}})
+    console.print(r["api_key"])
+
+
+@tenant_app.command("ls")
+def tenant_ls(root: Optional[str] = RootOpt):
+    """List tenants with quotas and current usage."""
+    t = Table("TENANT", "SANDBOXES", "CPU", "MEMORY MiB", "DISK MiB")
+    for x in _admin_client(root).json("GET", "/v1/tenants"):
+        q, u = x["quotas"], x["usage"]
+        t.add_row(x["name"], f"{u['sandboxes']:g}/{q['sandboxes']:g}", f"{u['cpu']:g}/{q['cpu']:g}",
+                  f"{u['memory_mb']:g}/{q['memory_mb']:g}", f"{u['disk_mb']:g}/{q['disk_mb']:g}")
+    console.print(t)
+
+
+@tenant_app.command("rm")
+def tenant_rm(name: str, root: Optional[str] = RootOpt):
+    """Delete a tenant (its key stops working)."""
+    _admin_client(root).call("DELETE", f"/v1/tenants/{name}")
+    console.print(f"removed {name}")
 
 
 @app.command()

@@ -29,7 +29,18 @@ class Settings:
     snapshot_exclude: tuple[str, ...] = ()
     max_stack_depth: int = 16  # snapshot chains deeper than this are folded
     fold_threshold_bytes: int = 64 << 20  # layers smaller than this may be folded together
+    host_id: str = ""  # encoded in sandbox ids (sb-<host_id>-<hex>); default: this machine's hostname
     extra: dict = field(default_factory=dict)
+
+    @property
+    def host_tag(self) -> str:
+        """Short lowercase id of this host, part of every sandbox id so a front can route by id."""
+        import re
+        import socket
+
+        raw = self.host_id or os.environ.get("SHOAL_HOST_ID") or socket.gethostname().split(".")[0]
+        tag = re.sub(r"[^a-z0-9]", "", raw.lower())[:12]
+        return tag or "local"
 
     @property
     def layers_dir(self) -> Path:
@@ -67,7 +78,7 @@ def load_settings(root: str | os.PathLike | None = None) -> Settings:
     chosen = root or os.environ.get("SHOAL_ROOT") or data.get("root") or DEFAULT_ROOT
     known = {k: data[k] for k in ("default_memory_mb", "default_cpu", "default_disk_mb", "default_pids",
                                   "output_cap_bytes", "compression", "max_stack_depth",
-                                  "fold_threshold_bytes") if k in data}
+                                  "fold_threshold_bytes", "host_id") if k in data}
     if "snapshot_exclude" in data:
         known["snapshot_exclude"] = tuple(str(p).strip("/") for p in data["snapshot_exclude"])
     unknown = set(data) - set(known) - {"root"}

@@ -72,3 +72,11 @@ class SessionClosed(ShoalError):
 
 class PoolExhausted(ShoalError):
     retryable = True
+
+
+class Unauthorized(ShoalError, PermissionError):
+    """Missing or invalid API key, or an admin-only call made with a tenant key."""
+
+
+class TenantNotFound(ShoalError, LookupError):
+    pass

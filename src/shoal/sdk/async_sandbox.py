@@ -145,19 +145,22 @@ class AsyncSandbox:
                      ttl: float | None = None, idle_ttl: float | None = None, env: dict[str, str] | None = None,
                      backend: str = "container", args: BackendArgs | None = None,
                      from_snapshot: str | SnapshotInfo | None = None,
-                     root: str | os.PathLike | None = None) -> "AsyncSandbox":
+                     root: str | os.PathLike | None = None, url: str | None = None,
+                     api_key: str | None = None) -> "AsyncSandbox":
         sb = await _t(Sandbox.create, image, layers=layers, cpu=cpu, memory_mb=memory_mb, disk_mb=disk_mb,
                       pids=pids, ttl=ttl, idle_ttl=idle_ttl, env=env, backend=backend, args=args,
-                      from_snapshot=from_snapshot, root=root)
+                      from_snapshot=from_snapshot, root=root, url=url, api_key=api_key)
         return cls(sb)
 
     @classmethod
-    async def connect(cls, sandbox_id: str, root: str | os.PathLike | None = None) -> "AsyncSandbox":
-        return cls(await _t(Sandbox.connect, sandbox_id, root))
+    async def connect(cls, sandbox_id: str, root: str | os.PathLike | None = None, url: str | None = None,
+                      api_key: str | None = None) -> "AsyncSandbox":
+        return cls(await _t(Sandbox.connect, sandbox_id, root, url, api_key))
 
     @classmethod
-    async def list(cls, root: str | os.PathLike | None = None) -> list[SandboxInfo]:
-        return await _t(Sandbox.list, root)
+    async def list(cls, root: str | os.PathLike | None = None, url: str | None = None,
+                   api_key: str | None = None) -> list[SandboxInfo]:
+        return await _t(Sandbox.list, root, url, api_key)
 
     async def info(self) -> SandboxInfo:
         return await _t(self._sb.info)

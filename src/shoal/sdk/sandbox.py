@@ -409,12 +409,25 @@ class Sandbox:
                ttl: float | None = None, idle_ttl: float | None = None, env: dict[str, str] | None = None,
                backend: str = "container", args: BackendArgs | None = None,
                from_snapshot: "str | SnapshotInfo | None" = None,
-               root: str | os.PathLike | None = None) -> "Sandbox":
+               root: str | os.PathLike | None = None, url: str | None = None,
+               api_key: str | None = None) -> "Sandbox":
         """Create a sandbox from an image (name[:tag]) and/or layers composed on top, bottom -> top,
         or restore a snapshot (`from_snapshot=` id or SnapshotInfo) as a new sandbox.
 
         ttl: absolute lifetime in seconds from now; idle_ttl: seconds without any request (a
-        running foreground command counts as activity). Either ends the sandbox and frees it."""
+        running foreground command counts as activity). Either ends the sandbox and frees it.
+
+        url / api_key (or $SHOAL_URL / $SHOAL_API_KEY): create it through a shoald instead of
+        in-process; "local" means this host's daemon socket. The result has the same methods."""
+        client = _client(url, api_key, root)
+        if client is not None:
+            from .remote import RemoteSandbox
+
+            if args is not None or backend != "container":
+                raise InvalidArgument("through shoald, give limits as keywords (cpu=, memory_mb=, ...)")
+            return RemoteSandbox.create_remote(client, image=image, layers=layers, from_snapshot=from_snapshot,
+                                               cpu=cpu, memory_mb=memory_mb, disk_mb=disk_mb, pids=pids, ttl=ttl,
+                                               idle_ttl=idle_ttl, env=env)
         host = Host.get(root)
         if from_snapshot is not None:
             if image is not None:
@@ -427,12 +440,24 @@ class Sandbox:
         return cls(host, info)
 
     @classmethod
-    def connect(cls, sandbox_id: str, root: str | os.PathLike | None = None) -> "Sandbox":
+    def connect(cls, sandbox_id: str, root: str | os.PathLike | None = None, url: str | None = None,
+                api_key: str | None = None) -> "Sandbox":
+        client = _client(url, api_key, root)
+        if client is not None:
+            from .remote import connect_remote
+
+            return connect_remote(sandbox_id, client)
         host = Host.get(root)
         return cls(host, host.runtime.info(sandbox_id))
 
     @classmethod
-    def list(cls, root: str | os.PathLike | None = None) -> list[SandboxInfo]:
+    def list(cls, root: str | os.PathLike | None = None, url: str | None = None,
+             api_key: str | None = None) -> list[SandboxInfo]:
+        client = _client(url, api_key, root)
+        if client is not None:
+            from .remote import list_remote
+
+            return list_remote(client)
         return Host.get(root).runtime.list()
 
     def info(self) -> SandboxInfo:
@@ -490,7 +515,7 @@ class Sandbox:
         result = ForkResult(snapshot=snap)
         for i in range(n):
             try:
-                child = Sandbox.create(from_snapshot=snap, root=self._host.settings.root, **kw)
+                child = Sandbox.create(from_snapshot=snap, root=self._host.settings.root, url=EMBEDDED, **kw)
                 child.files.write("/etc/machine-id", secrets.token_hex(16) + "\n", mode=0o444)
                 result.sandboxes.append(child)
             except Exception as e:  # reported per child, the others are kept
@@ -508,6 +533,19 @@ class Sandbox:
 
     def __repr__(self) -> str:
         return f"Sandbox({self.id}, image={self._info.image!r})"
+
+
+EMBEDDED = "embedded"  # url value that forces in-process use even when $SHOAL_URL is set
+
+
+def _client(url: str | None, api_key: str | None, root):
+    """A shoald client when a URL is given (or $SHOAL_URL is set), else None (in-process)."""
+    url = url or os.environ.get("SHOAL_URL")
+    if not url or url == EMBEDDED:
+        return None
+    from .remote import Client
+
+    return Client(url, api_key, root)
 
 
 @dataclass

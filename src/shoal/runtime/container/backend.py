@@ -73,7 +73,8 @@ class ContainerRuntime(Runtime):
 
     # ------------------------------------------------------------------ state
     def _dir(self, sandbox_id: str) -> Path:
-        if not sandbox_id or "/" in sandbox_id or sandbox_id.startswith("."):
+        if not isinstance(sandbox_id, str) or not sandbox_id or "/" in sandbox_id or sandbox_id.startswith(".") \
+                or len(sandbox_id) > 64:
             raise SandboxNotFound(f"invalid sandbox id {sandbox_id!r}")
         return self.settings.sandboxes_dir / sandbox_id
 
@@ -123,7 +124,7 @@ class ContainerRuntime(Runtime):
             raise InvalidArgument("a sandbox needs at least one mounted layer")
         if len(os.listdir(self.settings.sandboxes_dir)) >= self.max_sandboxes:  # all processes on this host
             raise QuotaExceeded(f"host sandbox limit reached ({self.max_sandboxes}); kill some or retry later")
-        sandbox_id = "sb-" + secrets.token_hex(6)
+        sandbox_id = f"sb-{self.settings.host_tag}-{secrets.token_hex(6)}"
         d = self._dir(sandbox_id)
         d.mkdir()
         (d / "rootfs").mkdir()

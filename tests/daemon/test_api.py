@@ -1,0 +1,186 @@
+"""shoald's API through the SDK: same classes, same errors, tenants isolated, quotas enforced."""
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+
+from shoal import ImageNotFound, InvalidArgument, QuotaExceeded, Sandbox, SandboxNotFound
+from shoal.errors import Unauthorized
+from shoal.sdk.remote import Client, RemoteSandbox
+
+
+def test_remote_sandbox_has_the_same_surface(daemon, base_image):
+    with Sandbox.create(base_image, url=daemon["url"], memory_mb=128, ttl=300) as sb:
+        assert isinstance(sb, RemoteSandbox) and isinstance(sb, Sandbox)
+        assert sb.id.startswith("sb-")
+        r = sb.commands.run("echo hi; echo err >&2; exit 3", env={"A": "1"})
+        assert (r.stdout, r.stderr, r.exit_code) == ("hi\n", "err\n", 3)
+        assert sb.commands.run("cat", stdin=b"\x00\x01binary").stdout == "\x00\x01binary"
+        seen = []
+        r = sb.commands.run("for i in 1 2 3; do echo $i; done", on_stdout=seen.append)
+        assert "".join(seen) == "1\n2\n3\n" == r.stdout
+        assert sb.commands.run("sleep 5", timeout=0.3).timed_out
+        sb.files.write("/work/x.txt", "remote file")
+        assert sb.files.read("/work/x.txt") == "remote file"
+        assert [e.name for e in sb.files.list("/work")] == ["x.txt"]
+        assert sb.files.stat("/work/x.txt").size == 11
+        tar = sb.files.download("/work")
+        sb.files.upload("/copy", tar)
+        assert sb.files.read("/copy/work/x.txt") == "remote file"
+        h = sb.commands.start("echo bg; sleep 0.2; echo done")
+        assert h.wait(10).stdout == "bg\ndone\n"
+        with sb.sessions.create() as s:
+            s.run("cd /tmp; export V=7")
+            assert s.run("pwd; echo $V").stdout == "/tmp\n7\n"
+        sb.pause()
+        assert sb.info().state.value == "paused"
+        sb.resume()
+        sb.set_timeout(ttl=None, idle_ttl=None)
+        assert sb.info().ttl is None
+        snap = sb.snapshot()
+        res = sb.fork(2)
+        assert res.ok and all(isinstance(c, RemoteSandbox) for c in res.sandboxes)
+        assert res.sandboxes[0].files.read("/work/x.txt") == "remote file"
+        res.kill_all()
+        with Sandbox.create(from_snapshot=snap.id, url=daemon["url"]) as restored:
+            assert restored.files.read("/work/x.txt") == "remote file"
+
+
+def test_remote_errors_are_the_same_types(daemon, base_image):
+    url = daemon["url"]
+    with pytest.raises(ImageNotFound, match="nope"):
+        Sandbox.create("nope:1", url=url)
+    with pytest.raises(SandboxNotFound):
+        Sandbox.connect("sb-none-000000000000", url=url)
+    with pytest.raises(InvalidArgument):
+        Sandbox.create(base_image, url=url, memory_mb=-5)
+    with Sandbox.create(base_image, url=url) as sb:
+        sid = sb.id
+        with pytest.raises(InvalidArgument, match="NUL"):
+            sb.commands.run(["echo", "a\0b"])
+    with pytest.raises(SandboxNotFound, match="killed"):
+        Sandbox.connect(sid, root=daemon["root"], url="embedded").commands.run("true")
+
+
+def test_tenants_cannot_see_each_other(daemon, tenants, base_image):
+    url = daemon["url"]
+    a = Sandbox.create(base_image, url=url, api_key=tenants["tenant-a"])
+    try:
+        b_client = Client(url, tenants["tenant-b"])
+        for method, path in (("GET", f"/v1/sandboxes/{a.id}"), ("DELETE", f"/v1/sandboxes/{a.id}"),
+                             ("POST", f"/v1/sandboxes/{a.id}/pause")):
+            with pytest.raises(SandboxNotFound):  # 404, not 403: existence is not confirmed
+                b_client.call(method, path)
+        assert a.id not in [i.id for i in Sandbox.list(url=url, api_key=tenants["tenant-b"])]
+        assert a.id in [i.id for i in Sandbox.list(url=url, api_key=tenants["tenant-a"])]
+        snap = a.snapshot()
+        with pytest.raises(ImageNotFound):
+            Sandbox.create(from_snapshot=snap.id, url=url, api_key=tenants["tenant-b"])
+        assert not any(i["ref"].startswith("snapshots/") for i in b_client.json("GET", "/v1/images"))
+        assert a.commands.run("echo mine").stdout == "mine\n"
+    finally:
+        a.kill()
+
+
+def test_auth_is_required_and_checked(daemon, tenants):
+    with pytest.raises(Unauthorized):
+        Client(daemon["url"], "sk-wrong").json("GET", "/v1/sandboxes")
+    with pytest.raises(Unauthorized):
+        Client(daemon["url"], tenants["tenant-a"]).json("GET", "/v1/tenants")  # admin only
+    raw = httpx.Client(transport=httpx.HTTPTransport(uds=str(daemon["sock"])), base_url="http://x",
+                       headers={"Authorization": "Bearer sk-wrong"})
+    r = raw.get("/v1/sandboxes")
+    assert r.status_code == 401 and r.json()["error"]["type"] == "Unauthorized"
+    admin = Client(daemon["url"], daemon["admin_key"])
+    assert {t["name"] for t in admin.json("GET", "/v1/tenants")} >= {"tenant-a", "tenant-b"}
+
+
+def test_tenant_quota_is_enforced(daemon, tenants, base_image):
+    url, key = daemon["url"], tenants["tenant-b"]
+    made = []
+    try:
+        for _ in range(5):
+            made.append(Sandbox.create(base_image, url=url, api_key=key, memory_mb=64))
+        with pytest.raises(QuotaExceeded, match="sandboxes") as e:
+            Sandbox.create(base_image, url=url, api_key=key, memory_mb=64)
+        assert e.value.retryable
+        made.pop().kill()
+        with pytest.raises(QuotaExceeded, match="memory_mb"):
+            Sandbox.create(base_image, url=url, api_key=key, memory_mb=5000)
+    finally:
+        for sb in made:
+            sb.kill()
+
+
+def test_ttl_update_replaces_both_fields(daemon, base_image):
+    with Sandbox.create(base_image, url=daemon["url"], ttl=100, idle_ttl=50) as sb:
+        c = sb._c
+        info = c.json("PUT", f"/v1/sandboxes/{sb.id}/timeout", json={"ttl": 30})
+        assert info["ttl"] == 30 and info["idle_ttl"] is None  # omitted = cleared, not kept
+
+
+def test_bad_input_gets_4xx_with_a_message(daemon, base_image):
+    raw = httpx.Client(transport=httpx.HTTPTransport(uds=str(daemon["sock"])), base_url="http://x")
+    for method, path, kw in (("POST", "/v1/sandboxes", {"json": {"image": 5}}),
+                             ("POST", "/v1/sandboxes", {"content": b"{not json"}),
+                             ("POST", "/v1/sandboxes", {"json": {"image": base_image, "cpu": -1}}),
+                             ("GET", "/v1/sandboxes/..%2f..%2fetc", {}),
+                             ("POST", "/v1/sandboxes/sb-x/exec", {"json": {"cmd": []}}),
+                             ("PUT", "/v1/tenants/ghost/quotas", {"json": {"sandboxes": 0}}),
+                             ("POST", "/v1/tenants", {"json": {"name": "Bad Name!"}})):
+        r = raw.request(method, path, **kw)
+        assert 400 <= r.status_code < 500, (path, r.status_code, r.text)
+        assert r.json()["error"]["message"]
+
+
+def test_health_metrics_and_openapi(daemon):
+    raw = httpx.Client(transport=httpx.HTTPTransport(uds=str(daemon["sock"])), base_url="http://x")
+    assert raw.get("/v1/health").json()["ok"]
+    m = raw.get("/metrics").text
+    assert "shoal_sandboxes " in m and "shoal_requests_total" in m
+    spec = raw.get("/openapi.json").json()
+    assert "/v1/sandboxes/{sandbox_id}/exec" in spec["paths"]
+
+
+def test_daemon_socket_is_root_only_and_invisible_inside(daemon, base_image):
+    import os
+    import stat
+
+    assert stat.S_IMODE(os.stat(daemon["sock"]).st_mode) == 0o600
+    with Sandbox.create(base_image, url=daemon["url"]) as sb:
+        r = sb.commands.run("find / -name 'shoald*' 2>/dev/null; ls /var/lib 2>/dev/null")
+        assert "shoald" not in r.stdout
+
+
+def test_daemon_restart_reattaches_live_sandboxes(daemon, base_image):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    url = daemon["url"]
+    sb = Sandbox.create(base_image, url=url)
+    sb.files.write("/state", "kept")
+    proc = daemon["proc"]
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    with pytest.raises(Exception) as e:  # clients see a retryable error while it is down
+        sb.commands.run("true")
+    assert getattr(e.value, "retryable", False)
+    env = dict(os.environ, SHOAL_ROOT=str(daemon["root"]))
+    daemon["proc"] = subprocess.Popen([sys.executable, "-m", "shoal.cli", "serve"], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        try:
+            if httpx.Client(transport=httpx.HTTPTransport(uds=str(daemon["sock"])),
+                            base_url="http://x").get("/v1/health").status_code == 200:
+                break
+        except httpx.TransportError:
+            time.sleep(0.05)
+    again = Sandbox.connect(sb.id, url=url)
+    assert again.files.read("/state") == "kept"  # the sandbox survived the daemon's crash
+    assert again.commands.run("echo back").stdout == "back\n"
+    again.kill()
