@@ -279,13 +279,20 @@ def exec_(ctx: typer.Context, sandbox_id: str, timeout: float = typer.Option(600
 
 
 @app.command()
-def ps(root: Optional[str] = RootOpt, as_json: bool = typer.Option(False, "--json")):
+def ps(root: Optional[str] = RootOpt, as_json: bool = typer.Option(False, "--json"),
+       quiet: bool = typer.Option(False, "--quiet", "-q", help="ids only")):
     """List live sandboxes."""
+    from rich.table import Column
+
     infos = _host(root).runtime.list()
     if as_json:
         console.print_json(json.dumps([i.model_dump(mode="json") for i in infos]))
         return
-    t = Table("ID", "IMAGE", "STATE", "AGE", "MEMORY", "LIMITS")
+    if quiet:
+        for i in infos:
+            print(i.id)
+        return
+    t = Table(Column("ID", no_wrap=True), "IMAGE", "STATE", "AGE", "MEMORY", "LIMITS")
     for i in infos:
         t.add_row(i.id, i.image, i.state.value, f"{time.time() - i.created:.0f}s", _size(i.memory_bytes or 0),
                   f"{i.limits.cpu} cpu, {i.limits.memory_mb} MiB, {i.limits.disk_mb} MiB disk")
