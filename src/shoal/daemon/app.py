@@ -147,10 +147,17 @@ class Daemon:
             raise E.ImageNotFound(f"image {name}:{tag} not found (see `shoal image ls`)")
 
     def tenant_usage(self, tenant: Tenant) -> dict[str, float]:
-        live = {i.id: i for i in self.host.runtime.list()}
-        mine = [live[s] for s in self.state.owned("sandbox", tenant.name) if s in live]
-        return {"sandboxes": len(mine), "cpu": sum(i.limits.cpu for i in mine),
-                "memory_mb": sum(i.limits.memory_mb for i in mine), "disk_mb": sum(i.limits.disk_mb for i in mine)}
+        rt = self.host.runtime
+        live = rt.live_ids()
+        mine = []
+        for sid in self.state.owned("sandbox", tenant.name):
+            if sid in live:
+                try:
+                    mine.append(Limits(**rt._load(sid)["limits"]))
+                except E.ShoalError:
+                    continue
+        return {"sandboxes": len(mine), "cpu": sum(x.cpu for x in mine),
+                "memory_mb": sum(x.memory_mb for x in mine), "disk_mb": sum(x.disk_mb for x in mine)}
 
 
 def create_app(daemon: Daemon) -> FastAPI:
@@ -249,8 +256,8 @@ def create_app(daemon: Daemon) -> FastAPI:
                 if have + add > cap:
                     raise E.QuotaExceeded(f"tenant {t.name} quota {name}={cap:g} would be exceeded "
                                           f"(in use {have:g}, asked {add:g})")
-        live = d.host.runtime.list()
-        with d.admission.creating(len(live), sum(i.limits.memory_mb for i in live), limits.memory_mb):
+        committed = d.host.runtime.committed()
+        with d.admission.creating(len(committed), sum(x.memory_mb for x in committed), limits.memory_mb):
             sb = Sandbox.create(body.image, layers=body.layers, from_snapshot=body.from_snapshot, cpu=limits.cpu,
                                 memory_mb=limits.memory_mb, disk_mb=limits.disk_mb, pids=limits.pids, ttl=body.ttl,
                                 idle_ttl=body.idle_ttl, env=body.env, root=d.host.settings.root, url=EMBEDDED)

@@ -99,6 +99,7 @@ class LayerStore:
         self._db = sqlite3.connect(settings.db_path, timeout=30, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA busy_timeout=30000")
+        self._db.execute("PRAGMA synchronous=NORMAL")  # WAL: durable on commit order, no fsync each
         self._db.executescript(_SCHEMA)
 
     def close(self) -> None:

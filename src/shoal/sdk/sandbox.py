@@ -538,14 +538,24 @@ class Sandbox:
 EMBEDDED = "embedded"  # url value that forces in-process use even when $SHOAL_URL is set
 
 
+_clients: dict[tuple, object] = {}
+_clients_lock = threading.Lock()
+
+
 def _client(url: str | None, api_key: str | None, root):
-    """A shoald client when a URL is given (or $SHOAL_URL is set), else None (in-process)."""
+    """A shoald client when a URL is given (or $SHOAL_URL is set), else None (in-process).
+    Clients are shared per (url, key, root) so sandboxes reuse one connection pool."""
     url = url or os.environ.get("SHOAL_URL")
     if not url or url == EMBEDDED:
         return None
     from .remote import Client
 
-    return Client(url, api_key, root)
+    key = (url, api_key or os.environ.get("SHOAL_API_KEY"), str(root))
+    with _clients_lock:
+        client = _clients.get(key)
+        if client is None:
+            client = _clients[key] = Client(url, api_key, root)
+        return client
 
 
 @dataclass

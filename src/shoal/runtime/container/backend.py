@@ -195,6 +195,23 @@ class ContainerRuntime(Runtime):
                 out.append(self._info(meta))
         return out
 
+    def committed(self) -> list[Limits]:
+        """Limits of every sandbox whose state dir exists (cheap: cached metadata, one listdir),
+        for admission decisions that must not cost O(N) cgroup reads per create."""
+        out = []
+        for name in os.listdir(self.settings.sandboxes_dir):
+            meta = self._meta.get(name)
+            if meta is None:
+                try:
+                    meta = self._load(name)
+                except (SandboxNotFound, SandboxError):
+                    continue
+            out.append(Limits(**meta["limits"]))
+        return out
+
+    def live_ids(self) -> set[str]:
+        return set(os.listdir(self.settings.sandboxes_dir))
+
     def live_layers(self) -> set[str]:
         return {l for info in self.list() for l in info.layers}
 
