@@ -30,6 +30,8 @@ class Settings:
     max_stack_depth: int = 16  # snapshot chains deeper than this are folded
     fold_threshold_bytes: int = 64 << 20  # layers smaller than this may be folded together
     host_id: str = ""  # encoded in sandbox ids (sb-<host_id>-<hex>); default: this machine's hostname
+    # named egress rules, e.g. {"pypi": ["<mirror host>:443"]}; only from the config file
+    egress_presets: dict = field(default_factory=dict)
     extra: dict = field(default_factory=dict)
 
     @property
@@ -79,6 +81,11 @@ def load_settings(root: str | os.PathLike | None = None) -> Settings:
     known = {k: data[k] for k in ("default_memory_mb", "default_cpu", "default_disk_mb", "default_pids",
                                   "output_cap_bytes", "compression", "max_stack_depth",
                                   "fold_threshold_bytes", "host_id") if k in data}
+    if "egress_presets" in data:
+        presets = data["egress_presets"]
+        if not isinstance(presets, dict) or not all(isinstance(v, list) for v in presets.values()):
+            raise InvalidArgument(f"{cfg_path}: egress_presets must map names to lists of addresses")
+        known["egress_presets"] = presets
     if "snapshot_exclude" in data:
         known["snapshot_exclude"] = tuple(str(p).strip("/") for p in data["snapshot_exclude"])
     unknown = set(data) - set(known) - {"root"}

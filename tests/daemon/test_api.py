@@ -184,3 +184,13 @@ def test_daemon_restart_reattaches_live_sandboxes(daemon, base_image):
     assert again.files.read("/state") == "kept"  # the sandbox survived the daemon's crash
     assert again.commands.run("echo back").stdout == "back\n"
     again.kill()
+
+
+def test_network_update_replaces_rules_through_the_api(daemon, base_image):
+    with Sandbox.create(base_image, url=daemon["url"]) as sb:
+        first = sb.set_network(allow=["10.202.0.2:8080"])
+        assert first["allow"] == ["10.202.0.2:8080"]
+        second = sb._c.json("PUT", f"/v1/sandboxes/{sb.id}/network", json={"presets": {}})
+        assert second["allow"] == [] and second["resolved"] == []  # omitted = cleared
+        with pytest.raises(InvalidArgument):
+            sb._c.call("PUT", f"/v1/sandboxes/{sb.id}/network", json={"allow": ["nonsense"]})

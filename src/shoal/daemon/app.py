@@ -92,6 +92,11 @@ class TimeoutBody(BaseModel):
     idle_ttl: float | None = Field(None, description="idle seconds; null clears")
 
 
+class NetworkBody(BaseModel):
+    allow: list[str] | None = Field(None, description="CIDR, IP, IP:port or host:port entries")
+    presets: dict[str, bool] | None = Field(None, description='named rule sets, e.g. {"pypi": true}')
+
+
 class SnapshotBody(BaseModel):
     exclude: list[str] | None = None
 
@@ -303,6 +308,15 @@ def create_app(daemon: Daemon) -> FastAPI:
         sb = d.sandbox(t, sandbox_id)
         sb.set_timeout(body.ttl, body.idle_ttl)
         return sb.info()
+
+    @app.put("/v1/sandboxes/{sandbox_id}/network")
+    def set_network(sandbox_id: str, body: NetworkBody, t: Tenant = Depends(tenant)) -> dict:
+        """Replaces the egress rules: fields left out are cleared, never merged."""
+        return d.sandbox(t, sandbox_id).set_network(body.allow, body.presets)
+
+    @app.get("/v1/sandboxes/{sandbox_id}/network")
+    def get_network(sandbox_id: str, t: Tenant = Depends(tenant)) -> dict:
+        return d.sandbox(t, sandbox_id).get_network()
 
     # ---------------------------------------------------------------- exec
     def _stdin(body: ExecBody) -> bytes | None:

@@ -180,6 +180,12 @@ class AsyncSandbox:
     async def kill(self) -> None:
         await _t(self._sb.kill)
 
+    async def set_network(self, allow: list[str] | None = None, presets: dict[str, bool] | None = None) -> dict:
+        return await _t(self._sb.set_network, allow, presets)
+
+    async def get_network(self) -> dict:
+        return await _t(self._sb.get_network)
+
     async def snapshot(self, exclude: list[str] | None = None) -> SnapshotInfo:
         return await _t(self._sb.snapshot, exclude)
 

@@ -347,6 +347,12 @@ class RemoteSandbox(Sandbox):
     def kill(self) -> None:
         self._c.call("DELETE", self._p)
 
+    def set_network(self, allow: list[str] | None = None, presets: dict[str, bool] | None = None) -> dict:
+        return self._c.json("PUT", f"{self._p}/network", json={"allow": allow, "presets": presets})
+
+    def get_network(self) -> dict:
+        return self._c.json("GET", f"{self._p}/network")
+
     def snapshot(self, exclude: list[str] | None = None) -> SnapshotInfo:
         return SnapshotInfo.model_validate(self._c.json("POST", f"{self._p}/snapshot", json={"exclude": exclude}))
 

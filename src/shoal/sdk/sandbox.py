@@ -485,6 +485,14 @@ class Sandbox:
     def kill(self) -> None:
         self._rt.kill(self.id)
 
+    def set_network(self, allow: list[str] | None = None, presets: dict[str, bool] | None = None) -> dict:
+        """Replace the egress allow rules ("CIDR", "IP[:port]", "host:port", presets like
+        {"pypi": True}); anything left out is cleared. With no rules the sandbox has no egress."""
+        return self._rt.set_network(self.id, allow, presets)
+
+    def get_network(self) -> dict:
+        return self._rt.get_network(self.id)
+
     def snapshot(self, exclude: list[str] | None = None) -> SnapshotInfo:
         """pack_diff: capture the writable upper (processes frozen meanwhile) as a new layer on top of
         this sandbox's stack. Restore with `Sandbox.create(from_snapshot=snap)` or `fork()`.

@@ -370,6 +370,30 @@ class ContainerRuntime(Runtime):
         return agent.Process(self.sock_path(sandbox_id), sandbox_id, argv, self.env_for(sandbox_id, env), cwd,
                              timeout, flags, stdin_pipe=stdin_pipe, merge_stderr=merge_stderr)
 
+    # ------------------------------------------------------------------ egress
+    def set_network(self, sandbox_id: str, allow: list[str] | None = None,
+                    presets: dict[str, bool] | None = None) -> dict:
+        """Replace the sandbox's egress allow rules (omitted = cleared). [] and {} = no egress."""
+        from .network import EgressManager, parse_rules
+
+        meta = self._live_meta(sandbox_id)
+        if meta.get("network") == "host":
+            raise InvalidArgument(f"sandbox {sandbox_id} uses the host network (a build sandbox)")
+        rules = parse_rules(allow or [], presets or {}, self.settings.egress_presets)
+        mgr = EgressManager(self.settings.root / "net")
+        pid = meta["init_pid"]
+        mgr.apply(pid, rules)  # the filter first: the link never exists unfiltered
+        net = mgr.attach(sandbox_id, pid, set(os.listdir(self.settings.sandboxes_dir))) if rules or \
+            mgr.attached(pid) else None
+        meta["egress"] = {"allow": list(allow or []), "presets": dict(presets or {}),
+                          "resolved": [str(r) for r in rules], "subnet": str(net) if net else None}
+        self._write_meta(meta)
+        return meta["egress"]
+
+    def get_network(self, sandbox_id: str) -> dict:
+        return self._live_meta(sandbox_id).get("egress") or {"allow": [], "presets": {}, "resolved": [],
+                                                              "subnet": None}
+
     def upper_dir(self, sandbox_id: str) -> Path:
         """The sandbox's writable overlayfs upper (host path): its whole diff against its layers."""
         self._live_meta(sandbox_id)
