@@ -40,9 +40,39 @@ def main() -> None:
                       f"({base.image_bytes // 1024} KiB EROFS), toolkit {toolkit.short}")
     host.store.create_image("demo:latest", ["busybox", "demo-toolkit"])
 
+    # the daemon: started here, stopped at the end; everything below goes through its HTTP API
+    from .sdk.remote import Client
+
+    env = dict(os.environ, SHOAL_ROOT=str(root))
+    env.pop("SHOAL_URL", None)
+    daemon = subprocess.Popen([sys.executable, "-m", "shoal.cli", "serve"], env=env)
+    sock = root / "shoald.sock"
+    for _ in range(300):
+        try:
+            if sock.exists() and Client(f"unix://{sock}").json("GET", "/v1/health")["ok"]:
+                break
+        except Exception:
+            pass
+        time.sleep(0.05)
+    url = f"unix://{sock}"
+    admin = Client(url)
+    key = admin.json("POST", "/v1/tenants", json={"name": "demo-team", "quotas": {"sandboxes": 10}})["api_key"]
+    other = admin.json("POST", "/v1/tenants", json={"name": "other-team"})["api_key"]
+    console.print(f"shoald listening on {sock}; tenants demo-team and other-team created (keys shown once)")
+    try:
+        _sandboxes_through_api(url, key, other)
+    finally:
+        daemon.terminate()
+        daemon.wait(30)
+        console.print("shoald stopped")
+    _benchmarks(root, host)
+
+
+def _sandboxes_through_api(url: str, key: str, other_key: str) -> None:
     t0 = time.perf_counter()
-    boxes = [Sandbox.create("demo:latest", root=root, memory_mb=128, disk_mb=64, ttl=300) for _ in range(3)]
-    console.print(f"created 3 sandboxes in {(time.perf_counter() - t0) * 1000:.1f} ms")
+    boxes = [Sandbox.create("demo:latest", url=url, api_key=key, memory_mb=128, disk_mb=64, ttl=300)
+             for _ in range(3)]
+    console.print(f"created 3 sandboxes through the API in {(time.perf_counter() - t0) * 1000:.1f} ms")
     t = Table("sandbox", "command", "output")
     for sb in boxes:
         t.add_row(sb.id, "greet", sb.commands.run("greet").stdout.strip())
@@ -58,10 +88,14 @@ def main() -> None:
         s.run("cd /tmp && export STEP=1")
         t.add_row(c.id, "session: cd /tmp; export; then pwd", s.run("pwd; echo STEP=$STEP").stdout.replace("\n", " "))
     console.print(t)
+    seen_by_other = [i.id for i in Sandbox.list(url=url, api_key=other_key)]
+    console.print(f"other-team sees {len(seen_by_other)} of demo-team's sandboxes (tenants are isolated)")
     for sb in boxes:
         sb.kill()
-    console.print("killed all three; leftovers:", [p.name for p in host.settings.sandboxes_dir.iterdir()] or "none")
+    console.print(f"killed all three; live sandboxes now: {len(Sandbox.list(url=url, api_key=key))}")
 
+
+def _benchmarks(root: Path, host: Host) -> None:
     console.print(Panel.fit("startup benchmark (bench/startup.py, reduced iterations)", style="bold cyan"))
     bench = Path(__file__).resolve().parents[2] / "bench" / "startup.py"
     results = Path(tempfile.mkdtemp(prefix="shoal-demo-results-"))  # the committed results stay as they are
@@ -70,6 +104,11 @@ def main() -> None:
     if os.environ.get("SHOAL_DEMO_NO_DOCKER"):
         args.append("--no-docker")
     subprocess.run(args, check=False)
+
+    console.print(Panel.fit("shoald API: latency and 200 sandboxes held through it (bench/api.py)",
+                            style="bold cyan"))
+    subprocess.run([sys.executable, str(bench.parent / "api.py"), "--n", "100", "--hold", "200", "--churn-s", "5",
+                    "--out", str(results / "api.json")], check=False)
 
     console.print(Panel.fit("composable environments: Debian base + Python toolchain + 8 real workspaces, "
                             "then a burst against Docker (bench/burst.py, reduced N)", style="bold cyan"))
