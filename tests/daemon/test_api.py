@@ -194,3 +194,60 @@ def test_network_update_replaces_rules_through_the_api(daemon, base_image):
         assert second["allow"] == [] and second["resolved"] == []  # omitted = cleared
         with pytest.raises(InvalidArgument):
             sb._c.call("PUT", f"/v1/sandboxes/{sb.id}/network", json={"allow": ["nonsense"]})
+
+
+def test_kill_9_under_load_gives_retryable_errors_and_leaks_nothing(daemon, base_image):
+    """Bounded load (40 sandboxes, 8 clients, ~6 s) with the daemon SIGKILLed in the middle."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    from shoal import ShoalError
+
+    url, root = daemon["url"], daemon["root"]
+    held = [Sandbox.create(base_image, url=url, memory_mb=64, disk_mb=16) for _ in range(40)]
+    stop = time.monotonic() + 6
+    stats = {"ok": 0, "retryable": 0, "other": []}
+    lock = threading.Lock()
+
+    def churn(k: int):
+        i = k
+        while time.monotonic() < stop:
+            sb = held[i % len(held)]
+            i += 7
+            try:
+                out = sb.commands.run("echo $HOSTNAME", timeout=10).stdout.strip()
+                with lock:
+                    if out == sb.id:
+                        stats["ok"] += 1
+                    else:
+                        stats["other"].append(f"wrong output {out!r} from {sb.id}")
+            except ShoalError as e:
+                with lock:
+                    if e.retryable:
+                        stats["retryable"] += 1
+                    else:
+                        stats["other"].append(repr(e))
+                time.sleep(0.05)
+
+    threads = [threading.Thread(target=churn, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    time.sleep(2)
+    daemon["proc"].send_signal(signal.SIGKILL)
+    daemon["proc"].wait(10)
+    time.sleep(0.5)
+    env = dict(os.environ, SHOAL_ROOT=str(root))
+    daemon["proc"] = subprocess.Popen([sys.executable, "-m", "shoal.cli", "serve"], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    for t in threads:
+        t.join()
+    assert stats["ok"] > 100 and stats["retryable"] > 0 and stats["other"] == []
+    # every sandbox survived the crash and is served by the new daemon
+    assert all(sb.commands.run("echo up").stdout == "up\n" for sb in held)
+    for sb in held:
+        sb.kill()
+    assert not any(str(root / "sandboxes") in line for line in open("/proc/self/mountinfo"))
+    assert not [p for p in (root / "sandboxes").iterdir()]
