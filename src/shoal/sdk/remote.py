@@ -23,7 +23,7 @@ import httpx
 
 from .. import errors as E
 from ..runtime.abstract import ExecResult, FileEntry, SandboxInfo, SnapshotInfo
-from .sandbox import BackgroundOutput, Cmd, ForkResult, OutputEvent, Sandbox
+from .sandbox import BackgroundOutput, Cmd, ForkResult, OutputEvent, Sandbox, tar_of
 
 DEFAULT_TIMEOUT = 120.0
 
@@ -287,17 +287,7 @@ class RemoteFiles:
         self._sb._c.call("DELETE", f"{self._sb._p}/files", params={"path": path})
 
     def upload(self, dest_dir: str, src: str | os.PathLike | bytes) -> int:
-        if isinstance(src, bytes):
-            data = src
-        else:
-            p = Path(src)
-            if not p.exists():
-                raise E.InvalidArgument(f"upload source {p} does not exist")
-            buf = io.BytesIO()
-            with tarfile.open(fileobj=buf, mode="w") as tf:
-                tf.add(str(p), arcname=p.name)
-            data = buf.getvalue()
-        return self._sb._c.json("POST", f"{self._sb._p}/files/upload", params={"dest": dest_dir}, content=data,
+        return self._sb._c.json("POST", f"{self._sb._p}/files/upload", params={"dest": dest_dir}, content=tar_of(src),
                                 headers={"content-type": "application/x-tar"})["entries"]
 
     def download(self, path: str, dest: str | os.PathLike | None = None, max_bytes: int = 1 << 30) -> bytes:

@@ -331,6 +331,19 @@ class Sessions:
 
 
 # ---------------------------------------------------------------------------------------- files
+def tar_of(src: str | os.PathLike | bytes) -> bytes:
+    """Raw tar bytes as given, or a tar of a local file or directory (named by its basename)."""
+    if isinstance(src, bytes):
+        return src
+    p = Path(src)
+    if not p.exists():
+        raise InvalidArgument(f"upload source {p} does not exist")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        tf.add(str(p), arcname=p.name)
+    return buf.getvalue()
+
+
 class Files:
     """Paths are resolved inside the sandbox root; `..` and symlinks cannot reach the host."""
 
@@ -369,17 +382,7 @@ class Files:
 
     def upload(self, dest_dir: str, src: str | os.PathLike | bytes) -> int:
         """Upload a local file/directory (or raw tar bytes) into `dest_dir`; returns entries written."""
-        if isinstance(src, bytes):
-            data = src
-        else:
-            p = Path(src)
-            if not p.exists():
-                raise InvalidArgument(f"upload source {p} does not exist")
-            buf = io.BytesIO()
-            with tarfile.open(fileobj=buf, mode="w") as tf:
-                tf.add(str(p), arcname=p.name)
-            data = buf.getvalue()
-        return self._f().upload(dest_dir, data)
+        return self._f().upload(dest_dir, tar_of(src))
 
     def download(self, path: str, dest: str | os.PathLike | None = None, max_bytes: int = 1 << 30) -> bytes:
         """A tar of `path` (at most `max_bytes` of file content); extracted into local `dest` when given."""
