@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 VENV  := .venv
 PY    := $(VENV)/bin/python
-APT_PKGS := erofs-utils busybox-static gcc libc6-dev debootstrap
+APT_PKGS := erofs-utils busybox-static gcc libc6-dev debootstrap nftables iproute2
 STAMP := $(VENV)/.installed
 
 .PHONY: setup demo test bench clean docker-engine
@@ -14,6 +14,8 @@ setup: $(STAMP)
 	command -v gcc >/dev/null || missing="$$missing gcc"; \
 	[ -e /usr/lib/x86_64-linux-gnu/libc.a ] || [ -e /usr/lib/aarch64-linux-gnu/libc.a ] || missing="$$missing libc6-dev"; \
 	command -v debootstrap >/dev/null || missing="$$missing debootstrap"; \
+	command -v nft >/dev/null || missing="$$missing nftables"; \
+	command -v ip >/dev/null || missing="$$missing iproute2"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
