@@ -143,6 +143,21 @@ class Daemon:
             raise E.SandboxNotFound(f"sandbox {sandbox_id} not found")
         return Sandbox.connect(sandbox_id, root=self.host.settings.root, url=EMBEDDED)
 
+    def register(self, table: dict, prefix: str, sandbox_id: str, obj) -> str:
+        """Keep a live handle (background command, session) under a fresh id."""
+        key = f"{prefix}-{secrets.token_hex(6)}"
+        with self.lock:
+            table[key] = (sandbox_id, obj)
+        return key
+
+    def lookup(self, table: dict, what: str, tenant: Tenant, sandbox_id: str, key: str):
+        """The handle `key` of a sandbox the tenant may see; 404 otherwise."""
+        self.sandbox(tenant, sandbox_id)
+        entry = table.get(key)
+        if not entry or entry[0] != sandbox_id:
+            raise E.SandboxNotFound(f"{what} {key} not found in sandbox {sandbox_id}")
+        return entry[1]
+
     def check_image(self, tenant: Tenant, ref: str) -> None:
         from ..layers.store import split_ref
 
@@ -355,17 +370,10 @@ def create_app(daemon: Daemon) -> FastAPI:
     def start(sandbox_id: str, body: StartBody, t: Tenant = Depends(tenant)) -> dict:
         sb = d.sandbox(t, sandbox_id)
         h = sb.commands.start(body.cmd, cwd=body.cwd, env=body.env, timeout=body.timeout)
-        hid = "cmd-" + secrets.token_hex(6)
-        with d.lock:
-            d.handles[hid] = (sandbox_id, h)
-        return {"id": hid, "pid": h.pid}
+        return {"id": d.register(d.handles, "cmd", sandbox_id, h), "pid": h.pid}
 
     def _handle(t: Tenant, sandbox_id: str, hid: str) -> CommandHandle:
-        d.sandbox(t, sandbox_id)
-        entry = d.handles.get(hid)
-        if not entry or entry[0] != sandbox_id:
-            raise E.SandboxNotFound(f"command {hid} not found in sandbox {sandbox_id}")
-        return entry[1]
+        return d.lookup(d.handles, "command", t, sandbox_id, hid)
 
     @app.get("/v1/sandboxes/{sandbox_id}/commands/{hid}")
     def poll(sandbox_id: str, hid: str, since_out: int = Query(0, ge=0), since_err: int = Query(0, ge=0),
@@ -386,17 +394,10 @@ def create_app(daemon: Daemon) -> FastAPI:
     @app.post("/v1/sandboxes/{sandbox_id}/sessions", status_code=201)
     def new_session(sandbox_id: str, cwd: str | None = None, t: Tenant = Depends(tenant)) -> dict:
         s = d.sandbox(t, sandbox_id).sessions.create(cwd=cwd)
-        sid = "ses-" + secrets.token_hex(6)
-        with d.lock:
-            d.sessions[sid] = (sandbox_id, s)
-        return {"id": sid, "shell": s.shell}
+        return {"id": d.register(d.sessions, "ses", sandbox_id, s), "shell": s.shell}
 
     def _session(t: Tenant, sandbox_id: str, sid: str) -> Session:
-        d.sandbox(t, sandbox_id)
-        entry = d.sessions.get(sid)
-        if not entry or entry[0] != sandbox_id:
-            raise E.SandboxNotFound(f"session {sid} not found in sandbox {sandbox_id}")
-        return entry[1]
+        return d.lookup(d.sessions, "session", t, sandbox_id, sid)
 
     @app.post("/v1/sandboxes/{sandbox_id}/sessions/{sid}/run")
     def session_run(sandbox_id: str, sid: str, body: SessionRunBody, t: Tenant = Depends(tenant)) -> ExecResult:
