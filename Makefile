@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 VENV  := .venv
 PY    := $(VENV)/bin/python
-APT_PKGS := erofs-utils busybox-static gcc libc6-dev debootstrap nftables iproute2
+APT_PKGS := erofs-utils busybox-static gcc libc6-dev debootstrap nftables iproute2 openssl
 STAMP := $(VENV)/.installed
 
 .PHONY: setup demo test bench clean docker-engine
@@ -16,6 +16,7 @@ setup: $(STAMP)
 	command -v debootstrap >/dev/null || missing="$$missing debootstrap"; \
 	command -v nft >/dev/null || missing="$$missing nftables"; \
 	command -v ip >/dev/null || missing="$$missing iproute2"; \
+	command -v openssl >/dev/null || missing="$$missing openssl"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \

@@ -14,6 +14,8 @@ import pytest
 from shoal import Host, Sandbox
 from shoal.layers.busybox import make_busybox_tree
 
+from daemonctl import start_daemon
+
 if os.geteuid() != 0:
     pytest.exit("Shoal's tests need root (mounts, namespaces, cgroups)", returncode=3)
 
@@ -81,3 +83,29 @@ def sandbox(root, base_image):
         sb.kill()
     except Exception:
         pass
+
+
+# ------------------------------------------------------------------ shoald (daemon, security suites)
+@pytest.fixture(scope="module")
+def daemon(root, base_image):
+    """A real shoald (uvicorn on a Unix socket) per test module, on the session's Shoal root."""
+    sock = root / "shoald.sock"
+    proc = start_daemon(root, "--max-starting", "8")
+    yield {"proc": proc, "sock": sock, "url": f"unix://{sock}", "root": root,
+           "admin_key": (root / "admin.key").read_text().strip()}
+    proc.terminate()
+    proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def tenants(daemon):
+    """Two tenants, a and b, with their keys."""
+    from shoal.sdk.remote import Client
+
+    admin = Client(daemon["url"])
+    keys = {}
+    for name in ("tenant-a", "tenant-b"):
+        keys[name] = admin.json("POST", "/v1/tenants", json={"name": name, "quotas": {"sandboxes": 5, "cpu": 8,
+                                                                                       "memory_mb": 4096,
+                                                                                       "disk_mb": 8192}})["api_key"]
+    return keys

@@ -113,6 +113,9 @@ class Host:
         rt = self.runtime
         info = rt.info(sandbox_id)
         exclude = list(self.settings.snapshot_exclude if exclude is None else exclude)
+        for path in exclude:
+            if not isinstance(path, str) or not path.strip("/") or "\0" in path:
+                raise InvalidArgument(f"snapshot exclude entries are non-empty sandbox paths without NUL, got {path!r}")
         was_paused = info.state.value == "paused"
         if not was_paused:
             rt.pause(sandbox_id)

@@ -10,6 +10,8 @@ from shoal import ImageNotFound, InvalidArgument, QuotaExceeded, Sandbox, Sandbo
 from shoal.errors import Unauthorized
 from shoal.sdk.remote import Client, RemoteSandbox
 
+from daemonctl import start_daemon
+
 
 def test_remote_sandbox_has_the_same_surface(daemon, base_image):
     with Sandbox.create(base_image, url=daemon["url"], memory_mb=128, ttl=300) as sb:
@@ -114,6 +116,51 @@ def test_tenant_quota_is_enforced(daemon, tenants, base_image):
             sb.kill()
 
 
+def test_concurrent_creates_cannot_overrun_a_quota(daemon, base_image):
+    from concurrent.futures import ThreadPoolExecutor
+
+    admin = Client(daemon["url"])
+    key = admin.json("POST", "/v1/tenants", json={"name": "tenant-race", "quotas": {"sandboxes": 2}})["api_key"]
+
+    def create(_):
+        try:
+            return Sandbox.create(base_image, url=daemon["url"], api_key=key, memory_mb=64)
+        except QuotaExceeded:
+            return None
+
+    with ThreadPoolExecutor(8) as pool:
+        made = [sb for sb in pool.map(create, range(8)) if sb]
+    try:
+        assert len(made) == 2  # each create reserves its share before starting, so exactly the quota
+    finally:
+        for sb in made:
+            sb.kill()
+
+
+def test_sandbox_whose_host_processes_died_is_reaped_and_frees_its_quota(daemon, base_image):
+    """kill -9 of a sandbox's supervisor and init leaves a state dir; the daemon's reaper clears it."""
+    import json
+    import os
+    import signal
+
+    admin = Client(daemon["url"])
+    key = admin.json("POST", "/v1/tenants", json={"name": "tenant-reap", "quotas": {"sandboxes": 1}})["api_key"]
+    sb = Sandbox.create(base_image, url=daemon["url"], api_key=key)
+    state = daemon["root"] / "sandboxes" / sb.id
+    meta = json.loads((state / "meta.json").read_text())
+    os.kill(meta["sup_pid"], signal.SIGKILL)  # no supervisor left to clean up...
+    os.kill(meta["init_pid"], signal.SIGKILL)
+    time.sleep(0.5)
+    assert state.exists()  # ...so the state dir (and its cgroups and tmpfs) stay behind
+    deadline = time.time() + 15
+    while state.exists() and time.time() < deadline:
+        time.sleep(0.2)
+    assert not state.exists()
+    assert not any(str(state) in line for line in open("/proc/self/mountinfo"))
+    with Sandbox.create(base_image, url=daemon["url"], api_key=key) as again:  # the quota is free again
+        assert again.commands.run("echo ok").stdout == "ok\n"
+
+
 def test_ttl_update_replaces_both_fields(daemon, base_image):
     with Sandbox.create(base_image, url=daemon["url"], ttl=100, idle_ttl=50) as sb:
         c = sb._c
@@ -155,10 +202,7 @@ def test_daemon_socket_is_root_only_and_invisible_inside(daemon, base_image):
 
 
 def test_daemon_restart_reattaches_live_sandboxes(daemon, base_image):
-    import os
     import signal
-    import subprocess
-    import sys
 
     url = daemon["url"]
     sb = Sandbox.create(base_image, url=url)
@@ -169,17 +213,7 @@ def test_daemon_restart_reattaches_live_sandboxes(daemon, base_image):
     with pytest.raises(Exception) as e:  # clients see a retryable error while it is down
         sb.commands.run("true")
     assert getattr(e.value, "retryable", False)
-    env = dict(os.environ, SHOAL_ROOT=str(daemon["root"]))
-    daemon["proc"] = subprocess.Popen([sys.executable, "-m", "shoal.cli", "serve"], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        try:
-            if httpx.Client(transport=httpx.HTTPTransport(uds=str(daemon["sock"])),
-                            base_url="http://x").get("/v1/health").status_code == 200:
-                break
-        except httpx.TransportError:
-            time.sleep(0.05)
+    daemon["proc"] = start_daemon(daemon["root"])
     again = Sandbox.connect(sb.id, url=url)
     assert again.files.read("/state") == "kept"  # the sandbox survived the daemon's crash
     assert again.commands.run("echo back").stdout == "back\n"
@@ -198,10 +232,7 @@ def test_network_update_replaces_rules_through_the_api(daemon, base_image):
 
 def test_kill_9_under_load_gives_retryable_errors_and_leaks_nothing(daemon, base_image):
     """Bounded load (40 sandboxes, 8 clients, ~6 s) with the daemon SIGKILLed in the middle."""
-    import os
     import signal
-    import subprocess
-    import sys
     import threading
 
     from shoal import ShoalError
@@ -239,9 +270,7 @@ def test_kill_9_under_load_gives_retryable_errors_and_leaks_nothing(daemon, base
     daemon["proc"].send_signal(signal.SIGKILL)
     daemon["proc"].wait(10)
     time.sleep(0.5)
-    env = dict(os.environ, SHOAL_ROOT=str(root))
-    daemon["proc"] = subprocess.Popen([sys.executable, "-m", "shoal.cli", "serve"], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    daemon["proc"] = start_daemon(root)
     for t in threads:
         t.join()
     assert stats["ok"] > 100 and stats["retryable"] > 0 and stats["other"] == []
@@ -251,3 +280,43 @@ def test_kill_9_under_load_gives_retryable_errors_and_leaks_nothing(daemon, base
         sb.kill()
     assert not any(str(root / "sandboxes") in line for line in open("/proc/self/mountinfo"))
     assert not [p for p in (root / "sandboxes").iterdir()]
+
+
+def _daemon_fds(daemon) -> int:
+    import os
+
+    return len(os.listdir(f"/proc/{daemon['proc'].pid}/fd"))
+
+
+def test_sessions_and_background_commands_are_capped_per_sandbox(daemon, base_image):
+    """A client opening sessions or background commands in a loop hits a 429, not the daemon's fd limit."""
+    c = Client(daemon["url"])
+    fds_before = _daemon_fds(daemon)
+    sb = Sandbox.create(base_image, url=daemon["url"])
+    try:
+        p = f"/v1/sandboxes/{sb.id}"
+        sessions = [c.json("POST", f"{p}/sessions")["id"] for _ in range(16)]
+        with pytest.raises(QuotaExceeded, match="16 live sessions"):
+            c.json("POST", f"{p}/sessions")
+        c.call("DELETE", f"{p}/sessions/{sessions[0]}")
+        c.json("POST", f"{p}/sessions")  # closing one made room
+        running = [c.json("POST", f"{p}/commands", json={"cmd": "sleep 300"})["id"] for _ in range(64)]
+        with pytest.raises(QuotaExceeded, match="64 live background commands"):
+            c.json("POST", f"{p}/commands", json={"cmd": "true"})
+        # a finished command is forgotten to make room; a running one never is
+        c.call("POST", f"{p}/commands/{running[0]}/kill")
+        deadline = time.time() + 10
+        while c.json("GET", f"{p}/commands/{running[0]}")["exit_code"] is None and time.time() < deadline:
+            time.sleep(0.05)
+        new = c.json("POST", f"{p}/commands", json={"cmd": "echo hi"})["id"]
+        with pytest.raises(SandboxNotFound):
+            c.json("GET", f"{p}/commands/{running[0]}")
+        assert c.json("GET", f"{p}/commands/{running[1]}")["exit_code"] is None
+        c.call("DELETE", f"{p}/commands/{new}")
+        with pytest.raises(SandboxNotFound):
+            c.json("GET", f"{p}/commands/{new}")
+        assert _daemon_fds(daemon) > fds_before + 64  # each live handle holds host fds...
+    finally:
+        sb.kill()
+    time.sleep(0.5)
+    assert _daemon_fds(daemon) <= fds_before + 8  # ...and killing the sandbox released all of them

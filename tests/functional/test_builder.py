@@ -53,7 +53,8 @@ def test_roles_compose_at_creation_and_base_upgrade_rebuilds_nothing_else(host, 
                       "RUN echo 'print tests' > test.txt", "ws-demo:1", tmp_path)
     tk = _build(host, "FROM rolebase:v1\nLABEL shoal.role=toolkit\nENV TOOL=harness\n"
                       "RUN mkdir -p /usr/local/bin && echo tool > /usr/local/bin/tool.txt", "tk-demo:1", tmp_path)
-    assert ws.image.config["role"] == "workspace" and not set(ws.image.layers) & set(base_v1.image.layers)
+    assert tk.image.config["role"] == "toolkit" and ws.image.config["role"] == "workspace"
+    assert not set(ws.image.layers) & set(base_v1.image.layers)
     base_v2 = _build(host, f"FROM {base_image}\nRUN echo v2 > /etc/base-version", "rolebase:v2", tmp_path)
     assert base_v2.built == 1
     for base, version in (("rolebase:v1", "v1"), ("rolebase:v2", "v2")):

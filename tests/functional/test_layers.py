@@ -5,7 +5,6 @@ import io
 import json
 import os
 import tarfile
-import time
 
 import pytest
 

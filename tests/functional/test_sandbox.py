@@ -11,7 +11,6 @@ import time
 import pytest
 
 from shoal import AsyncSandbox, CommandTimeout, Sandbox, SandboxNotFound, SessionClosed, WarmPool
-from shoal.errors import ShoalError
 
 
 def test_exec_argv_shell_env_cwd_stdin(sandbox):

@@ -5,7 +5,6 @@ import os
 import shutil
 import socket
 import subprocess
-import threading
 import time
 
 import pytest

@@ -18,6 +18,8 @@ class AdmissionConfig:
     create_burst: int = 400
     memory_mb: int = 0  # sum of memory limits of live sandboxes; 0 = 4x physical memory (overcommit)
     starting_wait_s: float = 2.0  # how long a create may wait for a STARTING slot before refusal
+    commands_per_sandbox: int = 64  # background commands tracked per sandbox (finished ones make room)
+    sessions_per_sandbox: int = 16
 
 
 class Admission:

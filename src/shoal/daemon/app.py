@@ -12,7 +12,10 @@ the SDK raises the same exception class on the client side.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
+import logging
+import os
 import secrets
 import threading
 import time
@@ -22,14 +25,17 @@ from fastapi import Body, Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from .. import errors as E
 from ..host import Host
-from ..runtime.abstract import ExecResult, FileEntry, Limits, SandboxInfo, SnapshotInfo
+from ..runtime.abstract import MAX_SECONDS, ExecResult, FileEntry, Limits, SandboxInfo, SnapshotInfo
 from ..sdk.sandbox import EMBEDDED, CommandHandle, Sandbox, Session
 from .admission import Admission, AdmissionConfig
+from .handles import HandleTable
 from .state import ADMIN, DaemonState, Quotas, Tenant
+
+log = logging.getLogger("shoald")
 
 API_VERSION = "v1"
 
@@ -44,6 +50,11 @@ _STATUS = [
 ]
 
 
+def _unicode_message(exc: UnicodeError) -> str:
+    # JSON may carry lone surrogates (\\udXXX) that no file name, command or byte string can hold
+    return f"the request holds text that is not valid Unicode (e.g. a lone surrogate): {exc}"
+
+
 def status_for(exc: E.ShoalError) -> int:
     for classes, code in _STATUS:
         if isinstance(exc, classes):
@@ -56,12 +67,12 @@ class CreateRequest(BaseModel):
     image: str | None = None
     layers: list[str] | None = None
     from_snapshot: str | None = None
-    cpu: float | None = None
-    memory_mb: int | None = None
-    disk_mb: int | None = None
-    pids: int | None = None
-    ttl: float | None = None
-    idle_ttl: float | None = None
+    cpu: float | None = Field(None, gt=0, description="cores; null = the host default")
+    memory_mb: int | None = Field(None, gt=0)
+    disk_mb: int | None = Field(None, gt=0)
+    pids: int | None = Field(None, gt=0)
+    ttl: float | None = Field(None, gt=0, le=MAX_SECONDS, description="absolute lifetime, seconds")
+    idle_ttl: float | None = Field(None, gt=0, le=MAX_SECONDS, description="idle lifetime, seconds")
     env: dict[str, str] | None = None
 
 
@@ -69,7 +80,7 @@ class ExecBody(BaseModel):
     cmd: str | list[str]
     cwd: str | None = None
     env: dict[str, str] | None = None
-    timeout: float | None = 60.0
+    timeout: float | None = Field(60.0, gt=0, le=MAX_SECONDS)
     stdin: str | None = Field(None, description="text, or base64 when stdin_base64 is true")
     stdin_base64: bool = False
     output_cap: int | None = Field(None, gt=0, le=64 << 20)
@@ -79,17 +90,17 @@ class StartBody(BaseModel):
     cmd: str | list[str]
     cwd: str | None = None
     env: dict[str, str] | None = None
-    timeout: float | None = None
+    timeout: float | None = Field(None, gt=0, le=MAX_SECONDS)
 
 
 class SessionRunBody(BaseModel):
     cmd: str
-    timeout: float | None = 60.0
+    timeout: float | None = Field(60.0, gt=0, le=MAX_SECONDS)
 
 
 class TimeoutBody(BaseModel):
-    ttl: float | None = Field(None, description="absolute seconds from now; null clears")
-    idle_ttl: float | None = Field(None, description="idle seconds; null clears")
+    ttl: float | None = Field(None, gt=0, le=MAX_SECONDS, description="absolute seconds from now; null clears")
+    idle_ttl: float | None = Field(None, gt=0, le=MAX_SECONDS, description="idle seconds; null clears")
 
 
 class NetworkBody(BaseModel):
@@ -129,12 +140,28 @@ class Daemon:
         self.state = DaemonState(host.settings.root / "shoald.db")
         self.admission = Admission(admission)
         self.admin_key = admin_key
-        self.handles: dict[str, tuple[str, CommandHandle]] = {}
-        self.sessions: dict[str, tuple[str, Session]] = {}
-        self.lock = threading.Lock()
+        cfg = self.admission.cfg
+        self.handles = HandleTable("cmd", "background command", cfg.commands_per_sandbox,
+                                   finished=lambda h: h.poll() is not None)
+        self.sessions = HandleTable("ses", "session", cfg.sessions_per_sandbox)
+        self._quota_lock = threading.Lock()
+        self._pending: dict[str, dict[str, float]] = {}  # tenant -> resources of creates in flight
         self.counters = {"requests": 0, "creates": 0, "execs": 0, "errors_4xx": 0, "errors_5xx": 0}
         self.started = time.time()
         host.runtime  # sweep orphans and reattach to live sandboxes before serving
+        threading.Thread(target=self._reap_handles, name="shoald-reaper", daemon=True).start()
+
+    def _reap_handles(self, every_s: float = 5.0) -> None:
+        """Close the sessions and commands of sandboxes that ended on their own (TTL, OOM, crash)."""
+        while True:
+            time.sleep(every_s)
+            try:
+                self.host.runtime.sweep()  # state dirs of sandboxes whose init and supervisor are both gone
+                live = self.host.runtime.live_ids()
+                self.handles.prune(live)
+                self.sessions.prune(live)
+            except Exception as e:  # keep reaping; a failed round is retried in a few seconds
+                log.warning("handle reaper: %s", e)
 
     # ---------------------------------------------------------------- visibility
     def sandbox(self, tenant: Tenant, sandbox_id: str) -> Sandbox:
@@ -143,20 +170,15 @@ class Daemon:
             raise E.SandboxNotFound(f"sandbox {sandbox_id} not found")
         return Sandbox.connect(sandbox_id, root=self.host.settings.root, url=EMBEDDED)
 
-    def register(self, table: dict, prefix: str, sandbox_id: str, obj) -> str:
-        """Keep a live handle (background command, session) under a fresh id."""
-        key = f"{prefix}-{secrets.token_hex(6)}"
-        with self.lock:
-            table[key] = (sandbox_id, obj)
-        return key
+    def keep(self, table: HandleTable, sandbox_id: str, obj) -> str:
+        """Keep a live handle (background command, session) under a fresh id, within the per-sandbox cap."""
+        table.prune(self.host.runtime.live_ids())  # forget what sandboxes that ended on their own held
+        return table.add(sandbox_id, obj)
 
-    def lookup(self, table: dict, what: str, tenant: Tenant, sandbox_id: str, key: str):
+    def lookup(self, table: HandleTable, tenant: Tenant, sandbox_id: str, key: str):
         """The handle `key` of a sandbox the tenant may see; 404 otherwise."""
         self.sandbox(tenant, sandbox_id)
-        entry = table.get(key)
-        if not entry or entry[0] != sandbox_id:
-            raise E.SandboxNotFound(f"{what} {key} not found in sandbox {sandbox_id}")
-        return entry[1]
+        return table.get(sandbox_id, key)
 
     def check_image(self, tenant: Tenant, ref: str) -> None:
         from ..layers.store import split_ref
@@ -165,6 +187,33 @@ class Daemon:
         owner = self.state.owner("image", f"{name}:{tag}")
         if owner is not None and not tenant.admin and owner != tenant.name:
             raise E.ImageNotFound(f"image {name}:{tag} not found (see `shoal image ls`)")
+
+    @contextlib.contextmanager
+    def reserve(self, tenant: Tenant, new: list[Limits]):
+        """Check `new` sandboxes against the tenant's quotas and hold them as pending until the block
+        ends (by then they are owned, so counted as live): concurrent creates cannot both slip in."""
+        if tenant.admin:
+            yield
+            return
+        want = {"sandboxes": len(new), "cpu": sum(x.cpu for x in new),
+                "memory_mb": sum(x.memory_mb for x in new), "disk_mb": sum(x.disk_mb for x in new)}
+        with self._quota_lock:
+            use = self.tenant_usage(tenant)
+            pending = self._pending.setdefault(tenant.name, {k: 0.0 for k in want})
+            for name, cap in (("sandboxes", tenant.quotas.sandboxes), ("cpu", tenant.quotas.cpu),
+                              ("memory_mb", tenant.quotas.memory_mb), ("disk_mb", tenant.quotas.disk_mb)):
+                have = use[name] + pending[name]
+                if have + want[name] > cap:
+                    raise E.QuotaExceeded(f"tenant {tenant.name} quota {name}={cap:g} would be exceeded "
+                                          f"(in use {have:g}, asked {want[name]:g})")
+            for k, v in want.items():
+                pending[k] += v
+        try:
+            yield
+        finally:
+            with self._quota_lock:
+                for k, v in want.items():
+                    pending[k] -= v
 
     def tenant_usage(self, tenant: Tenant) -> dict[str, float]:
         rt = self.host.runtime
@@ -209,11 +258,27 @@ def create_app(daemon: Daemon) -> FastAPI:
                                        "message": str(exc.detail), "retryable": False}},
                             status_code=exc.status_code)
 
-    @app.exception_handler(ValueError)
-    async def value_error(_: Request, exc: ValueError):
+    @app.exception_handler(ValidationError)
+    async def model_error(_: Request, exc: ValidationError):
+        # a model built inside a handler (e.g. Limits) rejected the client's values
         d.counters["errors_4xx"] += 1
-        return JSONResponse({"error": {"type": "InvalidArgument", "message": str(exc), "retryable": False}},
+        msg = "; ".join(f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors())
+        return JSONResponse({"error": {"type": "InvalidArgument", "message": msg, "retryable": False}},
                             status_code=400)
+
+    @app.exception_handler(UnicodeError)
+    async def unicode_error(_: Request, exc: UnicodeError):
+        d.counters["errors_4xx"] += 1
+        return JSONResponse({"error": {"type": "InvalidArgument", "message": _unicode_message(exc),
+                                       "retryable": False}}, status_code=400)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception):
+        # a bug: log it with its traceback; the client gets the usual error shape, never a bare 500
+        d.counters["errors_5xx"] += 1
+        log.error("internal error on %s %s", request.method, request.url.path, exc_info=exc)
+        return JSONResponse({"error": {"type": "InternalError", "message": f"internal error ({type(exc).__name__}); "
+                                       "see the shoald log", "retryable": False}}, status_code=500)
 
     def tenant(request: Request) -> Tenant:
         d.counters["requests"] += 1
@@ -250,7 +315,10 @@ def create_app(daemon: Daemon) -> FastAPI:
                  "# TYPE shoal_admission_refusals_total counter",
                  f"shoal_admission_refusals_total {d.admission.refusals}",
                  "# TYPE shoal_sandbox_memory_bytes gauge",
-                 f"shoal_sandbox_memory_bytes {sum(i.memory_bytes or 0 for i in live)}"]
+                 f"shoal_sandbox_memory_bytes {sum(i.memory_bytes or 0 for i in live)}",
+                 "# TYPE shoal_background_commands gauge", f"shoal_background_commands {d.handles.count()}",
+                 "# TYPE shoal_sessions gauge", f"shoal_sessions {d.sessions.count()}",
+                 "# TYPE shoal_open_fds gauge", f"shoal_open_fds {len(os.listdir('/proc/self/fd'))}"]
         for k, v in d.counters.items():
             lines += [f"# TYPE shoal_{k}_total counter", f"shoal_{k}_total {v}"]
         return "\n".join(lines) + "\n"
@@ -266,22 +334,14 @@ def create_app(daemon: Daemon) -> FastAPI:
         s = d.host.settings
         limits = Limits(cpu=body.cpu or s.default_cpu, memory_mb=body.memory_mb or s.default_memory_mb,
                         disk_mb=body.disk_mb or s.default_disk_mb, pids=body.pids or s.default_pids)
-        if not t.admin:
-            use = d.tenant_usage(t)
-            q = t.quotas
-            for name, have, add, cap in (("sandboxes", use["sandboxes"], 1, q.sandboxes),
-                                         ("cpu", use["cpu"], limits.cpu, q.cpu),
-                                         ("memory_mb", use["memory_mb"], limits.memory_mb, q.memory_mb),
-                                         ("disk_mb", use["disk_mb"], limits.disk_mb, q.disk_mb)):
-                if have + add > cap:
-                    raise E.QuotaExceeded(f"tenant {t.name} quota {name}={cap:g} would be exceeded "
-                                          f"(in use {have:g}, asked {add:g})")
-        committed = d.host.runtime.committed()
-        with d.admission.creating(len(committed), sum(x.memory_mb for x in committed), limits.memory_mb):
-            sb = Sandbox.create(body.image, layers=body.layers, from_snapshot=body.from_snapshot, cpu=limits.cpu,
-                                memory_mb=limits.memory_mb, disk_mb=limits.disk_mb, pids=limits.pids, ttl=body.ttl,
-                                idle_ttl=body.idle_ttl, env=body.env, root=d.host.settings.root, url=EMBEDDED)
-        d.state.own("sandbox", sb.id, t.name)
+        with d.reserve(t, [limits]):
+            committed = d.host.runtime.committed()
+            with d.admission.creating(len(committed), sum(x.memory_mb for x in committed), limits.memory_mb):
+                sb = Sandbox.create(body.image, layers=body.layers, from_snapshot=body.from_snapshot, cpu=limits.cpu,
+                                    memory_mb=limits.memory_mb, disk_mb=limits.disk_mb, pids=limits.pids,
+                                    ttl=body.ttl, idle_ttl=body.idle_ttl, env=body.env, root=d.host.settings.root,
+                                    url=EMBEDDED)
+            d.state.own("sandbox", sb.id, t.name)
         d.counters["creates"] += 1
         return sb.info()
 
@@ -301,10 +361,8 @@ def create_app(daemon: Daemon) -> FastAPI:
     def kill(sandbox_id: str, t: Tenant = Depends(tenant)) -> Response:
         d.sandbox(t, sandbox_id).kill()
         d.state.disown("sandbox", sandbox_id)
-        with d.lock:
-            for table in (d.handles, d.sessions):
-                for k in [k for k, (sid, _) in table.items() if sid == sandbox_id]:
-                    table.pop(k)
+        for table in (d.handles, d.sessions):
+            table.drop_sandbox(sandbox_id)
         return Response(status_code=204)
 
     @app.post("/v1/sandboxes/{sandbox_id}/pause", status_code=204)
@@ -363,6 +421,13 @@ def create_app(daemon: Daemon) -> FastAPI:
             except E.ShoalError as e:
                 err = {"type": type(e).__name__, "message": str(e), "retryable": e.retryable}
                 yield f"event: error\ndata: {json.dumps(err)}\n\n"
+            except UnicodeError as e:
+                err = {"type": "InvalidArgument", "message": _unicode_message(e), "retryable": False}
+                yield f"event: error\ndata: {json.dumps(err)}\n\n"
+            except Exception as e:  # headers are sent: end the stream with an error event, not a torn connection
+                log.error("internal error in exec stream", exc_info=e)
+                err = {"type": "InternalError", "message": f"internal error ({type(e).__name__})", "retryable": False}
+                yield f"event: error\ndata: {json.dumps(err)}\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
@@ -370,10 +435,10 @@ def create_app(daemon: Daemon) -> FastAPI:
     def start(sandbox_id: str, body: StartBody, t: Tenant = Depends(tenant)) -> dict:
         sb = d.sandbox(t, sandbox_id)
         h = sb.commands.start(body.cmd, cwd=body.cwd, env=body.env, timeout=body.timeout)
-        return {"id": d.register(d.handles, "cmd", sandbox_id, h), "pid": h.pid}
+        return {"id": d.keep(d.handles, sandbox_id, h), "pid": h.pid}
 
     def _handle(t: Tenant, sandbox_id: str, hid: str) -> CommandHandle:
-        return d.lookup(d.handles, "command", t, sandbox_id, hid)
+        return d.lookup(d.handles, t, sandbox_id, hid)
 
     @app.get("/v1/sandboxes/{sandbox_id}/commands/{hid}")
     def poll(sandbox_id: str, hid: str, since_out: int = Query(0, ge=0), since_err: int = Query(0, ge=0),
@@ -390,14 +455,21 @@ def create_app(daemon: Daemon) -> FastAPI:
         _handle(t, sandbox_id, hid).kill(signal)
         return Response(status_code=204)
 
+    @app.delete("/v1/sandboxes/{sandbox_id}/commands/{hid}", status_code=204)
+    def forget_command(sandbox_id: str, hid: str, t: Tenant = Depends(tenant)) -> Response:
+        """Stop tracking a background command and free what it holds (kills it if still running)."""
+        _handle(t, sandbox_id, hid)  # 404 unless visible
+        d.handles.pop(sandbox_id, hid)
+        return Response(status_code=204)
+
     # ---------------------------------------------------------------- sessions
     @app.post("/v1/sandboxes/{sandbox_id}/sessions", status_code=201)
     def new_session(sandbox_id: str, cwd: str | None = None, t: Tenant = Depends(tenant)) -> dict:
         s = d.sandbox(t, sandbox_id).sessions.create(cwd=cwd)
-        return {"id": d.register(d.sessions, "ses", sandbox_id, s), "shell": s.shell}
+        return {"id": d.keep(d.sessions, sandbox_id, s), "shell": s.shell}
 
     def _session(t: Tenant, sandbox_id: str, sid: str) -> Session:
-        return d.lookup(d.sessions, "session", t, sandbox_id, sid)
+        return d.lookup(d.sessions, t, sandbox_id, sid)
 
     @app.post("/v1/sandboxes/{sandbox_id}/sessions/{sid}/run")
     def session_run(sandbox_id: str, sid: str, body: SessionRunBody, t: Tenant = Depends(tenant)) -> ExecResult:
@@ -405,9 +477,8 @@ def create_app(daemon: Daemon) -> FastAPI:
 
     @app.delete("/v1/sandboxes/{sandbox_id}/sessions/{sid}", status_code=204)
     def session_close(sandbox_id: str, sid: str, t: Tenant = Depends(tenant)) -> Response:
-        _session(t, sandbox_id, sid).close()
-        with d.lock:
-            d.sessions.pop(sid, None)
+        _session(t, sandbox_id, sid)  # 404 unless visible
+        d.sessions.pop(sandbox_id, sid)
         return Response(status_code=204)
 
     # ---------------------------------------------------------------- files
@@ -458,14 +529,11 @@ def create_app(daemon: Daemon) -> FastAPI:
     @app.post("/v1/sandboxes/{sandbox_id}/fork", status_code=201)
     def fork(sandbox_id: str, body: ForkBody, t: Tenant = Depends(tenant)) -> dict:
         sb = d.sandbox(t, sandbox_id)
-        if not t.admin:
-            use, q = d.tenant_usage(t), t.quotas
-            if use["sandboxes"] + body.n > q.sandboxes:
-                raise E.QuotaExceeded(f"tenant {t.name} quota sandboxes={q.sandboxes} would be exceeded by fork({body.n})")
-        res = sb.fork(body.n, copy_env=body.copy_env, inherit_ttl=body.inherit_ttl)
-        d.state.own("image", f"snapshots/{res.snapshot.id}:latest", t.name)
-        for child in res.sandboxes:
-            d.state.own("sandbox", child.id, t.name)
+        with d.reserve(t, [sb.info().limits] * body.n):  # children get the parent's limits
+            res = sb.fork(body.n, copy_env=body.copy_env, inherit_ttl=body.inherit_ttl)
+            d.state.own("image", f"snapshots/{res.snapshot.id}:latest", t.name)
+            for child in res.sandboxes:
+                d.state.own("sandbox", child.id, t.name)
         return {"snapshot": res.snapshot.model_dump(), "sandboxes": [c.info().model_dump() for c in res.sandboxes],
                 "failed": [{"index": i, "type": type(e).__name__, "message": str(e)} for i, e in res.failed]}
 

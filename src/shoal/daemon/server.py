@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import os
 import secrets
+import signal
 from pathlib import Path
 
 import anyio.to_thread
@@ -12,6 +14,11 @@ import uvicorn
 from ..host import Host
 from .admission import AdmissionConfig
 from .app import Daemon, create_app
+
+
+# On SIGTERM, requests still running after this long are cut off: a stuck client (say, one that never
+# finishes its TLS handshake) must not keep the daemon from stopping.
+GRACE_S = 5
 
 
 def default_socket(root: Path) -> Path:
@@ -47,6 +54,7 @@ def serve(root: str | Path | None = None, socket_path: str | Path | None = None,
           tls_cert: str | None = None, tls_key: str | None = None, admission: AdmissionConfig | None = None,
           log_level: str = "warning") -> None:
     os.environ.pop("SHOAL_URL", None)  # the daemon itself always runs sandboxes in-process
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1` dumps every thread's stack
     host = Host.get(root)
     daemon = Daemon(host, admission, admin_key=load_or_create_admin_key(host.settings.root))
     app = create_app(daemon)
@@ -54,13 +62,14 @@ def serve(root: str | Path | None = None, socket_path: str | Path | None = None,
     sock = Path(socket_path or default_socket(host.settings.root))
     sock.unlink(missing_ok=True)
     servers = [uvicorn.Server(uvicorn.Config(app, uds=str(sock), log_level=log_level, access_log=False,
-                                             timeout_keep_alive=30))]
+                                             timeout_keep_alive=30, timeout_graceful_shutdown=GRACE_S))]
     if tcp:
         if not (tls_cert and tls_key) and not os.environ.get("SHOAL_ALLOW_PLAIN_TCP"):
             raise SystemExit("TCP needs --tls-cert and --tls-key (or SHOAL_ALLOW_PLAIN_TCP=1 for loopback tests)")
         h, _, p = tcp.rpartition(":")
         servers.append(uvicorn.Server(uvicorn.Config(app, host=h or "127.0.0.1", port=int(p), log_level=log_level,
-                                                     access_log=False, ssl_certfile=tls_cert, ssl_keyfile=tls_key)))
+                                                     access_log=False, ssl_certfile=tls_cert, ssl_keyfile=tls_key,
+                                                     timeout_graceful_shutdown=GRACE_S)))
 
     async def main():
         task = asyncio.create_task(_serve(servers))

@@ -7,10 +7,31 @@ from __future__ import annotations
 
 import abc
 import enum
+import math
 from collections.abc import Callable
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from ..errors import InvalidArgument
+
+# The longest TTL, idle TTL or command timeout: 7 days. They travel as milliseconds in 32-bit fields
+# (init's protocol, epoll/poll timeouts: at most 24.8 days), so an unbounded float would overflow.
+MAX_SECONDS = 7 * 24 * 3600.0
+
+
+def check_seconds(name: str, v: float | None) -> float | None:
+    """A lifetime or timeout: None (none) or a finite number of seconds in (0, MAX_SECONDS]."""
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not (0 < v <= MAX_SECONDS):
+        raise InvalidArgument(f"{name} must be > 0 and <= {MAX_SECONDS:.0f} seconds (7 days) or null, got {v!r}")
+    return float(v)
+
+
+def to_ms(v: float | None) -> int:
+    """Seconds -> whole milliseconds for init, never rounding a real duration down to 0 (= none)."""
+    return 0 if v is None else max(1, math.ceil(v * 1000))
 
 
 class Limits(BaseModel):
@@ -47,9 +68,10 @@ class SandboxSpec(BaseModel):
     @field_validator("ttl", "idle_ttl")
     @classmethod
     def _ttl_positive(cls, v, info):
-        if v is not None and v <= 0:
-            raise ValueError(f"{info.field_name} must be > 0 seconds, got {v}")
-        return v
+        try:
+            return check_seconds(info.field_name, v)
+        except InvalidArgument as e:
+            raise ValueError(str(e)) from None
 
 
 class SandboxState(str, enum.Enum):
@@ -95,9 +117,10 @@ class ExecRequest(BaseModel):
     @field_validator("timeout")
     @classmethod
     def _timeout(cls, v):
-        if v is not None and v <= 0:
-            raise ValueError(f"timeout must be > 0 seconds, got {v}")
-        return v
+        try:
+            return check_seconds("timeout", v)
+        except InvalidArgument as e:
+            raise ValueError(str(e)) from None
 
 
 class ExecResult(BaseModel):

@@ -125,8 +125,11 @@ class RemoteCommandHandle:
         self._sb._c.call("POST", f"{self._sb._p}/commands/{self.id}/kill", params={"signal": sig})
 
     def close(self) -> None:
-        if self.poll() is None:
-            self.kill()
+        """Stop tracking (the daemon frees its pipes and buffers); kills the command if still running."""
+        try:
+            self._sb._c.call("DELETE", f"{self._sb._p}/commands/{self.id}")
+        except E.SandboxNotFound:
+            pass
 
 
 class RemoteCommands:

@@ -10,7 +10,6 @@
 """
 from __future__ import annotations
 
-import codecs
 import io
 import os
 import queue
@@ -106,6 +105,7 @@ class CommandHandle:
                     break
         finally:
             sel.close()
+            p.close_pipes()  # a finished command keeps only its control socket
             self._done.set()
 
     @property

@@ -18,7 +18,7 @@ from array import array
 from collections.abc import Callable
 
 from ...errors import CommandTimeout, InvalidArgument, SandboxError, SandboxNotFound
-from ..abstract import ExecResult
+from ..abstract import ExecResult, check_seconds, to_ms
 
 MAX_REQUEST = 200 * 1024
 FLAG_KILL_ON_CLOSE = 1
@@ -100,8 +100,11 @@ def encode_exec(argv: list[str], env: dict[str, str], cwd: str, timeout: float |
     for k in env:
         if not k or "=" in k:
             raise InvalidArgument(f"invalid environment variable name {k!r}")
-    timeout_ms = 0 if timeout is None else max(1, int(timeout * 1000))
-    body = b"".join(s.encode("utf-8", "surrogateescape") + b"\0" for s in strs)
+    timeout_ms = to_ms(check_seconds("timeout", timeout))
+    try:
+        body = b"".join(s.encode("utf-8", "surrogateescape") + b"\0" for s in strs)
+    except UnicodeEncodeError as e:
+        raise InvalidArgument(f"command, cwd and env must be valid Unicode: {e}") from None
     msg = struct.pack("<BBHIII", ord("E"), flags, 0, timeout_ms, len(argv), len(env)) + body
     if len(msg) > MAX_REQUEST:
         raise InvalidArgument(f"command too large ({len(msg)} bytes > {MAX_REQUEST}); upload a script file instead")
@@ -131,6 +134,7 @@ class Process:
     def __init__(self, sock_path: str, sandbox_id: str, argv: list[str], env: dict[str, str], cwd: str,
                  timeout: float | None, flags: int, stdin_pipe: bool, merge_stderr: bool = False):
         self.sandbox_id = sandbox_id
+        self._close_lock = threading.Lock()
         msg = encode_exec(argv, env, cwd, timeout, flags)
         self.sock = connect(sock_path, sandbox_id)
         in_r, self.stdin_w = os.pipe2(os.O_CLOEXEC) if stdin_pipe else (os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC), -1)
@@ -192,15 +196,20 @@ class Process:
         except OSError:
             pass
 
+    def close_pipes(self) -> None:
+        """Release the stdio pipes once output is drained; the control socket stays (kill-on-close)."""
+        with self._close_lock:  # the reader thread and the owner may both close; never close an fd twice
+            for attr in ("stdin_w", "out_r", "err_r"):
+                fd = getattr(self, attr, -1)
+                if fd is not None and fd >= 0:
+                    setattr(self, attr, -1)
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+
     def close(self) -> None:
-        for attr in ("stdin_w", "out_r", "err_r"):
-            fd = getattr(self, attr, -1)
-            if fd is not None and fd >= 0:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-                setattr(self, attr, -1)
+        self.close_pipes()
         self.sock.close()
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from ...config import Settings
 from ...errors import InvalidArgument, QuotaExceeded, SandboxError, SandboxNotFound
 from ..abstract import (ExecRequest, ExecResult, Limits, OutputCallback, Runtime, SandboxInfo, SandboxSpec,
-                        SandboxState)
+                        SandboxState, check_seconds, to_ms)
 from . import agent
 from .cgroups import CgroupDriver
 from .files import SandboxFiles
@@ -151,9 +151,9 @@ class ContainerRuntime(Runtime):
             if os.path.isfile(HOST_CA_BUNDLE):
                 cmd += ["--ca-bundle", HOST_CA_BUNDLE]
         if spec.ttl:
-            cmd += ["--ttl-ms", str(int(spec.ttl * 1000))]
+            cmd += ["--ttl-ms", str(to_ms(spec.ttl))]
         if spec.idle_ttl:
-            cmd += ["--idle-ttl-ms", str(int(spec.idle_ttl * 1000))]
+            cmd += ["--idle-ttl-ms", str(to_ms(spec.idle_ttl))]
         # env={}: nothing of the host environment may leak into init (/proc/1/environ)
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env={})
         line = proc.stdout.decode(errors="replace").strip()
@@ -239,7 +239,9 @@ class ContainerRuntime(Runtime):
                 self.cgroups.freeze(sandbox_id, False)
             if sup_fd is not None:
                 # the supervisor releases tmpfs, cgroups and the state dir; wait for it briefly
-                select.select([sup_fd], [], [], 5.0)
+                waiter = select.poll()  # poll, not select: no FD_SETSIZE limit in a busy daemon
+                waiter.register(sup_fd, select.POLLIN)
+                waiter.poll(5000)
         finally:
             for fd in (init_fd, sup_fd):
                 if fd is not None:
@@ -265,9 +267,10 @@ class ContainerRuntime(Runtime):
     def sweep(self) -> list[str]:
         """Reap sandboxes whose supervisor died (host crash, kill -9): kill leftovers, free resources."""
         reaped = []
-        known = set()
+        # cgroups are listed before the state dirs: a create makes its dir before its cgroups, so a
+        # cgroup without a dir in the later listing belongs to no sandbox, even with creates in flight
+        cgroups = self.cgroups.list_ids()
         for d in list(self.settings.sandboxes_dir.iterdir()):
-            known.add(d.name)
             try:
                 meta = json.loads((d / "meta.json").read_text())
             except (OSError, ValueError):
@@ -296,7 +299,7 @@ class ContainerRuntime(Runtime):
             self._meta.pop(d.name, None)
             self._cleanup(d.name, reason="orphaned")
             reaped.append(d.name)
-        for cg in self.cgroups.list_ids() - known:
+        for cg in cgroups - set(os.listdir(self.settings.sandboxes_dir)):
             self.cgroups.remove(cg)
         cutoff = time.time() - 86400
         for t in self.settings.tombstones_dir.iterdir():
@@ -322,13 +325,13 @@ class ContainerRuntime(Runtime):
 
     def set_ttl(self, sandbox_id: str, ttl: float | None = None, idle_ttl: float | None = None) -> None:
         """Replace both lifetimes: `ttl` counts from now; None clears it (so does idle_ttl=None)."""
-        for name, v in (("ttl", ttl), ("idle_ttl", idle_ttl)):
-            if v is not None and v <= 0:
-                raise InvalidArgument(f"{name} must be > 0 seconds or None, got {v}")
+        ttl, idle_ttl = check_seconds("ttl", ttl), check_seconds("idle_ttl", idle_ttl)
         meta = self.ensure_running(sandbox_id)
-        agent.set_lifetimes(self.sock_path(sandbox_id), sandbox_id, int((ttl or 0) * 1000), int((idle_ttl or 0) * 1000))
+        # record first: a short TTL may end the sandbox at once, and its supervisor then removes the
+        # state dir, which a meta.json written afterwards would bring back as a zombie entry
         meta.update(ttl=ttl, idle_ttl=idle_ttl)
         self._write_meta(meta)
+        agent.set_lifetimes(self.sock_path(sandbox_id), sandbox_id, to_ms(ttl), to_ms(idle_ttl))
 
     def touch(self, sandbox_id: str) -> None:
         """Count as activity for the idle TTL (used by file operations, which bypass init)."""

@@ -705,7 +705,7 @@ static void release_resources(void) {
             usleep(5000);
         }
     }
-    static const char *names[] = {"agent.sock", "meta.json", "rootfs", "disk", NULL};
+    static const char *names[] = {"agent.sock", "meta.json", "meta.json.tmp", "rootfs", "disk", NULL};
     for (int i = 0; names[i]; i++) {
         snprintf(path, sizeof path, "%s/%s", cfg.state_dir, names[i]);
         if (unlink(path) < 0) rmdir(path);
