@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from shoal import Host, QuotaExceeded, Sandbox  # noqa: E402
 from shoal.layers.busybox import make_busybox_tree  # noqa: E402
+from shoal.runtime.container.cgroups import CgroupDriver, cgroup_parent  # noqa: E402
 from startup import pct  # noqa: E402
 
 console = Console(width=140)
@@ -53,14 +54,7 @@ def rss_kb(pid: int) -> int:
 
 def leftovers(root: Path) -> dict:
     mounts = sum(1 for l in open("/proc/self/mountinfo") if str(root / "sandboxes") in l)
-    cgroups = 0
-    for ctrl in ("memory", "pids", "cpu", "freezer"):
-        p = Path("/sys/fs/cgroup") / ctrl / "shoal"
-        if p.is_dir():
-            cgroups += sum(1 for x in p.iterdir() if x.is_dir())
-    v2 = Path("/sys/fs/cgroup/shoal")
-    if v2.is_dir() and (Path("/sys/fs/cgroup/cgroup.controllers")).exists():
-        cgroups += sum(1 for x in v2.iterdir() if x.is_dir())
+    cgroups = len(CgroupDriver.detect(cgroup_parent(root)).list_ids())  # counted, not swept
     state = sum(1 for _ in (root / "sandboxes").iterdir()) if (root / "sandboxes").exists() else 0
     return {"mounts": mounts, "cgroups": cgroups, "state_dirs": state}
 

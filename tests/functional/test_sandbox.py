@@ -7,10 +7,11 @@ import os
 import signal
 import tarfile
 import time
+from pathlib import Path
 
 import pytest
 
-from shoal import AsyncSandbox, CommandTimeout, Sandbox, SandboxNotFound, SessionClosed, WarmPool
+from shoal import AsyncSandbox, CommandTimeout, Host, Sandbox, SandboxNotFound, SessionClosed, WarmPool
 
 
 def test_exec_argv_shell_env_cwd_stdin(sandbox):
@@ -249,14 +250,16 @@ def test_async_sandbox_mirrors_sync(root, base_image):
 def test_limits_are_applied(root, base_image, host):
     with Sandbox.create(base_image, root=root, memory_mb=96, pids=77, cpu=0.5) as sb:
         cg = host.runtime.cgroups
+        d = cg._dir
         if cg.version == 1:
-            mem = int((cg.mounts["memory"] / "shoal" / sb.id / "memory.limit_in_bytes").read_text())
-            quota = int((cg.mounts["cpu"] / "shoal" / sb.id / "cpu.cfs_quota_us").read_text())
+            mem = int((d("memory", sb.id) / "memory.limit_in_bytes").read_text())
+            quota = int((d("cpu", sb.id) / "cpu.cfs_quota_us").read_text())
         else:
-            mem = int((cg.mounts["memory"] / "shoal" / sb.id / "memory.max").read_text())
-            quota = int((cg.mounts["cpu"] / "shoal" / sb.id / "cpu.max").read_text().split()[0])
+            mem = int((d("memory", sb.id) / "memory.max").read_text())
+            quota = int((d("cpu", sb.id) / "cpu.max").read_text().split()[0])
         assert mem == 96 * 1024 * 1024 and quota == 50_000
-        assert (cg.mounts["pids"] / "shoal" / sb.id / "pids.max").read_text().strip() == "77"
+        assert (d("pids", sb.id) / "pids.max").read_text().strip() == "77"
+        assert cg.parent.startswith("shoal-")  # this root's own cgroup parent
 
 
 def test_cli_run_ps_exec_kill(root, base_image):
@@ -319,3 +322,19 @@ def test_ttl_expiring_mid_command_says_why(root, base_image):
 def test_run_background_flag_is_start(sandbox):
     h = sandbox.commands.run("echo bg-flag", background=True)
     assert h.wait(5).stdout == "bg-flag\n"
+
+
+def test_a_second_root_on_the_host_never_sweeps_this_roots_sandboxes(root, base_image, tmp_path):
+    """Each root has its own cgroup parent: another root's orphan sweep cannot kill our sandboxes."""
+    import shutil
+    import tempfile
+
+    with Sandbox.create(base_image, root=root) as sb:
+        other = Path(tempfile.mkdtemp(prefix="shoal-o-", dir="/tmp"))
+        try:
+            rt = Host.get(other).runtime  # a fresh runtime sweeps its own root's orphans at start
+            assert rt.cgroups.parent != Host.get(root).runtime.cgroups.parent
+            rt.sweep()
+            assert sb.commands.run("echo alive").stdout == "alive\n"
+        finally:
+            shutil.rmtree(other, ignore_errors=True)

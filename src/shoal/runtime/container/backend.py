@@ -28,7 +28,7 @@ from ...errors import InvalidArgument, QuotaExceeded, SandboxError, SandboxNotFo
 from ..abstract import (ExecRequest, ExecResult, Limits, OutputCallback, Runtime, SandboxInfo, SandboxSpec,
                         SandboxState, check_seconds, to_ms)
 from . import agent
-from .cgroups import CgroupDriver
+from .cgroups import CgroupDriver, cgroup_parent
 from .files import SandboxFiles
 from .native import helper_path
 
@@ -65,7 +65,7 @@ class ContainerRuntime(Runtime):
         self.max_sandboxes = max_sandboxes
         for d in (settings.sandboxes_dir, settings.tombstones_dir):
             d.mkdir(parents=True, exist_ok=True)
-        self.cgroups = CgroupDriver.detect()
+        self.cgroups = CgroupDriver.detect(parent=cgroup_parent(settings.root))
         self.cgroups.prepare_parent()
         self.helper = str(helper_path(settings.root / "bin"))
         self._meta: dict[str, dict] = {}
@@ -383,11 +383,10 @@ class ContainerRuntime(Runtime):
         if meta.get("network") == "host":
             raise InvalidArgument(f"sandbox {sandbox_id} uses the host network (a build sandbox)")
         rules = parse_rules(allow or [], presets or {}, self.settings.egress_presets)
-        mgr = EgressManager(self.settings.root / "net")
+        mgr = EgressManager()
         pid = meta["init_pid"]
         mgr.apply(pid, rules)  # the filter first: the link never exists unfiltered
-        net = mgr.attach(sandbox_id, pid, set(os.listdir(self.settings.sandboxes_dir))) if rules or \
-            mgr.attached(pid) else None
+        net = mgr.attach(sandbox_id, pid) if rules or mgr.attached(pid) else None
         meta["egress"] = {"allow": list(allow or []), "presets": dict(presets or {}),
                           "resolved": [str(r) for r in rules], "subnet": str(net) if net else None}
         self._write_meta(meta)

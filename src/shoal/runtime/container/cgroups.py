@@ -2,10 +2,11 @@
 
 Detected once at start: v2 when /sys/fs/cgroup is a cgroup2 mount with the memory controller,
 otherwise v1 with memory, pids, cpu and freezer mounted as separate (or co-mounted) hierarchies.
-Each sandbox gets `shoal/<id>` in every hierarchy; the supervisor removes them when it ends.
+Each sandbox gets `shoal-<root tag>/<id>` in every hierarchy; the supervisor removes them when it ends.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from dataclasses import dataclass
@@ -15,6 +16,12 @@ from ...errors import BackendUnavailable, SandboxError
 from ..abstract import Limits
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def cgroup_parent(root: Path) -> str:
+    """One cgroup parent per Shoal root: sweeping one root's orphans must never touch the sandboxes
+    of another root on the same host (tests, benchmarks, a second daemon)."""
+    return "shoal-" + hashlib.sha256(str(Path(root).resolve()).encode()).hexdigest()[:10]
 CFS_PERIOD_US = 100_000
 
 

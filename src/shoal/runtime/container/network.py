@@ -91,8 +91,13 @@ def _run(cmd: list[str], input: str | None = None) -> None:
         raise SandboxError(f"{' '.join(cmd[:6])}: {r.stderr.strip()[:500]}")
 
 
+# Address allocations are per host (all Shoal roots share the 10.201.0.0/16 pool and the host's
+# interface names), so they live in /run, which a reboot clears along with the interfaces.
+HOST_STATE_DIR = Path("/run/shoal/net")
+
+
 class EgressManager:
-    def __init__(self, state_dir: Path):
+    def __init__(self, state_dir: Path = HOST_STATE_DIR):
         self.state_dir = state_dir
         state_dir.mkdir(parents=True, exist_ok=True)
         self._alloc = state_dir / "alloc.json"
@@ -106,10 +111,12 @@ class EgressManager:
         finally:
             os.close(fd)
 
-    def _subnet(self, sandbox_id: str, live: set[str]) -> ipaddress.IPv4Network:
-        """A /30 for this sandbox; slots of sandboxes that are gone are reused."""
+    def _subnet(self, sandbox_id: str) -> ipaddress.IPv4Network:
+        """A /30 for this sandbox; slots whose host-side veth is gone (its sandbox ended) are reused.
+        The pool is per host, shared by every Shoal root on it, so liveness is read from the kernel."""
         alloc = json.loads(self._alloc.read_text()) if self._alloc.exists() else {}
-        alloc = {k: v for k, v in alloc.items() if k in live}
+        alloc = {k: v for k, v in alloc.items()
+                 if k == sandbox_id or os.path.exists(f"/sys/class/net/{self.host_ifname(k)}")}
         if sandbox_id not in alloc:
             used = set(alloc.values())
             slot = next(i for i in range(1, POOL.num_addresses // 4) if i not in used)
@@ -128,9 +135,9 @@ class EgressManager:
         r = subprocess.run(self._netns(init_pid) + ["ip", "-o", "link", "show", "eth0"], capture_output=True)
         return r.returncode == 0
 
-    def attach(self, sandbox_id: str, init_pid: int, live: set[str]) -> ipaddress.IPv4Network:
+    def attach(self, sandbox_id: str, init_pid: int) -> ipaddress.IPv4Network:
         with self._locked():
-            net = self._subnet(sandbox_id, live)
+            net = self._subnet(sandbox_id)
             if self.attached(init_pid):
                 return net
             hostif = self.host_ifname(sandbox_id)
