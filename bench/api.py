@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from shoal import Host, QuotaExceeded, Sandbox  # noqa: E402
 from shoal.layers.busybox import make_busybox_tree  # noqa: E402
 from shoal.runtime.container.cgroups import CgroupDriver, cgroup_parent  # noqa: E402
+from shoal.sdk.sandbox import close_clients  # noqa: E402
 from startup import pct  # noqa: E402
 
 console = Console(width=140)
@@ -172,6 +173,7 @@ def main() -> None:
         rss_churn = rss_kb(proc.pid)
         with ThreadPoolExecutor(16) as ex:
             list(ex.map(lambda sb: sb.kill(), held))
+        close_clients()  # our 16 keep-alive connections would otherwise count as daemon fds
         time.sleep(1)
         left = leftovers(root)
         fds1 = len(os.listdir(f"/proc/{proc.pid}/fd"))

@@ -569,6 +569,15 @@ def _client(url: str | None, api_key: str | None, root):
         return client
 
 
+def close_clients() -> None:
+    """Close the shared shoald connection pools (the next remote call opens a fresh one)."""
+    with _clients_lock:
+        clients = list(_clients.values())
+        _clients.clear()
+    for c in clients:
+        c.http.close()  # type: ignore[attr-defined]
+
+
 @dataclass
 class ForkResult:
     """What fork(n) produced: the shared snapshot, the children that started, the ones that did not."""
