@@ -13,6 +13,7 @@ import base64
 import io
 import json
 import os
+import ssl
 import tarfile
 import time
 from collections.abc import Callable, Iterator
@@ -47,7 +48,8 @@ class Client:
             self.http = httpx.Client(transport=httpx.HTTPTransport(uds=path), base_url="http://shoald",
                                      headers=headers, timeout=DEFAULT_TIMEOUT)
         elif url.startswith(("http://", "https://")):
-            verify: Any = os.environ.get("SHOAL_CA_CERT") or True
+            ca = os.environ.get("SHOAL_CA_CERT")  # a private CA (self-signed daemons); else the system store
+            verify: Any = ssl.create_default_context(cafile=ca) if ca else True
             self.http = httpx.Client(base_url=url, headers=headers, timeout=DEFAULT_TIMEOUT, verify=verify)
         else:
             raise E.InvalidArgument(f"unsupported shoald URL {url!r}: use unix:///path, http(s)://host:port or 'local'")

@@ -6,6 +6,7 @@ Each sandbox gets `shoal-<root tag>/<id>` in every hierarchy; the supervisor rem
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import time
@@ -148,6 +149,15 @@ class CgroupDriver:
     # ------------------------------------------------------------------ freezer and stats
     def freeze(self, sandbox_id: str, frozen: bool, timeout: float = 5.0) -> None:
         deadline = time.monotonic() + timeout
+        try:
+            self._set_frozen(sandbox_id, frozen, deadline)
+        except OSError as e:
+            # thawing a sandbox that is being killed: once its tasks die the supervisor removes the
+            # cgroup (ENOENT, or ENODEV mid-removal), and there is nothing left to thaw
+            if frozen or e.errno not in (errno.ENOENT, errno.ENODEV):
+                raise
+
+    def _set_frozen(self, sandbox_id: str, frozen: bool, deadline: float) -> None:
         if self.version == 2:
             d = self._dir("freezer", sandbox_id)
             _write(d / "cgroup.freeze", "1" if frozen else "0")
