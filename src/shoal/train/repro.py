@@ -1,0 +1,258 @@
+"""A small, CPU-only reproduction of IER token selection for on-policy distillation.
+
+Task: integer arithmetic written as characters, e.g. `47+385=` -> `234.` (the answer's digits are
+written least-significant first, which a small causal transformer can learn; `.` ends it). Three
+categories: add (2-digit + 2-digit), sub (2-digit - smaller), mul (2-digit x 1-digit).
+
+1. A teacher (GPT-2 config, random init, no downloads) is trained by SFT to high accuracy; a
+   smaller student gets brief SFT to a weak start.
+2. On-policy distillation from that start: each step the student samples answers, the teacher
+   scores every sampled token, a selector keeps a budget of tokens, and the reverse-KL OPD loss is
+   applied to them. Selectors x budgets x seeds; accuracy after a fixed number of steps and the
+   selector's share of the step time.
+
+    python -m shoal.train.repro --config smoke    # seconds; what CI runs
+    python -m shoal.train.repro --config full     # the report in docs/ (CPU, <= 45 min)
+
+Writes <out>/opd_repro.json (and, with matplotlib, opd_repro.png).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from . import selectors, signals
+from .hf import flatten_responses, next_token_logits, sampled_logprobs
+
+CHARS = "0123456789+-*=."
+PAD = len(CHARS)
+VOCAB = len(CHARS) + 1
+STOI = {c: i for i, c in enumerate(CHARS)}
+EOS = STOI["."]
+CATEGORIES = ("add", "sub", "mul")
+
+
+# ------------------------------------------------------------------------------------------ task
+def problem(rng: random.Random, category: str) -> tuple[str, str]:
+    if category == "add":
+        a, b = rng.randint(0, 99), rng.randint(0, 99)
+        return f"{a}+{b}=", str(a + b)[::-1] + "."
+    if category == "sub":
+        a = rng.randint(0, 99)
+        b = rng.randint(0, a)
+        return f"{a}-{b}=", str(a - b)[::-1] + "."
+    a, b = rng.randint(0, 99), rng.randint(0, 9)
+    return f"{a}*{b}=", str(a * b)[::-1] + "."
+
+
+def encode(s: str) -> list[int]:
+    return [STOI[c] for c in s]
+
+
+def batch(rng: random.Random, n: int, categories=CATEGORIES) -> list[tuple[str, str, str]]:
+    out = []
+    for _ in range(n):
+        cat = rng.choice(categories)
+        out.append((cat, *problem(rng, cat)))
+    return out
+
+
+def pad(seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    t = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), t), PAD, dtype=torch.long)
+    mask = torch.zeros((len(seqs), t), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, :len(s)] = torch.tensor(s)
+        mask[i, :len(s)] = 1
+    return ids, mask
+
+
+# ------------------------------------------------------------------------------------------ models
+def make_model(layers: int, width: int, seed: int):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    cfg = GPT2Config(vocab_size=VOCAB, n_positions=32, n_embd=width, n_layer=layers, n_head=4,
+                     bos_token_id=EOS, eos_token_id=EOS, pad_token_id=PAD)
+    return GPT2LMHeadModel(cfg)
+
+
+def sft(model, steps: int, batch_size: int, lr: float, seed: int, categories=CATEGORIES) -> None:
+    rng = random.Random(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    model.train()
+    for step in range(steps):
+        items = batch(rng, batch_size, categories)
+        ids, attn = pad([encode(p + a) for _, p, a in items])
+        labels = ids.clone()
+        for i, (_, p, _) in enumerate(items):
+            labels[i, :len(p)] = -100  # learn the answer only
+        labels[attn == 0] = -100
+        loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        for g in opt.param_groups:
+            g["lr"] = lr * min(1.0, (step + 1) / 50) * 0.5 * (1 + math.cos(math.pi * step / steps))
+
+
+@torch.no_grad()
+def generate(model, prompts: list[str], greedy: bool, gen: torch.Generator | None = None, max_new: int = 6):
+    """Left-aligned prompts of equal length are not guaranteed, so decode row by row in one batch
+    with right padding and per-row positions: simple and exact for these short sequences."""
+    model.eval()
+    seqs = [encode(p) for p in prompts]
+    done = [False] * len(seqs)
+    for _ in range(max_new):
+        ids, attn = pad(seqs)
+        logits = model(input_ids=ids, attention_mask=attn).logits
+        last = attn.sum(1) - 1
+        nxt = logits[torch.arange(len(seqs)), last].float()
+        nxt[:, PAD] = float("-inf")
+        tok = nxt.argmax(-1) if greedy else torch.multinomial(torch.softmax(nxt, -1), 1, generator=gen).squeeze(-1)
+        for i, t in enumerate(tok.tolist()):
+            if not done[i]:
+                seqs[i].append(t)
+                done[i] = t == EOS
+        if all(done):
+            break
+    return [s[len(encode(p)):] for s, p in zip(seqs, prompts)]
+
+
+def accuracy(model, items) -> dict[str, float]:
+    outs = generate(model, [p for _, p, _ in items], greedy=True)
+    per: dict[str, list[int]] = {c: [] for c in CATEGORIES}
+    for (cat, _, ans), out in zip(items, outs):
+        per[cat].append(int(out == encode(ans)))
+    res = {c: statistics.mean(v) for c, v in per.items() if v}
+    res["all"] = statistics.mean(x for v in per.values() for x in v)
+    return res
+
+
+# ------------------------------------------------------------------------------------------ OPD
+@dataclass
+class RunResult:
+    selector: str
+    budget: float
+    seed: int
+    accuracy: dict
+    step_s: float
+    selector_s: float
+    kept_fraction: float
+
+
+def opd_run(student0, teacher, selector: str, budget: float, seed: int, steps: int, batch_size: int, lr: float,
+            test_items, teacher_for=None) -> RunResult:
+    """On-policy distillation from a copy of student0. teacher_for(category) routes to experts (MOPD)."""
+    import copy
+
+    student = copy.deepcopy(student0)
+    opt = torch.optim.AdamW(student.parameters(), lr=lr)
+    rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
+    step_times, sel_times, kept = [], [], []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        items = batch(rng, batch_size)
+        prompts = [p for _, p, _ in items]
+        responses = generate(student, prompts, greedy=False, gen=gen)
+        seqs = [encode(p) + r for p, r in zip(prompts, responses)]
+        ids, attn = pad(seqs)
+        resp_mask = torch.zeros_like(ids, dtype=torch.bool)
+        for i, p in enumerate(prompts):
+            resp_mask[i, len(p):len(seqs[i])] = True
+        student.train()
+        s_logits, sampled, rows = flatten_responses(next_token_logits(student, ids, attn), ids, resp_mask)
+        with torch.no_grad():
+            if teacher_for is None:
+                t_logits, _, _ = flatten_responses(next_token_logits(teacher, ids, attn), ids, resp_mask)
+            else:  # label-routed: each row's logits from its category's expert
+                per_row = {}
+                for cat in set(c for c, _, _ in items):
+                    per_row[cat] = next_token_logits(teacher_for(cat), ids, attn)
+                full = torch.stack([per_row[c][i] for i, (c, _, _) in enumerate(items)])
+                t_logits, _, _ = flatten_responses(full, ids, resp_mask)
+        valid = torch.ones_like(sampled, dtype=torch.bool)
+        ts = time.perf_counter()
+        mask = selectors.select(selector, budget, s_logits.detach(), t_logits, sampled, valid, rows, generator=gen)
+        sel_times.append(time.perf_counter() - ts)
+        logp = sampled_logprobs(s_logits, sampled)
+        loss = signals.opd_loss(logp, logp.detach(), sampled_logprobs(t_logits, sampled), mask)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        kept.append(float(mask.float().mean()))
+        step_times.append(time.perf_counter() - t0)
+    return RunResult(selector, budget, seed, accuracy(student, test_items), statistics.median(step_times),
+                     statistics.median(sel_times), statistics.mean(kept))
+
+
+# ------------------------------------------------------------------------------------------ configs
+@dataclass
+class Config:
+    teacher: tuple = (3, 128)
+    student: tuple = (2, 64)
+    teacher_steps: int = 3000
+    student_steps: int = 250
+    opd_steps: int = 150
+    batch_size: int = 64
+    opd_lr: float = 5e-4
+    budgets: tuple = (0.001, 0.01, 0.1, 1.0)
+    selectors: tuple = ("random", "ier", "tip", "tip+ier-and", "ta-opd+ier-and")
+    seeds: tuple = (0, 1, 2)
+    test_n: int = 600
+    expert_steps: int = 1500
+    extra: dict = field(default_factory=dict)
+
+
+CONFIGS = {
+    "smoke": Config(teacher=(2, 32), student=(1, 32), teacher_steps=30, student_steps=10, opd_steps=3,
+                    batch_size=16, budgets=(0.1, 1.0), selectors=("random", "ier", "tip+ier-and"), seeds=(0,),
+                    test_n=30, expert_steps=10),
+    "full": Config(),
+}
+
+
+def run(config: Config, out: Path, log=print) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    test_items = batch(random.Random(12345), config.test_n)
+    t0 = time.perf_counter()
+    teacher = make_model(*config.teacher, seed=100)
+    sft(teacher, config.teacher_steps, 128, 3e-3, seed=1)
+    student0 = make_model(*config.student, seed=200)
+    sft(student0, config.student_steps, 64, 3e-3, seed=2)
+    base = {"teacher": accuracy(teacher, test_items), "student": accuracy(student0, test_items)}
+    log(f"teacher {base['teacher']['all']:.3f}  student start {base['student']['all']:.3f}  "
+        f"({time.perf_counter() - t0:.0f} s)")
+    runs: list[RunResult] = []
+    plan = [("full", 1.0)] + [(s, b) for b in config.budgets if b < 1.0 for s in config.selectors]
+    for sel, budget in plan:
+        for seed in config.seeds:
+            r = opd_run(student0, teacher, sel, budget, seed, config.opd_steps, config.batch_size, config.opd_lr,
+                        test_items)
+            runs.append(r)
+            log(f"{sel:>15} budget {budget:<6} seed {seed}: acc {r.accuracy['all']:.3f} "
+                f"kept {r.kept_fraction:.4f} step {r.step_s * 1000:.0f} ms selector {r.selector_s * 1000:.1f} ms")
+    result = {"config": asdict(config), "baseline": base, "runs": [asdict(r) for r in runs],
+              "wall_s": round(time.perf_counter() - t0, 1)}
+    (out / "opd_repro.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--config", choices=sorted(CONFIGS), default="smoke")
+    ap.add_argument("--out", type=Path, default=Path("docs/results"))
+    args = ap.parse_args(argv)
+    run(CONFIGS[args.config], args.out)
+
+
+if __name__ == "__main__":
+    main()
