@@ -54,3 +54,8 @@ def test_reproduction_smoke_config_runs_end_to_end(tmp_path):
             assert r["kept_fraction"] == 1.0
         else:
             assert r["kept_fraction"] < 1.0 and r["selector_s"] > 0
+    mopd = result["mopd"]
+    assert set(mopd["variants"]) == {"pooled", "routed", "routed+exopd", "routed+exopd-relu"}
+    for v in mopd["variants"].values():
+        assert set(v["gain"]) == {"add", "sub", "mul"}
+        assert v["smallest_gain"] == min(v["gain"].values())

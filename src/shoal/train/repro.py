@@ -150,8 +150,9 @@ class RunResult:
 
 
 def opd_run(student0, teacher, selector: str, budget: float, seed: int, steps: int, batch_size: int, lr: float,
-            test_items, teacher_for=None) -> RunResult:
-    """On-policy distillation from a copy of student0. teacher_for(category) routes to experts (MOPD)."""
+            test_items, teacher_for=None, ref=None, lam: float = 1.0, gate: str = "none") -> RunResult:
+    """On-policy distillation from a copy of student0. teacher_for(category) routes each task to its
+    category expert (MOPD); with `ref`, the advantage is ExOPD's extrapolation (lam, gate)."""
     import copy
 
     student = copy.deepcopy(student0)
@@ -184,7 +185,13 @@ def opd_run(student0, teacher, selector: str, budget: float, seed: int, steps: i
         mask = selectors.select(selector, budget, s_logits.detach(), t_logits, sampled, valid, rows, generator=gen)
         sel_times.append(time.perf_counter() - ts)
         logp = sampled_logprobs(s_logits, sampled)
-        loss = signals.opd_loss(logp, logp.detach(), sampled_logprobs(t_logits, sampled), mask)
+        if ref is None:
+            loss = signals.opd_loss(logp, logp.detach(), sampled_logprobs(t_logits, sampled), mask)
+        else:
+            with torch.no_grad():
+                r_logits, _, _ = flatten_responses(next_token_logits(ref, ids, attn), ids, resp_mask)
+            loss = signals.mopd_loss(logp, logp.detach(), sampled_logprobs(t_logits, sampled),
+                                     sampled_logprobs(r_logits, sampled), mask, lam=lam, gate=gate)
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -209,6 +216,7 @@ class Config:
     seeds: tuple = (0, 1, 2)
     test_n: int = 600
     expert_steps: int = 1500
+    mopd: bool = True
     extra: dict = field(default_factory=dict)
 
 
@@ -216,6 +224,7 @@ CONFIGS = {
     "smoke": Config(teacher=(2, 32), student=(1, 32), teacher_steps=30, student_steps=10, opd_steps=3,
                     batch_size=16, budgets=(0.1, 1.0), selectors=("random", "ier", "tip+ier-and"), seeds=(0,),
                     test_n=30, expert_steps=10),
+    "full-no-mopd": Config(mopd=False),
     "full": Config(),
 }
 
@@ -240,10 +249,46 @@ def run(config: Config, out: Path, log=print) -> dict:
             runs.append(r)
             log(f"{sel:>15} budget {budget:<6} seed {seed}: acc {r.accuracy['all']:.3f} "
                 f"kept {r.kept_fraction:.4f} step {r.step_s * 1000:.0f} ms selector {r.selector_s * 1000:.1f} ms")
-    result = {"config": asdict(config), "baseline": base, "runs": [asdict(r) for r in runs],
-              "wall_s": round(time.perf_counter() - t0, 1)}
+    result = {"config": asdict(config), "baseline": base, "runs": [asdict(r) for r in runs]}
+    if config.mopd:
+        result["mopd"] = mopd(config, student0, teacher, test_items, log)
+    result["wall_s"] = round(time.perf_counter() - t0, 1)
     (out / "opd_repro.json").write_text(json.dumps(result, indent=1))
     return result
+
+
+def mopd(config: Config, student0, pooled, test_items, log=print) -> dict:
+    """Category experts distilled into one student: pooled teacher vs label-routed vs routed + ExOPD."""
+    import copy
+
+    experts = {}
+    for i, cat in enumerate(CATEGORIES):
+        experts[cat] = make_model(*config.teacher, seed=300 + i)
+        sft(experts[cat], config.expert_steps, 128, 3e-3, seed=10 + i, categories=(cat,))
+    expert_acc = {c: accuracy(m, [x for x in test_items if x[0] == c])[c] for c, m in experts.items()}
+    base = accuracy(student0, test_items)
+    log(f"experts {expert_acc}  student {base}")
+    router = signals.TeacherRouter({c: c for c in CATEGORIES})
+    ref = copy.deepcopy(student0).eval()  # the common base the experts' gains are measured from
+    variants = {
+        "pooled": dict(teacher_for=None),
+        "routed": dict(teacher_for=lambda c: experts[router.route([c])[0]]),
+        "routed+exopd": dict(teacher_for=lambda c: experts[router.route([c])[0]], ref=ref, lam=1.25),
+        "routed+exopd-relu": dict(teacher_for=lambda c: experts[router.route([c])[0]], ref=ref, lam=1.25,
+                                  gate="relu"),
+    }
+    out: dict = {"experts": expert_acc, "student": base, "variants": {}}
+    for name, kw in variants.items():
+        accs = [opd_run(student0, pooled, "full", 1.0, seed, config.opd_steps, config.batch_size, config.opd_lr,
+                        test_items, **kw).accuracy for seed in config.seeds]
+        mean = {c: statistics.mean(a[c] for a in accs) for c in (*CATEGORIES, "all")}
+        gains = {c: mean[c] - base[c] for c in CATEGORIES}
+        recovery = {c: (mean[c] - base[c]) / (expert_acc[c] - base[c]) if expert_acc[c] != base[c] else None
+                    for c in CATEGORIES}
+        out["variants"][name] = {"accuracy": mean, "per_seed": accs, "gain": gains,
+                                 "smallest_gain": min(gains.values()), "recovery": recovery}
+        log(f"MOPD {name:>18}: {mean}  smallest gain {min(gains.values()):+.3f}")
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
