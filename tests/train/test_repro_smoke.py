@@ -59,3 +59,6 @@ def test_reproduction_smoke_config_runs_end_to_end(tmp_path):
     for v in mopd["variants"].values():
         assert set(v["gain"]) == {"add", "sub", "mul"}
         assert v["smallest_gain"] == min(v["gain"].values())
+    text = repro.report(result, tmp_path)
+    assert "| ier | 0.1 |" in text and "routed+exopd-relu" in text
+    assert (tmp_path / "opd_repro.png").stat().st_size > 10_000

@@ -291,12 +291,86 @@ def mopd(config: Config, student0, pooled, test_items, log=print) -> dict:
     return out
 
 
+def summarize(result: dict) -> dict:
+    """Mean and spread (min..max over seeds) of accuracy per (selector, budget), and selector overhead."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in result["runs"]:
+        groups.setdefault((r["selector"], r["budget"]), []).append(r)
+    full_step = statistics.median(r["step_s"] for r in groups.get(("full", 1.0), [])) if ("full", 1.0) in groups \
+        else None
+    rows = []
+    for (sel, budget), rs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        acc = [r["accuracy"]["all"] for r in rs]
+        sel_s = statistics.median(r["selector_s"] for r in rs)
+        rows.append({"selector": sel, "budget": budget, "acc_mean": statistics.mean(acc), "acc_min": min(acc),
+                     "acc_max": max(acc), "kept": statistics.mean(r["kept_fraction"] for r in rs),
+                     "step_ms": 1000 * statistics.median(r["step_s"] for r in rs),
+                     "selector_overhead_pct": 100 * sel_s / full_step if full_step else None})
+    return {"rows": rows}
+
+
+def report(result: dict, out: Path) -> str:
+    """Markdown tables (and a PNG when matplotlib is there) of a run's results."""
+    summ = summarize(result)
+    lines = [f"teacher accuracy {result['baseline']['teacher']['all']:.3f}, student start "
+             f"{result['baseline']['student']['all']:.3f}", "",
+             "| selector | budget | accuracy mean (min..max) | kept | step | selector overhead vs full-OPD step |",
+             "|---|---:|---|---:|---:|---:|"]
+    for r in summ["rows"]:
+        ov = f"{r['selector_overhead_pct']:+.1f}%" if r["selector_overhead_pct"] is not None else ""
+        lines.append(f"| {r['selector']} | {r['budget']:g} | {r['acc_mean']:.3f} ({r['acc_min']:.3f}..{r['acc_max']:.3f})"
+                     f" | {r['kept']:.4f} | {r['step_ms']:.0f} ms | {ov} |")
+    if "mopd" in result:
+        m = result["mopd"]
+        lines += ["", f"experts: {json.dumps({k: round(v, 3) for k, v in m['experts'].items()})}; student start: "
+                      f"{json.dumps({k: round(v, 3) for k, v in m['student'].items()})}", "",
+                  "| MOPD variant | add | sub | mul | all | smallest gain | recovery add/sub/mul |",
+                  "|---|---:|---:|---:|---:|---:|---|"]
+        for name, v in m["variants"].items():
+            a, rec = v["accuracy"], v["recovery"]
+            rec_s = " / ".join("n/a" if rec[c] is None else f"{rec[c]:.2f}" for c in CATEGORIES)
+            lines.append(f"| {name} | {a['add']:.3f} | {a['sub']:.3f} | {a['mul']:.3f} | {a['all']:.3f} | "
+                         f"{v['smallest_gain']:+.3f} | {rec_s} |")
+    text = "\n".join(lines) + "\n"
+    (out / "opd_repro.md").write_text(text)
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for sel in sorted({r["selector"] for r in summ["rows"]} - {"full"}):
+            pts = [r for r in summ["rows"] if r["selector"] == sel]
+            ax.errorbar([r["budget"] for r in pts], [r["acc_mean"] for r in pts],
+                        yerr=[[r["acc_mean"] - r["acc_min"] for r in pts], [r["acc_max"] - r["acc_mean"] for r in pts]],
+                        marker="o", capsize=3, label=sel)
+        full = [r for r in summ["rows"] if r["selector"] == "full"]
+        if full:
+            ax.axhline(full[0]["acc_mean"], color="k", ls="--", label="full OPD")
+        ax.axhline(result["baseline"]["student"]["all"], color="grey", ls=":", label="student start")
+        ax.set_xscale("log")
+        ax.set_xlabel("token budget (fraction of response tokens)")
+        ax.set_ylabel("exact-match accuracy")
+        ax.set_title("OPD token selection on CPU arithmetic (mean, min..max over seeds)")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / "opd_repro.png", dpi=120)
+        plt.close(fig)
+    except ImportError:
+        pass
+    return text
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", choices=sorted(CONFIGS), default="smoke")
     ap.add_argument("--out", type=Path, default=Path("docs/results"))
+    ap.add_argument("--report-only", action="store_true", help="rebuild tables and plot from <out>/opd_repro.json")
     args = ap.parse_args(argv)
-    run(CONFIGS[args.config], args.out)
+    result = json.loads((args.out / "opd_repro.json").read_text()) if args.report_only else \
+        run(CONFIGS[args.config], args.out)
+    print(report(result, args.out))
 
 
 if __name__ == "__main__":
