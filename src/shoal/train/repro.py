@@ -97,11 +97,11 @@ def sft(model, steps: int, batch_size: int, lr: float, seed: int, categories=CAT
             labels[i, :len(p)] = -100  # learn the answer only
         labels[attn == 0] = -100
         loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
+        for g in opt.param_groups:  # warm-up over 50 steps, then cosine decay (set before the step)
+            g["lr"] = lr * min(1.0, (step + 1) / 50) * 0.5 * (1 + math.cos(math.pi * step / steps))
         opt.zero_grad()
         loss.backward()
         opt.step()
-        for g in opt.param_groups:
-            g["lr"] = lr * min(1.0, (step + 1) / 50) * 0.5 * (1 + math.cos(math.pi * step / steps))
 
 
 @torch.no_grad()
