@@ -236,49 +236,41 @@ def create_app(daemon: Daemon) -> FastAPI:
     app.state.daemon = d
 
     # ---------------------------------------------------------------- errors and auth
+    def error_response(kind: str, message: str, code: int, retryable: bool = False) -> JSONResponse:
+        """Every error has one shape: {"error": {"type", "message", "retryable"}}."""
+        d.counters["errors_4xx" if code < 500 else "errors_5xx"] += 1
+        return JSONResponse({"error": {"type": kind, "message": message, "retryable": retryable}},
+                            status_code=code, headers={"Retry-After": "1"} if retryable else None)
+
+    def fields_message(errors: list[dict]) -> str:
+        return "; ".join(f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in errors)
+
     @app.exception_handler(E.ShoalError)
     async def shoal_error(_: Request, exc: E.ShoalError):
-        code = status_for(exc)
-        d.counters["errors_4xx" if code < 500 else "errors_5xx"] += 1
-        headers = {"Retry-After": "1"} if exc.retryable else None
-        return JSONResponse({"error": {"type": type(exc).__name__, "message": str(exc),
-                                       "retryable": exc.retryable}}, status_code=code, headers=headers)
+        return error_response(type(exc).__name__, str(exc), status_for(exc), exc.retryable)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError):
-        d.counters["errors_4xx"] += 1
-        msg = "; ".join(f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors())
-        return JSONResponse({"error": {"type": "InvalidArgument", "message": msg, "retryable": False}},
-                            status_code=422)
+        return error_response("InvalidArgument", fields_message(exc.errors()), 422)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException):
-        d.counters["errors_4xx" if exc.status_code < 500 else "errors_5xx"] += 1
-        return JSONResponse({"error": {"type": "NotFound" if exc.status_code == 404 else "HTTPError",
-                                       "message": str(exc.detail), "retryable": False}},
-                            status_code=exc.status_code)
+        return error_response("NotFound" if exc.status_code == 404 else "HTTPError", str(exc.detail), exc.status_code)
 
     @app.exception_handler(ValidationError)
     async def model_error(_: Request, exc: ValidationError):
         # a model built inside a handler (e.g. Limits) rejected the client's values
-        d.counters["errors_4xx"] += 1
-        msg = "; ".join(f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors())
-        return JSONResponse({"error": {"type": "InvalidArgument", "message": msg, "retryable": False}},
-                            status_code=400)
+        return error_response("InvalidArgument", fields_message(exc.errors()), 400)
 
     @app.exception_handler(UnicodeError)
     async def unicode_error(_: Request, exc: UnicodeError):
-        d.counters["errors_4xx"] += 1
-        return JSONResponse({"error": {"type": "InvalidArgument", "message": _unicode_message(exc),
-                                       "retryable": False}}, status_code=400)
+        return error_response("InvalidArgument", _unicode_message(exc), 400)
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception):
         # a bug: log it with its traceback; the client gets the usual error shape, never a bare 500
-        d.counters["errors_5xx"] += 1
         log.error("internal error on %s %s", request.method, request.url.path, exc_info=exc)
-        return JSONResponse({"error": {"type": "InternalError", "message": f"internal error ({type(exc).__name__}); "
-                                       "see the shoald log", "retryable": False}}, status_code=500)
+        return error_response("InternalError", f"internal error ({type(exc).__name__}); see the shoald log", 500)
 
     def tenant(request: Request) -> Tenant:
         d.counters["requests"] += 1
