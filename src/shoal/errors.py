@@ -80,3 +80,29 @@ class Unauthorized(ShoalError, PermissionError):
 
 class TenantNotFound(ShoalError, LookupError):
     pass
+
+
+class TrajectoryDivergence(ShoalError):
+    """On replay, a request differs from the one the trajectory log holds at that sequence number.
+
+    Replay stops there: serving the old result for a different request (or re-running it on top of
+    a state the log no longer describes) would silently mix two histories."""
+
+    def __init__(self, message: str, stream: str = "", seq: int = -1):
+        super().__init__(message)
+        self.stream, self.seq = stream, seq
+
+
+class UnknownOutcome(ShoalError):
+    """The log holds an operation that was in flight when its writer died: it may or may not have
+    taken effect, so it is never re-run blindly. Settle it (`Stream.settle`) to go on."""
+
+    def __init__(self, message: str, stream: str = "", seq: int = -1, request: dict | None = None):
+        super().__init__(message)
+        self.stream, self.seq, self.request = stream, seq, request or {}
+
+
+class LLMUnavailable(ShoalError):
+    """The policy's chat endpoint kept failing after the bounded retries."""
+
+    retryable = True

@@ -1,0 +1,8 @@
+"""The trajectory log: ordered, persisted operations per sandbox (and LLM calls per episode),
+fast-forward on replay, provenance queries and deterministic replay (docs/trajlog.md)."""
+from .log import Outcome, Stream, TrajectoryLog, request_hash
+from .sandbox import LoggedSandbox, ReplayReport, replay, restore
+from .store import DONE, PENDING, UNKNOWN, Entry, LogStore, SQLiteLogStore, StreamInfo
+
+__all__ = ["DONE", "PENDING", "UNKNOWN", "Entry", "LogStore", "LoggedSandbox", "Outcome", "ReplayReport",
+           "SQLiteLogStore", "Stream", "StreamInfo", "TrajectoryLog", "replay", "request_hash", "restore"]

@@ -1,0 +1,205 @@
+"""Where trajectory-log entries live: the storage contract and its embedded SQLite implementation.
+
+An entry is one operation on one *stream* (a sandbox's operations, or an episode's LLM calls),
+keyed by (stream, seq) and carrying the hash of its request. The contract is small on purpose so
+a shared database can serve many hosts later; the embedded default is one SQLite file in WAL mode,
+which many processes on one host (workers, Ray raylets) can share.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PENDING, DONE, UNKNOWN = "PENDING", "DONE", "UNKNOWN"
+
+
+@dataclass
+class Entry:
+    stream: str
+    seq: int
+    kind: str  # exec, write, read, list, snapshot, llm, ...
+    req_hash: str
+    request: dict
+    status: str = PENDING  # PENDING -> DONE, or UNKNOWN when its writer died mid-operation
+    result: dict | None = None
+    episode: str | None = None
+    sandbox: str | None = None  # the physical sandbox it ran in (changes when a stream is restored)
+    host: str | None = None  # node / host root that ran it
+    writer: str | None = None
+    started: float = field(default_factory=time.time)
+    finished: float | None = None
+
+
+@dataclass
+class StreamInfo:
+    stream: str
+    episode: str | None
+    image: str | None
+    layers: list[str]
+    writer: str | None
+    created: float
+    meta: dict
+
+
+class LogStore(ABC):
+    """Storage behind a TrajectoryLog. Implementations must make `append` atomic on (stream, seq):
+    exactly one writer wins a sequence number."""
+
+    @abstractmethod
+    def open_stream(self, stream: str, *, episode: str | None, image: str | None, layers: list[str],
+                    writer: str, meta: dict | None = None) -> int:
+        """Create or take over a stream. Entries left PENDING by an earlier writer become UNKNOWN.
+        Returns how many entries the stream holds."""
+
+    @abstractmethod
+    def update_stream(self, stream: str, *, image: str | None = None, layers: list[str] | None = None) -> None: ...
+
+    @abstractmethod
+    def stream_info(self, stream: str) -> StreamInfo | None: ...
+
+    @abstractmethod
+    def append(self, entry: Entry) -> bool:
+        """Insert a PENDING entry; False if (stream, seq) is taken."""
+
+    @abstractmethod
+    def complete(self, stream: str, seq: int, result: dict, status: str = DONE) -> None: ...
+
+    @abstractmethod
+    def get(self, stream: str, seq: int) -> Entry | None: ...
+
+    @abstractmethod
+    def entries(self, stream: str | None = None, *, episode: str | None = None, sandbox: str | None = None,
+                kind: str | None = None, since: float | None = None, until: float | None = None,
+                limit: int | None = None) -> list[Entry]: ...
+
+    @abstractmethod
+    def streams(self, episode: str | None = None) -> list[StreamInfo]: ...
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS streams(
+  stream TEXT PRIMARY KEY, episode TEXT, image TEXT, layers TEXT NOT NULL, writer TEXT,
+  created REAL NOT NULL, meta TEXT NOT NULL DEFAULT '{}');
+CREATE TABLE IF NOT EXISTS entries(
+  stream TEXT NOT NULL, seq INTEGER NOT NULL, kind TEXT NOT NULL, req_hash TEXT NOT NULL,
+  request TEXT NOT NULL, status TEXT NOT NULL, result TEXT, episode TEXT, sandbox TEXT, host TEXT,
+  writer TEXT, started REAL NOT NULL, finished REAL, PRIMARY KEY(stream, seq)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS entries_episode ON entries(episode);
+CREATE INDEX IF NOT EXISTS entries_sandbox ON entries(sandbox);
+CREATE INDEX IF NOT EXISTS streams_episode ON streams(episode);
+"""
+
+_COLS = "stream, seq, kind, req_hash, request, status, result, episode, sandbox, host, writer, started, finished"
+
+
+class SQLiteLogStore(LogStore):
+    """One SQLite file (WAL). `durable=True` fsyncs every commit (survives power loss); the default
+    survives any process crash, kill -9 included, which is what preemption looks like."""
+
+    def __init__(self, path: str | os.PathLike, durable: bool = False):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._local = threading.local()
+        self._durable = durable
+        self._db.executescript(_SCHEMA)
+
+    @property
+    def _db(self) -> sqlite3.Connection:
+        # one connection per thread: sqlite3 connections must not be shared across threads mid-transaction
+        db = getattr(self._local, "db", None)
+        if db is None or getattr(self._local, "pid", None) != os.getpid():
+            db = sqlite3.connect(self.path, timeout=60, isolation_level=None, check_same_thread=False)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute(f"PRAGMA synchronous={'FULL' if self._durable else 'NORMAL'}")
+            self._local.db, self._local.pid = db, os.getpid()
+        return db
+
+    def open_stream(self, stream, *, episode, image, layers, writer, meta=None) -> int:
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            db.execute("INSERT INTO streams(stream, episode, image, layers, writer, created, meta) "
+                       "VALUES(?,?,?,?,?,?,?) ON CONFLICT(stream) DO UPDATE SET writer=excluded.writer",
+                       (stream, episode, image, json.dumps(layers), writer, time.time(), json.dumps(meta or {})))
+            db.execute("UPDATE entries SET status=?, finished=? WHERE stream=? AND status=? AND writer IS NOT ?",
+                       (UNKNOWN, time.time(), stream, PENDING, writer))
+            n = db.execute("SELECT COUNT(*) FROM entries WHERE stream=?", (stream,)).fetchone()[0]
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        return n
+
+    def update_stream(self, stream, *, image=None, layers=None):
+        self._db.execute("UPDATE streams SET image=COALESCE(?, image), layers=COALESCE(?, layers) WHERE stream=?",
+                         (image, json.dumps(layers) if layers is not None else None, stream))
+
+    def stream_info(self, stream):
+        row = self._db.execute("SELECT stream, episode, image, layers, writer, created, meta FROM streams "
+                               "WHERE stream=?", (stream,)).fetchone()
+        return _stream(row) if row else None
+
+    def streams(self, episode=None):
+        q = "SELECT stream, episode, image, layers, writer, created, meta FROM streams"
+        rows = self._db.execute(q + " WHERE episode=? ORDER BY created", (episode,)) if episode is not None \
+            else self._db.execute(q + " ORDER BY created")
+        return [_stream(r) for r in rows]
+
+    def append(self, e: Entry) -> bool:
+        try:
+            self._db.execute(f"INSERT INTO entries({_COLS}) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                             (e.stream, e.seq, e.kind, e.req_hash, json.dumps(e.request), e.status,
+                              None if e.result is None else json.dumps(e.result), e.episode, e.sandbox, e.host,
+                              e.writer, e.started, e.finished))
+            return True
+        except sqlite3.IntegrityError:
+            return False
+
+    def complete(self, stream, seq, result, status=DONE):
+        self._db.execute("UPDATE entries SET status=?, result=?, finished=? WHERE stream=? AND seq=?",
+                         (status, json.dumps(result), time.time(), stream, seq))
+
+    def get(self, stream, seq):
+        row = self._db.execute(f"SELECT {_COLS} FROM entries WHERE stream=? AND seq=?", (stream, seq)).fetchone()
+        return _entry(row) if row else None
+
+    def entries(self, stream=None, *, episode=None, sandbox=None, kind=None, since=None, until=None, limit=None):
+        where, args = [], []
+        for col, val in (("stream", stream), ("episode", episode), ("sandbox", sandbox), ("kind", kind)):
+            if val is not None:
+                where.append(f"{col}=?")
+                args.append(val)
+        if since is not None:
+            where.append("started>=?")
+            args.append(since)
+        if until is not None:
+            where.append("started<?")
+            args.append(until)
+        q = f"SELECT {_COLS} FROM entries" + (" WHERE " + " AND ".join(where) if where else "")
+        q += " ORDER BY started, stream, seq" if stream is None else " ORDER BY seq"
+        if limit is not None:
+            q += f" LIMIT {int(limit)}"
+        return [_entry(r) for r in self._db.execute(q, args)]
+
+    def close(self) -> None:
+        db = getattr(self._local, "db", None)
+        if db is not None:
+            db.close()
+            self._local.db = None
+
+
+def _entry(r) -> Entry:
+    return Entry(stream=r[0], seq=r[1], kind=r[2], req_hash=r[3], request=json.loads(r[4]), status=r[5],
+                 result=None if r[6] is None else json.loads(r[6]), episode=r[7], sandbox=r[8], host=r[9],
+                 writer=r[10], started=r[11], finished=r[12])
+
+
+def _stream(r) -> StreamInfo:
+    return StreamInfo(stream=r[0], episode=r[1], image=r[2], layers=json.loads(r[3]), writer=r[4], created=r[5],
+                      meta=json.loads(r[6]))
