@@ -19,7 +19,7 @@ import json
 import os
 import socket
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from ..errors import TrajectoryDivergence, UnknownOutcome
@@ -55,43 +55,76 @@ class Stream:
     def replaying(self) -> bool:
         return self.cursor < self.size
 
-    def call(self, kind: str, request: dict, execute: Callable[[], dict]) -> Outcome:
+    def _lookup(self, kind: str, request: dict) -> tuple[Outcome | None, str]:
+        """The logged outcome at the cursor (fast-forward), or None when the cursor is at the head."""
         if self.diverged:
             raise TrajectoryDivergence(f"stream {self.name} diverged at seq {self.cursor}; start a new stream",
                                        self.name, self.cursor)
-        store = self.log.store
         h = request_hash(kind, request)
         seq = self.cursor
-        entry = store.get(self.name, seq)
-        if entry is not None:
-            if entry.req_hash != h or entry.kind != kind:
-                self.diverged = True
-                raise TrajectoryDivergence(
-                    f"stream {self.name} seq {seq}: the log holds {entry.kind} {_brief(entry.request)} but the "
-                    f"replayed request is {kind} {_brief(request)}; replay stopped", self.name, seq)
-            if entry.status == DONE or (entry.status == UNKNOWN and entry.result is not None):
-                self.cursor += 1
-                self.replayed += 1
-                return Outcome(entry.result or {}, seq, True, unknown=entry.status == UNKNOWN)
-            raise UnknownOutcome(f"stream {self.name} seq {seq}: {kind} {_brief(request)} was in flight when "
-                                 f"its writer ({entry.writer}) died; its outcome is unknown", self.name, seq, request)
+        entry = self.log.store.get(self.name, seq)
+        if entry is None:
+            return None, h
+        if entry.req_hash != h or entry.kind != kind:
+            self.diverged = True
+            raise TrajectoryDivergence(
+                f"stream {self.name} seq {seq}: the log holds {entry.kind} {_brief(entry.request)} but the "
+                f"replayed request is {kind} {_brief(request)}; replay stopped", self.name, seq)
+        if entry.status == DONE or (entry.status == UNKNOWN and entry.result is not None):
+            self.cursor += 1
+            self.replayed += 1
+            return Outcome(entry.result or {}, seq, True, unknown=entry.status == UNKNOWN), h
+        raise UnknownOutcome(f"stream {self.name} seq {seq}: {kind} {_brief(request)} was in flight when "
+                             f"its writer ({entry.writer}) died; its outcome is unknown", self.name, seq, request)
+
+    def _begin(self, kind: str, request: dict, h: str) -> int:
+        seq = self.cursor
         e = Entry(stream=self.name, seq=seq, kind=kind, req_hash=h, request=request, episode=self.episode,
                   sandbox=self.sandbox, host=self.log.host, writer=self.writer)
-        if not store.append(e):
+        if not self.log.store.append(e):
             raise TrajectoryDivergence(f"stream {self.name} seq {seq} was written by another writer meanwhile",
                                        self.name, seq)
-        try:
-            result = execute()
-        except Exception as exc:  # the failure is the outcome: logged, and re-raised the same on replay
-            result = {"__error__": {"type": type(exc).__name__, "message": str(exc)}}
-            store.complete(self.name, seq, result)
-            self.cursor += 1
-            self.executed += 1
-            raise
-        store.complete(self.name, seq, result)
+        return seq
+
+    def _end(self, seq: int, result: dict) -> Outcome:
+        self.log.store.complete(self.name, seq, result)
         self.cursor += 1
         self.executed += 1
         return Outcome(result, seq, False)
+
+    def _failed(self, seq: int, exc: Exception) -> None:
+        # the failure is the outcome: logged, and raised again the same way on replay
+        self._end(seq, {"__error__": {"type": type(exc).__name__, "message": str(exc)}})
+
+    def call(self, kind: str, request: dict, execute: Callable[[], dict]) -> Outcome:
+        done, h = self._lookup(kind, request)
+        if done is not None:
+            return done
+        seq = self._begin(kind, request, h)
+        try:
+            result = execute()
+        except Exception as exc:
+            self._failed(seq, exc)
+            raise
+        return self._end(seq, result)
+
+    async def acall(self, kind: str, request: dict, execute: Callable[[], Awaitable[dict]],
+                    idempotent: bool = False) -> Outcome:
+        """`call` for an async operation (an LLM request). `idempotent=True`: a failure leaves no entry
+        behind (nothing happened that a replay must reproduce), so the next attempt runs it again."""
+        done, h = self._lookup(kind, request)
+        if done is not None:
+            return done
+        seq = self._begin(kind, request, h)
+        try:
+            result = await execute()
+        except BaseException as exc:
+            if idempotent:
+                self.log.store.discard(self.name, seq)
+            elif isinstance(exc, Exception):
+                self._failed(seq, exc)
+            raise
+        return self._end(seq, result)
 
     def settle(self, result: dict) -> Outcome:
         """Record what the caller decided an UNKNOWN entry at the cursor amounts to, and move on."""

@@ -58,7 +58,9 @@ class LogStore(ABC):
         Returns how many entries the stream holds."""
 
     @abstractmethod
-    def update_stream(self, stream: str, *, image: str | None = None, layers: list[str] | None = None) -> None: ...
+    def update_stream(self, stream: str, *, image: str | None = None, layers: list[str] | None = None,
+                      meta: dict | None = None) -> None:
+        """Change a stream's image / layers, and merge `meta` into its metadata."""
 
     @abstractmethod
     def stream_info(self, stream: str) -> StreamInfo | None: ...
@@ -69,6 +71,10 @@ class LogStore(ABC):
 
     @abstractmethod
     def complete(self, stream: str, seq: int, result: dict, status: str = DONE) -> None: ...
+
+    @abstractmethod
+    def discard(self, stream: str, seq: int) -> None:
+        """Drop a PENDING entry whose operation had no effect (a failed idempotent call)."""
 
     @abstractmethod
     def get(self, stream: str, seq: int) -> Entry | None: ...
@@ -136,9 +142,20 @@ class SQLiteLogStore(LogStore):
             raise
         return n
 
-    def update_stream(self, stream, *, image=None, layers=None):
-        self._db.execute("UPDATE streams SET image=COALESCE(?, image), layers=COALESCE(?, layers) WHERE stream=?",
-                         (image, json.dumps(layers) if layers is not None else None, stream))
+    def update_stream(self, stream, *, image=None, layers=None, meta=None):
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            row = db.execute("SELECT meta FROM streams WHERE stream=?", (stream,)).fetchone()
+            merged = {**json.loads(row[0]), **(meta or {})} if row else None
+            db.execute("UPDATE streams SET image=COALESCE(?, image), layers=COALESCE(?, layers), "
+                       "meta=COALESCE(?, meta) WHERE stream=?",
+                       (image, json.dumps(layers) if layers is not None else None,
+                        json.dumps(merged) if merged is not None else None, stream))
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
 
     def stream_info(self, stream):
         row = self._db.execute("SELECT stream, episode, image, layers, writer, created, meta FROM streams "
@@ -164,6 +181,9 @@ class SQLiteLogStore(LogStore):
     def complete(self, stream, seq, result, status=DONE):
         self._db.execute("UPDATE entries SET status=?, result=?, finished=? WHERE stream=? AND seq=?",
                          (status, json.dumps(result), time.time(), stream, seq))
+
+    def discard(self, stream, seq):
+        self._db.execute("DELETE FROM entries WHERE stream=? AND seq=? AND status=?", (stream, seq, PENDING))
 
     def get(self, stream, seq):
         row = self._db.execute(f"SELECT {_COLS} FROM entries WHERE stream=? AND seq=?", (stream, seq)).fetchone()

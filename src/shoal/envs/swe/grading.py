@@ -1,0 +1,159 @@
+"""SWE-bench grading: the eval script, per-test status from the pytest log, resolved / partial.
+
+Rules (SWE-bench `harness/grading.py`): PASSED and XFAIL count as a pass; a FAIL_TO_PASS test that
+is missing, FAILED, ERROR or SKIPPED counts as failed; resolved iff every F2P and every P2P test
+passes. Like SWE-bench v5, the log is sliced between start/end markers, the pytest exit code is
+recorded and cross-checked (a patch that prints fake PASSED lines is not graded as resolved), and
+an empty status map without evidence that the suite ran is invalid.
+
+The agent's patch is untrusted: changes to test files and test configuration are dropped before it
+is applied (SWE-bench gets the same effect by applying its test_patch last).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+
+START, END, EXIT = ">>>>> Start Test Output", ">>>>> End Test Output", ">>>>> Test Exit Code:"
+PASS_STATES = ("PASSED", "XFAIL")
+_LINE = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS|SKIPPED)\s+(\S+::\S+?)(?:\s+-\s+(.*))?$")
+_SUITE_RAN = re.compile(r"^(?:=+ )?(?:.*\b\d+ (?:passed|failed|errors?|skipped|xfailed|xpassed|deselected)\b.*|"
+                        r"no tests ran.*) in [\d.]+s", re.M)
+# files an agent's patch may not touch: tests and what configures them
+_PROTECTED = re.compile(r"(^|/)(tests?|testing)/|(^|/)test_[^/]*\.py$|_test\.py$|(^|/)conftest\.py$|"
+                        r"(^|/)(pytest\.ini|tox\.ini|setup\.cfg|pyproject\.toml)$")
+
+
+def eval_script(repo_dir: str, test_cmd: str) -> str:
+    """The in-sandbox eval script: run the tests between markers and record pytest's exit code."""
+    return (f"cd {repo_dir} && echo '{START}' && "
+            f"python3 -m pytest -rA -q -p no:cacheprovider -o addopts= {test_cmd}; "
+            f"echo \"{EXIT} $?\"; echo '{END}'")
+
+
+def parse_log(log: str) -> tuple[dict[str, str], int | None, bool]:
+    """(test id -> status, pytest exit code, whether the suite visibly ran) from the sliced log."""
+    if START in log:
+        log = log.split(START, 1)[1]
+    exit_code = None
+    m = re.search(re.escape(EXIT) + r"\s*(-?\d+)", log)
+    if m:
+        exit_code = int(m.group(1))
+        log = log[: m.start()]
+    if END in log:
+        log = log.split(END, 1)[0]
+    status: dict[str, str] = {}
+    for line in log.splitlines():
+        lm = _LINE.match(line.strip())
+        if lm:
+            status[lm.group(2)] = lm.group(1)
+    return status, exit_code, bool(_SUITE_RAN.search(log))
+
+
+def failure_messages(log: str) -> dict[str, str]:
+    """test id -> the one-line reason pytest -rA gives for FAILED / ERROR tests."""
+    out = {}
+    for line in log.splitlines():
+        lm = _LINE.match(line.strip())
+        if lm and lm.group(1) in ("FAILED", "ERROR") and lm.group(3):
+            out[lm.group(2)] = lm.group(3)
+    return out
+
+
+@dataclass
+class Report:
+    resolved: bool
+    status: str  # RESOLVED_FULL | RESOLVED_PARTIAL | RESOLVED_NO
+    f2p_passed: int
+    f2p_total: int
+    p2p_passed: int
+    p2p_total: int
+    exit_code: int | None
+    patch_exists: bool = True
+    patch_applied: bool = True
+    invalid: str = ""  # why the log could not be graded, if it could not
+    dropped_files: list[str] = field(default_factory=list)  # protected files the patch tried to change
+    tests_status: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def f2p_rate(self) -> float:
+        return self.f2p_passed / self.f2p_total if self.f2p_total else 1.0
+
+    @property
+    def p2p_rate(self) -> float:
+        return self.p2p_passed / self.p2p_total if self.p2p_total else 1.0
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "f2p_rate": self.f2p_rate, "p2p_rate": self.p2p_rate}
+
+
+def grade(log: str, fail_to_pass: list[str], pass_to_pass: list[str], *, patch_applied: bool = True,
+          patch_exists: bool = True) -> Report:
+    status, exit_code, ran = parse_log(log)
+    f2p_ok = [t for t in fail_to_pass if status.get(t) in PASS_STATES]
+    # a P2P test that is SKIPPED still counts as maintained (SWE-bench)
+    p2p_ok = [t for t in pass_to_pass if status.get(t) in PASS_STATES + ("SKIPPED",)]
+    invalid = ""
+    if not patch_applied:
+        invalid = "patch did not apply"
+    elif not status and not ran:
+        invalid = "no test status and no evidence the suite ran"
+    elif exit_code is None:
+        invalid = "no pytest exit code in the log"
+    elif exit_code == 0 and any(s in ("FAILED", "ERROR") for s in status.values()):
+        invalid = "pytest exited 0 but the log lists failures: forged output"
+    elif exit_code != 0 and status and all(s in PASS_STATES + ("SKIPPED", "XPASS") for s in status.values()):
+        invalid = f"pytest exited {exit_code} but the log lists only passes: forged or broken output"
+    full_f2p = len(f2p_ok) == len(fail_to_pass)
+    full_p2p = len(p2p_ok) == len(pass_to_pass)
+    if invalid:
+        verdict = "RESOLVED_NO"
+    elif full_f2p and full_p2p:
+        verdict = "RESOLVED_FULL"
+    elif f2p_ok and full_p2p:
+        verdict = "RESOLVED_PARTIAL"
+    else:
+        verdict = "RESOLVED_NO"
+    return Report(resolved=verdict == "RESOLVED_FULL", status=verdict, f2p_passed=len(f2p_ok),
+                  f2p_total=len(fail_to_pass), p2p_passed=len(p2p_ok), p2p_total=len(pass_to_pass),
+                  exit_code=exit_code, patch_exists=patch_exists, patch_applied=patch_applied, invalid=invalid,
+                  tests_status={"FAIL_TO_PASS_failed": [t for t in fail_to_pass if t not in f2p_ok],
+                                "PASS_TO_PASS_failed": [t for t in pass_to_pass if t not in p2p_ok]})
+
+
+def split_patch(patch: str) -> list[tuple[str, str]]:
+    """A unified diff as [(path, section)] per file: split at `diff --git` headers (git's output) or,
+    in a plain diff, at each `--- ` line followed by `+++ `."""
+    lines = patch.splitlines(keepends=True)
+    git = any(line.startswith("diff --git ") for line in lines)
+    starts = [i for i, line in enumerate(lines)
+              if (line.startswith("diff --git ") if git else
+                  line.startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ "))]
+    if not starts:
+        return []
+    sections = [lines[a:b] for a, b in zip(starts, starts[1:] + [len(lines)])]
+    return [s for s in (_section(sec) for sec in sections) if s[0]]
+
+
+def _section(lines: list[str]) -> tuple[str, str]:
+    path = ""
+    for line in lines:
+        if line.startswith("+++ ") or line.startswith("--- "):
+            p = line[4:].strip().split("\t")[0]
+            if p != "/dev/null":
+                path = p[2:] if p[:2] in ("a/", "b/") else p
+                if line.startswith("+++ "):
+                    break
+        elif line.startswith("diff --git "):
+            m = re.match(r"diff --git a/(\S+) b/(\S+)", line)
+            if m:
+                path = m.group(2)
+    return path, "".join(lines)
+
+
+def filter_patch(patch: str) -> tuple[str, list[str]]:
+    """Drop sections that touch tests or test configuration; returns (kept patch, dropped paths)."""
+    kept, dropped = [], []
+    for path, text in split_patch(patch):
+        (dropped if _PROTECTED.search(path) else kept).append(path if _PROTECTED.search(path) else text)
+    return "".join(kept), dropped

@@ -1,0 +1,159 @@
+"""One episode of an agent on a SWE task, every step through the trajectory log.
+
+Streams per episode: `<ep>/sandbox` (tool calls on the sandbox), `<ep>/llm` (policy calls) and
+`<ep>/eval` (the grade). Running an episode that the log already holds, in part or whole, fast-
+forwards: logged LLM turns and tool results come back without calling the model or touching the
+sandbox, and the loop goes on live from where the log ends. Where the episode's sandbox is:
+
+- still alive on this host (a worker died, the sandbox did not): it is reattached;
+- gone (its node was lost): a new one is created from the same layers and the logged effects are
+  re-applied to it (`trajlog.restore`) before going on.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import socket
+import time
+from dataclasses import asdict, dataclass, field
+
+from ..envs.swe.suite import evaluate, task_sandbox
+from ..envs.swe.task import SWETask
+from ..errors import SandboxNotFound, UnknownOutcome
+from ..host import Host
+from ..sdk.sandbox import Sandbox
+from ..trajlog import LoggedSandbox, TrajectoryLog, restore
+from .policy import Policy
+from .tools import ToolBox
+
+SYSTEM_PROMPT = """You are a software engineer fixing a bug in a Python repository at /work/repo.
+Use the tools: `shell` runs one bash command in the repository (a fresh shell each time), `view_file`,
+`edit_file` and `create_file` work on files, `submit` ends the task. The tests must pass afterwards;
+do not modify the tests. Your changes to the repository are your answer."""
+SANDBOX_TTL_S = 3600.0  # a sandbox outlives a dead worker long enough to be resumed, not forever
+
+
+@dataclass
+class EpisodeRecord:
+    episode_id: str
+    instance_id: str
+    repo: str
+    labels: dict
+    policy: str
+    reward: float
+    resolved: bool
+    report: dict
+    patch: str
+    steps: int
+    submitted: bool
+    messages: list[dict]
+    actions: list[dict]
+    turns: list[dict]  # per policy call: token ids / logprobs / usage when the server returned them
+    timings: dict
+    sandbox: str
+    layers: list[str]
+    node: str
+    replayed: dict  # calls served from the log on this run, per stream
+    executed: dict  # calls that ran live on this run, per stream
+    restored_ops: int = 0  # effects re-applied to a new sandbox because the old one was lost
+    unknown_ops: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _sandbox_for(host: Host, log: TrajectoryLog, task: SWETask, name: str, size: int,
+                 node: str) -> tuple[Sandbox, int]:
+    meta = (log.info(name).meta if log.info(name) else {}) or {}
+    root = str(host.settings.root)
+    if meta.get("sandbox") and meta.get("root") == root:
+        try:
+            sb = Sandbox.connect(meta["sandbox"], root=root)
+            if sb.is_running():
+                return sb, 0
+        except SandboxNotFound:
+            pass
+    sb = task_sandbox(host, task, ttl=SANDBOX_TTL_S)
+    restored = 0
+    if size:
+        restored = restore(log, name, sb).ops
+    log.store.update_stream(name, layers=sb.info().layers, meta={"sandbox": sb.id, "root": root, "node": node})
+    return sb, restored
+
+
+async def run_episode(task: SWETask, policy: Policy, log: TrajectoryLog, host: Host, episode_id: str, *,
+                      max_steps: int = 30, writer: str | None = None, node: str | None = None,
+                      keep_sandbox: bool = False) -> EpisodeRecord:
+    node = node or socket.gethostname()
+    t_start = time.perf_counter()
+    sb_stream = log.stream(f"{episode_id}/sandbox", episode=episode_id, image=task.base_image, writer=writer,
+                           meta={"instance_id": task.instance_id})
+    llm = log.stream(f"{episode_id}/llm", episode=episode_id, writer=writer)
+    ev = log.stream(f"{episode_id}/eval", episode=episode_id, writer=writer)
+    sb, restored = await asyncio.to_thread(_sandbox_for, host, log, task, sb_stream.name, sb_stream.size, node)
+    lsb = LoggedSandbox(sb, sb_stream)
+    tools = ToolBox(lsb, task.repo_dir)
+    setup_s = time.perf_counter() - t_start
+
+    messages: list[dict] = [{"role": "system", "content": SYSTEM_PROMPT},
+                            {"role": "user", "content": task.problem_statement}]
+    actions: list[dict] = []
+    turns: list[dict] = []
+    llm_s = tools_s = 0.0
+    submitted, unknown = False, 0
+    step = 0
+    for step in range(1, max_steps + 1):
+        req = policy.request(messages)
+        t0 = time.perf_counter()
+        try:
+            out = (await llm.acall("llm", req, lambda: policy.complete(req), idempotent=True)).result
+        except UnknownOutcome:  # a model call has no side effect: ask again, log that answer
+            out = llm.settle(await policy.complete(req)).result
+        llm_s += time.perf_counter() - t0
+        turns.append({k: v for k, v in out.items() if k not in ("content", "tool_calls")})
+        msg: dict = {"role": "assistant", "content": out.get("content", "")}
+        if out.get("tool_calls"):
+            msg["tool_calls"] = out["tool_calls"]
+        messages.append(msg)
+        if not out.get("tool_calls"):
+            messages.append({"role": "user", "content": "Use a tool call. Call `submit` when you are done."})
+            continue
+        for call in out["tool_calls"]:
+            fn = call.get("function", {})
+            t0 = time.perf_counter()
+            obs = await asyncio.to_thread(tools.run, fn.get("name", ""), fn.get("arguments", "{}"))
+            tools_s += time.perf_counter() - t0
+            unknown += obs.unknown
+            messages.append({"role": "tool", "tool_call_id": call.get("id", ""), "content": obs.text})
+            actions.append({"step": step, "tool": fn.get("name"), "arguments": fn.get("arguments"),
+                            "observation": obs.text, "error": obs.error, "unknown": obs.unknown})
+            if obs.submitted:
+                submitted = True
+                break
+        if submitted:
+            break
+    patch = await asyncio.to_thread(tools.diff)
+    t0 = time.perf_counter()
+
+    def grade() -> dict:
+        rep, _ = evaluate(host, task, patch)
+        return rep.to_dict()
+
+    report = (await asyncio.to_thread(
+        ev.call, "grade", {"instance_id": task.instance_id, "patch_sha256": hashlib.sha256(patch.encode()).hexdigest()},
+        grade)).result
+    grade_s = time.perf_counter() - t0
+    layers = sb.info().layers
+    if not keep_sandbox:
+        await asyncio.to_thread(sb.kill)
+    return EpisodeRecord(
+        episode_id=episode_id, instance_id=task.instance_id, repo=task.repo, labels=task.labels.model_dump(),
+        policy=policy.name, reward=1.0 if report["resolved"] else 0.0, resolved=report["resolved"], report=report,
+        patch=patch, steps=step, submitted=submitted, messages=messages, actions=actions, turns=turns,
+        timings={"wall_s": time.perf_counter() - t_start, "setup_s": setup_s, "llm_s": llm_s, "tools_s": tools_s,
+                 "grade_s": grade_s},
+        sandbox=sb.id, layers=layers, node=node,
+        replayed={"sandbox": sb_stream.replayed, "llm": llm.replayed, "eval": ev.replayed},
+        executed={"sandbox": sb_stream.executed, "llm": llm.executed, "eval": ev.executed},
+        restored_ops=restored, unknown_ops=unknown)
