@@ -109,3 +109,30 @@ def tenants(daemon):
                                                                                        "memory_mb": 4096,
                                                                                        "disk_mb": 8192}})["api_key"]
     return keys
+
+
+@pytest.fixture(scope="session")
+def swe_tasks(host):
+    """The bundled SWE suite, with the environments it needs built in this root (cached builds: free
+    when test_real_envs ran first). Needs the package registries on first build."""
+    from shoal.envs.debian import ensure_python_base
+    from shoal.envs.swe import load_suite
+    from shoal.envs.workspaces import CATALOG, build_workspace
+
+    if not shutil.which("debootstrap"):
+        pytest.fail("debootstrap is missing: `make test` installs it")
+    ensure_python_base(host)
+    tasks = load_suite()
+    for spec in CATALOG:
+        if any(t.repo == spec.name for t in tasks):
+            build_workspace(host, spec)
+    return tasks
+
+
+@pytest.fixture(scope="session")
+def few_tasks(swe_tasks):
+    """One task from each of three fast repos, for episode-level tests."""
+    out = []
+    for repo in ("iniconfig", "parse", "six"):
+        out.append(next(t for t in swe_tasks if t.repo == repo))
+    return out

@@ -16,7 +16,8 @@ from dataclasses import asdict, dataclass, field
 
 START, END, EXIT = ">>>>> Start Test Output", ">>>>> End Test Output", ">>>>> Test Exit Code:"
 PASS_STATES = ("PASSED", "XFAIL")
-_LINE = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS|SKIPPED)\s+(\S+::\S+?)(?:\s+-\s+(.*))?$")
+_LINE = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS|SKIPPED)\s+(\S+::.+?)(?:\s+-\s+(.*))?$")
+_COUNT = re.compile(r"(\d+) (passed|failed|errors?)\b")
 _SUITE_RAN = re.compile(r"^(?:=+ )?(?:.*\b\d+ (?:passed|failed|errors?|skipped|xfailed|xpassed|deselected)\b.*|"
                         r"no tests ran.*) in [\d.]+s", re.M)
 # files an agent's patch may not touch: tests and what configures them
@@ -31,23 +32,38 @@ def eval_script(repo_dir: str, test_cmd: str) -> str:
             f"echo \"{EXIT} $?\"; echo '{END}'")
 
 
+def summary_counts(log: str) -> dict[str, int] | None:
+    """pytest's final "N passed, M failed ... in Xs" line as counts, or None if there is none."""
+    lines = [m.group(0) for m in _SUITE_RAN.finditer(log)]
+    if not lines:
+        return None
+    counts = {"passed": 0, "failed": 0, "error": 0}
+    for n, what in _COUNT.findall(lines[-1]):
+        counts["error" if what.startswith("error") else what] += int(n)
+    return counts
+
+
 def parse_log(log: str) -> tuple[dict[str, str], int | None, bool]:
     """(test id -> status, pytest exit code, whether the suite visibly ran) from the sliced log."""
-    if START in log:
-        log = log.split(START, 1)[1]
-    exit_code = None
-    m = re.search(re.escape(EXIT) + r"\s*(-?\d+)", log)
-    if m:
-        exit_code = int(m.group(1))
-        log = log[: m.start()]
-    if END in log:
-        log = log.split(END, 1)[0]
+    m = re.search(re.escape(EXIT) + r"\s*(-?\d+)", log.split(START, 1)[-1])
+    exit_code = int(m.group(1)) if m else None
+    log = _slice(log)
     status: dict[str, str] = {}
     for line in log.splitlines():
         lm = _LINE.match(line.strip())
         if lm:
             status[lm.group(2)] = lm.group(1)
     return status, exit_code, bool(_SUITE_RAN.search(log))
+
+
+def _slice(log: str) -> str:
+    """The part of the log between the start marker and the exit-code line (or end marker)."""
+    if START in log:
+        log = log.split(START, 1)[1]
+    m = re.search(re.escape(EXIT), log)
+    if m:
+        log = log[: m.start()]
+    return log.split(END, 1)[0]
 
 
 def failure_messages(log: str) -> dict[str, str]:
@@ -104,6 +120,13 @@ def grade(log: str, fail_to_pass: list[str], pass_to_pass: list[str], *, patch_a
         invalid = "pytest exited 0 but the log lists failures: forged output"
     elif exit_code != 0 and status and all(s in PASS_STATES + ("SKIPPED", "XPASS") for s in status.values()):
         invalid = f"pytest exited {exit_code} but the log lists only passes: forged or broken output"
+    else:
+        counts = summary_counts(_slice(log))
+        listed = {k: sum(1 for s in status.values() if s == k.upper()) for k in ("passed", "failed", "error")}
+        if counts is None:
+            invalid = "no pytest summary line: the suite did not finish"
+        elif counts != listed:
+            invalid = f"pytest's summary {counts} does not match the listed results {listed}: forged output"
     full_f2p = len(f2p_ok) == len(fail_to_pass)
     full_p2p = len(p2p_ok) == len(pass_to_pass)
     if invalid:

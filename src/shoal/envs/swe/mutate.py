@@ -92,7 +92,8 @@ def mutations(path: str, source: str) -> Iterator[Mutation]:
     parent = _parents(tree)
     for node in ast.walk(tree):
         lineno = getattr(node, "lineno", None)
-        if lineno is None or getattr(node, "end_lineno", None) != lineno:
+        span = node.test if isinstance(node, (ast.If, ast.While)) else node  # a statement: its condition's line
+        if lineno is None or span.lineno != lineno or getattr(span, "end_lineno", None) != lineno:
             continue
         symbol = _symbol(node, parent)
         if symbol is None:
@@ -124,7 +125,7 @@ def mutations(path: str, source: str) -> Iterator[Mutation]:
             if re.fullmatch(r"not\s+", text):
                 found = Mutation(path, lineno, node.col_offset, node.operand.col_offset, text, "", "negation-removed",
                                  symbol)
-        elif isinstance(node, (ast.If, ast.While)) and node.test.lineno == node.test.end_lineno == lineno:
+        elif isinstance(node, (ast.If, ast.While)):
             t = node.test
             text = line[t.col_offset:t.end_col_offset]
             if not isinstance(t, ast.UnaryOp):

@@ -1,0 +1,47 @@
+"""Scale-out on Ray: one rollout actor per Ray node, each driving that node's own Shoal host.
+
+The queue and the trajectory log are the shared state (here SQLite files on a filesystem every
+node sees; the `LogStore` interface is where a shared database goes for real multi-host runs).
+Each actor claims episodes, preferring those whose task image its node already holds, and pulls
+missing images from `pull_from` (a registry mirror). When a node is lost, its actor dies with it,
+its leases run out, and the other actors resume its episodes from the log: a new sandbox from the
+same layers, the logged effects re-applied, logged model turns fast-forwarded.
+"""
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+import ray
+
+
+@ray.remote(num_cpus=0, max_restarts=0)  # the sandboxes use the node's cores; the actor mostly waits
+class RolloutActor:
+    def __init__(self, db: str, root: str, *, suite: str | None = None, concurrency: int = 2, node: str = "",
+                 pull_from: str | None = None, lease_s: float = 10.0, max_steps: int = 30):
+        from .worker import Worker
+
+        self.node = node or socket.gethostname()
+        self.worker = Worker(db, root=root, suite=suite, concurrency=concurrency, node=self.node,
+                             pull_from=pull_from, lease_s=lease_s, max_steps=max_steps)
+
+    def where(self) -> dict:
+        return {"node": self.node, "ray_node": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
+                "root": str(self.worker.host.settings.root)}
+
+    async def run(self) -> dict:
+        n = await self.worker.run()
+        return {"node": self.node, "finished": n}
+
+
+@dataclass
+class NodeSpec:
+    resource: str  # a custom Ray resource only that node has, e.g. "shoal-node-1"
+    root: str  # that node's Shoal root
+
+
+def start_actors(db: str, nodes: list[NodeSpec], **kw) -> list:
+    """One actor pinned to each node (by its custom resource)."""
+    return [RolloutActor.options(resources={n.resource: 0.001}).remote(db, n.root, node=n.resource, **kw)
+            for n in nodes]

@@ -1,0 +1,97 @@
+"""An OpenAI-compatible chat endpoint that answers with a scripted policy.
+
+It lets the HTTP policy path (retries, outages, token ids, logprobs) run end to end on a machine
+without a GPU: `model` picks the policy ("oracle", "null", "random"); the oracle finds its task by
+the problem statement in the conversation. `POST /admin/outage {"seconds": s, "status": 503}` makes
+it fail for a while, for outage tests and demos.
+
+    python -m shoal.rollout.scripted_server --port 8011   # then SHOAL_LLM_URL=http://127.0.0.1:8011/v1
+"""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from ..envs.swe.suite import load_suite
+from .policy import NullPolicy, OraclePolicy, RandomEditPolicy
+
+
+def make_app(suite: str | None = None) -> FastAPI:
+    app = FastAPI(title="shoal scripted chat endpoint")
+    by_statement = {t.problem_statement: t for t in load_suite(suite)}
+    state = {"down_until": 0.0, "status": 503, "requests": 0, "failed": 0}
+
+    @app.post("/admin/outage")
+    async def outage(body: dict) -> dict:
+        state["down_until"] = time.time() + float(body.get("seconds", 0))
+        state["status"] = int(body.get("status", 503))
+        return {"down_until": state["down_until"]}
+
+    @app.get("/admin/stats")
+    async def stats() -> dict:
+        return {k: v for k, v in state.items()}
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{"id": m, "object": "model"} for m in ("oracle", "null", "random")]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        state["requests"] += 1
+        if time.time() < state["down_until"]:
+            state["failed"] += 1
+            return JSONResponse({"error": {"message": "scripted outage", "type": "server_error"}},
+                                status_code=state["status"])
+        body = await request.json()
+        messages = body.get("messages") or []
+        model = body.get("model", "oracle")
+        if model == "oracle":
+            statement = next((m.get("content") for m in messages if m.get("role") == "user"), "")
+            task = by_statement.get(statement)
+            if task is None:
+                return JSONResponse({"error": {"message": "no task has this problem statement"}}, status_code=400)
+            policy = OraclePolicy(task.patch)
+        elif model == "null":
+            policy = NullPolicy()
+        elif model.startswith("random"):
+            policy = RandomEditPolicy(int(model.partition(":")[2] or 0))
+        else:
+            return JSONResponse({"error": {"message": f"unknown model {model!r}"}}, status_code=404)
+        step = sum(1 for m in messages if m.get("role") == "assistant")
+        out = policy.act(step, messages)
+        text = out["content"] + json.dumps(out["tool_calls"])
+        token_ids = list(text.encode())  # a byte-level "tokenizer": lets trainers' code paths run
+        choice = {"index": 0, "finish_reason": "tool_calls" if out["tool_calls"] else "stop",
+                  "message": {"role": "assistant", "content": out["content"] or None,
+                              "tool_calls": out["tool_calls"] or None},
+                  "token_ids": token_ids}
+        if body.get("logprobs"):
+            choice["logprobs"] = {"content": [{"token": chr(b) if 32 <= b < 127 else f"<0x{b:02x}>",
+                                               "logprob": -0.01, "top_logprobs": []} for b in token_ids]}
+        return {"id": f"chatcmpl-{uuid.uuid4().hex[:12]}", "object": "chat.completion", "created": int(time.time()),
+                "model": model, "choices": [choice],
+                "usage": {"prompt_tokens": sum(len(str(m.get("content") or "")) for m in messages),
+                          "completion_tokens": len(token_ids)}}
+
+    return app
+
+
+def main() -> None:
+    import argparse
+
+    import uvicorn
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8011)
+    ap.add_argument("--suite", default=None)
+    a = ap.parse_args()
+    uvicorn.run(make_app(a.suite), host=a.host, port=a.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,157 @@
+"""A rollout worker: claims episodes from the queue and runs them, `concurrency` at a time.
+
+It is its own process (or a Ray actor, `rollout.ray`) and needs nothing from the trainer: the queue
+and the trajectory log are the shared state. Kill it with -9 at any moment: its leases run out and
+another worker resumes its episodes through the log.
+
+    python -m shoal.rollout.worker --db runs/rollout.db --concurrency 4
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import traceback
+import uuid
+from pathlib import Path
+
+from ..envs.swe.suite import load_suite
+from ..envs.swe.task import SWETask
+from ..config import load_settings
+from ..errors import ImageNotFound, LLMUnavailable
+from ..host import Host
+from ..layers.store import LayerStore
+from ..trajlog import TrajectoryLog
+from .episode import run_episode
+from .limits import HostRateLimiter
+from .policy import make_policy
+from .queue import EpisodeQueue
+
+log = logging.getLogger("shoal.rollout")
+
+
+class Worker:
+    def __init__(self, db: str | os.PathLike, *, root: str | os.PathLike | None = None,
+                 suite: str | os.PathLike | None = None, concurrency: int = 2, create_rate: float = 20.0,
+                 lease_s: float = 20.0, max_steps: int = 30, node: str | None = None, name: str | None = None,
+                 log_db: str | os.PathLike | None = None, pull_from: str | os.PathLike | None = None):
+        self.db = Path(db)
+        self.queue = EpisodeQueue(self.db)
+        self.log = TrajectoryLog(log_db or self.db.with_name(self.db.stem + ".traj.db"))
+        self.host = Host.get(root)
+        self.tasks: dict[str, SWETask] = {t.instance_id: t for t in load_suite(suite)}
+        self.concurrency, self.lease_s, self.max_steps = concurrency, lease_s, max_steps
+        self.node = node or socket.gethostname()
+        self.name = name or f"{self.node}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.limiter = HostRateLimiter(self.host.settings.root / "rollout-create.bucket", create_rate)
+        self.running: set[str] = set()
+        self.finished = 0
+        # where this node gets the images it lacks (another host's root, a registry mirror)
+        self.source = LayerStore(load_settings(pull_from)) if pull_from else None
+
+    def _ensure_images(self, task: SWETask) -> None:
+        store = self.host.store
+        for ref in (task.base_image, task.base_commit, task.image):
+            try:
+                store.get_image(ref)
+            except ImageNotFound:
+                if self.source is None:
+                    if ref == task.image:
+                        continue  # built from the bug patch on first use
+                    raise
+                try:
+                    store.pull_image(self.source, ref)
+                except ImageNotFound:
+                    if ref != task.image:
+                        raise
+
+    def _local_images(self) -> set[str]:
+        return {f"{i.name}:{i.tag}" for i in self.host.store.list_images() if i.name.startswith("swe/")}
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(self.lease_s / 4)
+            await asyncio.to_thread(self.queue.heartbeat, list(self.running), self.name, self.lease_s)
+
+    async def _one(self, claim) -> None:
+        try:
+            task = self.tasks.get(claim.task_id)
+            if task is None:
+                raise KeyError(f"task {claim.task_id} is not in this worker's suite")
+            policy = make_policy(claim.policy, task)
+            await asyncio.to_thread(self._ensure_images, task)
+            await self.limiter.acquire()
+            try:
+                rec = await run_episode(task, policy, self.log, self.host, claim.id, max_steps=self.max_steps,
+                                        writer=f"{self.name}/{claim.id}", node=self.node)
+            finally:
+                await policy.aclose()
+            rec.extra["attempt"] = claim.attempts
+            rec.extra["worker"] = self.name
+            await asyncio.to_thread(self.queue.finish, claim.id, self.name, rec.to_dict())
+            self.finished += 1
+        except LLMUnavailable as e:
+            log.warning("episode %s paused: %s", claim.id, e)
+            await asyncio.to_thread(self.queue.pause, claim.id, self.name, str(e))
+        except Exception as e:  # noqa: BLE001 - the episode fails, the worker goes on
+            log.error("episode %s failed: %s", claim.id, e)
+            await asyncio.to_thread(self.queue.fail, claim.id, self.name,
+                                    f"{type(e).__name__}: {e}\n{traceback.format_exc()[-1500:]}")
+        finally:
+            self.running.discard(claim.id)
+
+    async def run(self, forever: bool = False, idle_poll_s: float = 0.2, max_episodes: int | None = None) -> int:
+        """Run until the queue has nothing claimable (or forever); returns episodes finished."""
+        hb = asyncio.create_task(self._heartbeat())
+        tasks: set[asyncio.Task] = set()
+        prefer = self._local_images()
+        try:
+            while True:
+                while len(self.running) < self.concurrency and (max_episodes is None or
+                                                                self.finished + len(self.running) < max_episodes):
+                    claim = await asyncio.to_thread(self.queue.claim, self.name, self.node, lease_s=self.lease_s,
+                                                    prefer_images=prefer)
+                    if claim is None:
+                        break
+                    self.running.add(claim.id)
+                    t = asyncio.create_task(self._one(claim))
+                    tasks.add(t)
+                    t.add_done_callback(tasks.discard)
+                if not tasks:
+                    if max_episodes is not None and self.finished >= max_episodes:
+                        return self.finished
+                    if not forever and await asyncio.to_thread(self.queue.pending) == 0:
+                        return self.finished
+                    await asyncio.sleep(idle_poll_s)  # others' leases may still expire: keep polling
+                    prefer = self._local_images()
+                    continue
+                await asyncio.wait(tasks, timeout=idle_poll_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            hb.cancel()
+
+
+def main() -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--db", required=True, help="the rollout database (queue); the log sits next to it")
+    ap.add_argument("--root", default=None, help="this node's Shoal root")
+    ap.add_argument("--suite", default=None, help="task suite JSONL (default: the bundled one)")
+    ap.add_argument("--concurrency", type=int, default=2)
+    ap.add_argument("--create-rate", type=float, default=20.0, help="sandbox-creating episode starts per second")
+    ap.add_argument("--lease", type=float, default=20.0)
+    ap.add_argument("--max-steps", type=int, default=30)
+    ap.add_argument("--node", default=None)
+    ap.add_argument("--pull-from", default=None, help="a Shoal root to pull missing images from")
+    ap.add_argument("--forever", action="store_true", help="keep polling when the queue is empty")
+    a = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    w = Worker(a.db, root=a.root, suite=a.suite, concurrency=a.concurrency, create_rate=a.create_rate,
+               lease_s=a.lease, max_steps=a.max_steps, node=a.node, pull_from=a.pull_from)
+    n = asyncio.run(w.run(forever=a.forever))
+    log.info("worker %s finished %d episodes", w.name, n)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""An agent's patch is untrusted: it must not be able to make a task count as resolved by editing
+the tests, adding a conftest, changing test config, or forging pytest output from library code."""
+from __future__ import annotations
+
+import pytest
+
+from shoal.envs.swe import evaluate
+from shoal.envs.swe.mutate import unified_diff
+
+pytestmark = pytest.mark.slow
+
+
+def _task(few_tasks):
+    return few_tasks[1]  # parse: a single-module library
+
+
+def _read(host, task, path):
+    from shoal.envs.swe import task_sandbox
+
+    with task_sandbox(host, task) as sb:
+        return sb.files.read(f"{task.repo_dir}/{path}")
+
+
+def test_editing_the_failing_tests_does_not_count(host, few_tasks):
+    task = _task(few_tasks)
+    test_file = task.FAIL_TO_PASS[0].split("::")[0]
+    before = _read(host, task, test_file)
+    gutted = "\n".join("    return" if line.strip().startswith("assert") else line for line in before.splitlines()) + "\n"
+    rep, _ = evaluate(host, task, unified_diff(test_file, before, gutted))
+    assert not rep.resolved and rep.dropped_files == [test_file]
+
+
+def test_a_conftest_that_passes_everything_is_dropped(host, few_tasks):
+    task = _task(few_tasks)
+    hook = ("import pytest\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n"
+            "    out = yield\n    rep = out.get_result()\n    rep.outcome = 'passed'\n")
+    rep, _ = evaluate(host, task, unified_diff("conftest.py", "", hook).replace("--- a/conftest.py", "--- /dev/null"))
+    assert not rep.resolved and "conftest.py" in rep.dropped_files
+
+
+def test_forged_pass_lines_from_library_code_are_not_graded(host, few_tasks):
+    task = _task(few_tasks)
+    src = task.patch.split("diff --git a/", 1)[1].split(" ", 1)[0]
+    before = _read(host, task, src)
+    forged = "".join(f"print('PASSED {t}')\n" for t in task.FAIL_TO_PASS + task.PASS_TO_PASS)
+    evil = before + "\nimport os as _os\n" + forged + "_os._exit(0)\n"
+    rep, log = evaluate(host, task, unified_diff(src, before, evil))
+    assert "PASSED" in log and rep.exit_code == 0  # the forgery happened...
+    assert not rep.resolved and rep.invalid  # ...and was not believed
+
+
+def test_gold_patch_with_test_edits_still_resolves_on_its_source_part(host, few_tasks):
+    task = _task(few_tasks)
+    test_file = task.FAIL_TO_PASS[0].split("::")[0]
+    before = _read(host, task, test_file)
+    rep, _ = evaluate(host, task, task.patch + unified_diff(test_file, before, before + "\n# touched\n"))
+    assert rep.resolved and rep.dropped_files == [test_file]
