@@ -2,6 +2,8 @@
 the tests, adding a conftest, changing test config, or forging pytest output from library code."""
 from __future__ import annotations
 
+import textwrap
+
 import pytest
 
 from shoal.envs.swe import evaluate
@@ -42,8 +44,18 @@ def test_forged_pass_lines_from_library_code_are_not_graded(host, few_tasks):
     task = _task(few_tasks)
     src = task.patch.split("diff --git a/", 1)[1].split(" ", 1)[0]
     before = _read(host, task, src)
-    forged = "".join(f"print('PASSED {t}')\n" for t in task.FAIL_TO_PASS + task.PASS_TO_PASS)
-    evil = before + "\nimport os as _os\n" + forged + "_os._exit(0)\n"
+    lines = "".join(f"PASSED {t}\\n" for t in task.FAIL_TO_PASS + task.PASS_TO_PASS)
+    # pytest captures fd 1 while importing; the forger writes to the saved original (a pipe) instead
+    evil = before + textwrap.dedent(f"""
+        import os as _os
+        for _fd in range(3, 64):
+            try:
+                if _os.readlink(f"/proc/self/fd/{{_fd}}").startswith("pipe:"):
+                    _os.write(_fd, "{lines}".encode())
+            except OSError:
+                pass
+        _os._exit(0)
+        """)
     rep, log = evaluate(host, task, unified_diff(src, before, evil))
     assert "PASSED" in log and rep.exit_code == 0  # the forgery happened...
     assert not rep.resolved and rep.invalid  # ...and was not believed
