@@ -14,12 +14,16 @@ from hypothesis import given, strategies as st
 
 from shoal import Sandbox
 from shoal.errors import FileOpError, TrajectoryDivergence, UnknownOutcome
-from shoal.trajlog import DONE, UNKNOWN, Entry, LoggedSandbox, SQLiteLogStore, TrajectoryLog, replay, request_hash
+from shoal.trajlog import (DONE, PENDING, UNKNOWN, Entry, JournaledLogStore, LoggedSandbox, SQLiteLogStore,
+                           TrajectoryLog, replay, request_hash)
 from shoal.trajlog.sandbox import restore
 
 
-@pytest.fixture
-def log(tmp_path):
+@pytest.fixture(params=["journaled", "sqlite"])
+def log(request, tmp_path):
+    """Both stores: the default (journal + SQLite index) and plain SQLite."""
+    if request.param == "sqlite":
+        return TrajectoryLog(SQLiteLogStore(tmp_path / "traj.db"))
     return TrajectoryLog(tmp_path / "traj.db")
 
 
@@ -96,8 +100,8 @@ def test_in_flight_operation_becomes_unknown_after_kill_9(log, sandbox, root, tm
                             stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "started"
     deadline = time.time() + 10
-    while len(log.history("ep1/sb")) < 2 and time.time() < deadline:
-        time.sleep(0.02)
+    while (len(log.history("ep1/sb")) < 2 or "y" not in sandbox.files.read("/counter")) and time.time() < deadline:
+        time.sleep(0.02)  # killed while the command runs (it has written y, and sleeps)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     # the new writer takes the stream over: the in-flight entry is UNKNOWN, never re-run
@@ -173,3 +177,35 @@ def test_request_hash_ignores_key_order_but_not_content(req):
     assert request_hash("exec", req) == request_hash("exec", dict(reversed(list(req.items()))))
     assert request_hash("exec", req) != request_hash("read", req)
     assert request_hash("exec", req) != request_hash("exec", {**req, "__extra__": 1})
+
+
+def test_journal_of_a_dead_process_is_folded_and_a_torn_line_dropped(tmp_path):
+    db = tmp_path / "j.db"
+    code = textwrap.dedent(f"""
+        import os
+        from shoal.trajlog import JournaledLogStore, Entry
+        s = JournaledLogStore({str(db)!r}, flush_s=3600)  # never flushes by itself
+        s.open_stream("s", episode=None, image=None, layers=[], writer="dead")
+        s.append(Entry(stream="s", seq=0, kind="exec", req_hash="h0", request={{"cmd": "a"}}, writer="dead"))
+        s.complete("s", 0, {{"exit_code": 0}})
+        s.append(Entry(stream="s", seq=1, kind="exec", req_hash="h1", request={{"cmd": "b"}}, writer="dead"))
+        os.write(s._fd, b'["D",["DONE",{{"exit_code"')  # a write torn by the crash
+        os._exit(9)
+        """)
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 9
+    (journal,) = (tmp_path / "j.db.journal").glob("*.jsonl")
+    store = JournaledLogStore(db)
+    assert store.get("s", 0) is None  # nothing reached SQLite before the crash
+    assert store.open_stream("s", episode=None, image=None, layers=[], writer="new") == 2
+    assert [(e.seq, e.status, e.result) for e in store.entries("s")] == [(0, DONE, {"exit_code": 0}),
+                                                                      (1, UNKNOWN, None)]
+    assert not journal.exists()
+
+
+def test_a_live_process_journal_is_not_folded_by_others(tmp_path):
+    a = JournaledLogStore(tmp_path / "k.db", flush_s=3600)
+    a.open_stream("s", episode=None, image=None, layers=[], writer="a")
+    a.append(Entry(stream="s", seq=0, kind="exec", req_hash="h", request={}, writer="a"))
+    b = JournaledLogStore(tmp_path / "k.db")
+    assert b.recover() == 0  # a's journal is flock'ed by a live process (this one)
+    assert [e.status for e in a.entries("s")] == [PENDING]  # a sees its own writes (flushed on read)

@@ -140,9 +140,11 @@ async def run_episode(task: SWETask, policy: Policy, log: TrajectoryLog, host: H
         rep, _ = evaluate(host, task, patch)
         return rep.to_dict()
 
-    report = (await asyncio.to_thread(
-        ev.call, "grade", {"instance_id": task.instance_id, "patch_sha256": hashlib.sha256(patch.encode()).hexdigest()},
-        grade)).result
+    grade_req = {"instance_id": task.instance_id, "patch_sha256": hashlib.sha256(patch.encode()).hexdigest()}
+    try:
+        report = (await asyncio.to_thread(ev.call, "grade", grade_req, grade)).result
+    except UnknownOutcome:  # grading runs in its own fresh sandbox: doing it again is harmless
+        report = ev.settle(await asyncio.to_thread(grade)).result
     grade_s = time.perf_counter() - t0
     layers = sb.info().layers
     if not keep_sandbox:

@@ -120,5 +120,5 @@ class ToolBox:
     def diff(self) -> str:
         """The repo's changes as a patch (new files included), taken through the log."""
         r = self.sb.exec(["bash", "-c", "git add -A >/dev/null 2>&1; git diff --cached --no-color HEAD"],
-                         cwd=self.repo_dir, timeout=SHELL_TIMEOUT_S)
+                         cwd=self.repo_dir, timeout=SHELL_TIMEOUT_S, idempotent=True)
         return r.stdout

@@ -2,7 +2,7 @@
 fast-forward on replay, provenance queries and deterministic replay (docs/trajlog.md)."""
 from .log import Outcome, Stream, TrajectoryLog, request_hash
 from .sandbox import LoggedSandbox, ReplayReport, replay, restore
-from .store import DONE, PENDING, UNKNOWN, Entry, LogStore, SQLiteLogStore, StreamInfo
+from .store import DONE, PENDING, UNKNOWN, Entry, JournaledLogStore, LogStore, SQLiteLogStore, StreamInfo
 
-__all__ = ["DONE", "PENDING", "UNKNOWN", "Entry", "LogStore", "LoggedSandbox", "Outcome", "ReplayReport",
+__all__ = ["DONE", "PENDING", "UNKNOWN", "Entry", "JournaledLogStore", "LogStore", "LoggedSandbox", "Outcome", "ReplayReport",
            "SQLiteLogStore", "Stream", "StreamInfo", "TrajectoryLog", "replay", "request_hash", "restore"]

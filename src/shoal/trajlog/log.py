@@ -23,13 +23,20 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from ..errors import TrajectoryDivergence, UnknownOutcome
-from .store import DONE, PENDING, UNKNOWN, Entry, LogStore, SQLiteLogStore, StreamInfo
+from .store import DONE, PENDING, UNKNOWN, Entry, JournaledLogStore, LogStore, StreamInfo
 
 
 def request_hash(kind: str, request: dict) -> str:
     """sha256 of the canonical JSON of (kind, request): key order and whitespace do not matter."""
     blob = json.dumps([kind, request], sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _head_or_entry(stream: "Stream") -> Entry | None:
+    # past the entries that existed when this writer took the stream over, only it writes: no lookup
+    if stream.cursor >= stream.size:
+        return None
+    return stream.log.store.get(stream.name, stream.cursor)
 
 
 class Outcome:
@@ -62,7 +69,7 @@ class Stream:
                                        self.name, self.cursor)
         h = request_hash(kind, request)
         seq = self.cursor
-        entry = self.log.store.get(self.name, seq)
+        entry = _head_or_entry(self)
         if entry is None:
             return None, h
         if entry.req_hash != h or entry.kind != kind:
@@ -143,7 +150,7 @@ class TrajectoryLog:
     """Opens streams over a `LogStore`; answers provenance queries."""
 
     def __init__(self, store: LogStore | str | os.PathLike, host: str | None = None):
-        self.store = store if isinstance(store, LogStore) else SQLiteLogStore(Path(store))
+        self.store = store if isinstance(store, LogStore) else JournaledLogStore(Path(store))
         self.host = host or socket.gethostname()
 
     def stream(self, name: str, *, episode: str | None = None, sandbox: str | None = None,

@@ -58,7 +58,9 @@ def apply(sb: Sandbox, kind: str, req: dict) -> dict:
     """Run one logged request against a sandbox; the result as the log stores it."""
     if kind == "exec":
         r = sb.commands.run(req["cmd"], cwd=req.get("cwd"), env=req.get("env") or None, timeout=req.get("timeout"))
-        return r.model_dump()
+        d = r.model_dump()
+        d["__obj__"] = r  # not stored: lets the live caller skip re-validating what it just made
+        return d
     if kind == "write":
         return {"bytes": sb.files.write(req["path"], _decode(req), mode=req.get("mode", 0o644))}
     if kind == "read":
@@ -85,24 +87,32 @@ class LoggedSandbox:
         self.sandbox = sandbox
         self.stream.set_sandbox(sandbox.id)
 
-    def _call(self, kind: str, req: dict) -> Outcome:
+    def _call(self, kind: str, req: dict, idempotent: bool = False) -> Outcome:
         def run() -> dict:
             if self.sandbox is None:
                 raise errors.SandboxError(f"stream {self.stream.name} has no sandbox attached for live operations")
             return apply(self.sandbox, kind, req)
 
-        out = self.stream.call(kind, req, run)
+        try:
+            out = self.stream.call(kind, req, run)
+        except errors.UnknownOutcome:
+            if not idempotent:
+                raise
+            out = self.stream.settle(run())  # safe to run again: settle with what it gives now
         if out.replayed:
             _raise_logged(out.result)
         return out
 
     def exec(self, cmd: str | list[str], *, cwd: str | None = None, env: dict[str, str] | None = None,
-             timeout: float | None = 60.0) -> ExecResult:
-        out = self._call("exec", {"cmd": cmd, "cwd": cwd, "env": env or {}, "timeout": timeout})
+             timeout: float | None = 60.0, idempotent: bool = False) -> ExecResult:
+        """`idempotent=True`: if the log says this command was in flight when its writer died, run it
+        again instead of raising UnknownOutcome (for commands whose repetition is harmless)."""
+        out = self._call("exec", {"cmd": cmd, "cwd": cwd, "env": env or {}, "timeout": timeout}, idempotent)
         if out.unknown and "exit_code" not in out.result:
             return ExecResult(exit_code=-1, stdout="", stderr=out.result.get("note", "outcome unknown"),
                               stdout_bytes=0, stderr_bytes=0, duration_s=0.0)
-        return ExecResult.model_validate(out.result)
+        obj = out.result.pop("__obj__", None)
+        return obj if obj is not None else ExecResult.model_validate(out.result)
 
     def write(self, path: str, data: str | bytes, mode: int = 0o644) -> int:
         return self._call("write", {"path": path, "mode": mode, **_encode(data)}).result.get("bytes", 0)
