@@ -5,7 +5,7 @@ PY    := $(VENV)/bin/python
 APT_PKGS := erofs-utils busybox-static gcc libc6-dev debootstrap nftables iproute2 openssl
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test bench clean docker-engine
+.PHONY: setup demo demo-platform test bench clean docker-engine
 
 setup: $(STAMP)
 	@missing=""; \
@@ -28,8 +28,13 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/pip install -q -e '.[test]'
 	touch $(STAMP)
 
-demo: setup docker-engine
+# the bundled SWE suite through the agent loop (oracle + null; a real model if SHOAL_LLM_URL is set)
+demo: setup
 	$(PY) -m shoal.demo
+
+# the platform tour: layers, sandboxes, isolation, shoald, benchmarks against Docker
+demo-platform: setup docker-engine
+	$(PY) -m shoal.demo --platform
 
 # the benchmark compares against a real Docker engine (Debian docker.io; the script starts dockerd)
 docker-engine:
@@ -41,6 +46,7 @@ test: setup
 bench: setup docker-engine
 	$(PY) bench/startup.py
 	$(PY) bench/burst.py
+	$(PY) bench/rollout.py
 
 clean:
 	rm -rf $(VENV) src/shoal/runtime/container/native/build

@@ -1,7 +1,13 @@
-"""`make demo`: build a busybox base layer and a second layer on top, start sandboxes, run commands
-in them, show that they are isolated from each other and from the host, print the startup table;
-then build the Debian base, the Python toolchain and 8 real workspaces and run a burst over them
-against Docker (bench/burst.py; its environments are cached under /var/lib/shoal-bench)."""
+"""`make demo`: the bundled SWE task suite through the agent loop (`swe_demo`).
+
+Builds (once, cached under $SHOAL_DEMO_ROOT, default /var/lib/shoal-bench) the Debian base, the
+Python toolchain and the workspaces the tasks come from; runs every task with the oracle and the
+null policy (and a real model when $SHOAL_LLM_URL is set) on rollout worker processes, with a
+progress bar; prints the resolve table (by policy and by bug type); writes the episodes as JSONL
+and Parquet; and replays one finished episode from the trajectory log to show fast-forward.
+
+`python -m shoal.demo --platform` is the platform tour: layers, sandboxes, isolation, the daemon
+and its API, the startup/API/burst benchmarks against Docker."""
 from __future__ import annotations
 
 import os
@@ -21,7 +27,7 @@ from .layers.busybox import make_busybox_tree
 console = Console()
 
 
-def main() -> None:
+def platform_demo() -> None:
     root = Path(os.environ.get("SHOAL_ROOT") or tempfile.mkdtemp(prefix="shoal-demo-", dir="/tmp"))
     console.print(Panel.fit(f"Shoal demo — state root {root}", style="bold cyan"))
     host = Host.get(root)
@@ -126,6 +132,105 @@ def _benchmarks(root: Path, host: Host) -> None:
         import shutil
 
         shutil.rmtree(root, ignore_errors=True)
+
+
+def swe_demo() -> None:
+    import asyncio
+    import json
+
+    from .envs.debian import ensure_python_base
+    from .envs.swe import load_suite
+    from .envs.swe.suite import summary
+    from .envs.workspaces import CATALOG, build_workspace
+    from .rollout.episode import run_episode
+    from .rollout.policy import make_policy
+    from .rollout.runner import Rollout, resolve_table, write_jsonl, write_parquet
+    from .trajlog import TrajectoryLog
+
+    root = Path(os.environ.get("SHOAL_DEMO_ROOT", "/var/lib/shoal-bench"))
+    console.print(Panel.fit(f"Shoal demo: SWE tasks with executable rewards, through the agent loop\n"
+                            f"environments cached under {root}", style="bold cyan"))
+    host = Host.get(root)
+    tasks = load_suite()
+    s = summary(tasks)
+    t0 = time.perf_counter()
+    with console.status("building the Debian base and the Python toolchain (first run only) ..."):
+        ensure_python_base(host)
+    for spec in CATALOG:
+        if spec.name in s["by_repo"]:
+            with console.status(f"workspace {spec.image} ..."):
+                build_workspace(host, spec)
+    console.print(f"environments ready in {time.perf_counter() - t0:.1f} s")
+    tab = Table(title=f"bundled suite: {s['tasks']} tasks over {s['repos']} repos (SWE-smith-style injected bugs, "
+                      f"each validated)")
+    tab.add_column("repo")
+    tab.add_column("tasks", justify="right")
+    for repo, n in s["by_repo"].items():
+        tab.add_row(repo, str(n))
+    tab.add_row("[dim]bug types[/]", ", ".join(f"{k} {v}" for k, v in sorted(s["by_bug_type"].items())))
+    console.print(tab)
+
+    policies: list[dict] = [{"kind": "oracle"}, {"kind": "null"}]
+    if os.environ.get("SHOAL_LLM_URL"):
+        policies.append({"kind": "chat", "url": os.environ["SHOAL_LLM_URL"],
+                         "model": os.environ.get("SHOAL_LLM_MODEL", "default"),
+                         "api_key": os.environ.get("SHOAL_LLM_API_KEY")})
+        console.print(f"real model: {policies[-1]['model']} at {policies[-1]['url']}")
+    work = Path(tempfile.mkdtemp(prefix="shoal-swe-demo-"))
+    ro = Rollout(work / "rollout.db")
+    for p in policies:
+        ro.submit(tasks, p, prefix=p["kind"])
+    workers = int(os.environ.get("SHOAL_DEMO_WORKERS", "2"))
+    ro.start_workers(workers, root=root, concurrency=2, log_dir=work)
+    t0 = time.perf_counter()
+    try:
+        counts = ro.wait(title=f"episodes on {workers} workers")
+    finally:
+        ro.stop_workers()
+    wall = time.perf_counter() - t0
+    recs = ro.records()
+    res = Table(title=f"resolve table: {counts['done']} episodes in {wall:.0f} s "
+                      f"({counts['done'] / wall:.2f}/s), {counts['failed']} failed, {counts['paused']} paused")
+    for col in ("policy", "episodes", "resolved", "resolve rate", "partial", "mean steps", "mean episode s"):
+        res.add_column(col, justify="right" if col != "policy" else "left")
+    for row in resolve_table(recs):
+        res.add_row(row["policy"], str(row["episodes"]), str(row["resolved"]), f"{100 * row['resolve_rate']:.1f}%",
+                    str(row["partial"]), f"{row['mean_steps']:.1f}", f"{row['mean_episode_s']:.2f}")
+    console.print(res)
+    by_type = Table(title="resolve rate by bug type")
+    by_type.add_column("bug type")
+    pols = sorted({r["policy"] for r in recs})
+    for p in pols:
+        by_type.add_column(p, justify="right")
+    for bt in sorted({r["labels"]["bug_type"] for r in recs}):
+        cells = []
+        for p in pols:
+            sel = [r for r in recs if r["policy"] == p and r["labels"]["bug_type"] == bt]
+            cells.append(f"{sum(r['resolved'] for r in sel)}/{len(sel)}")
+        by_type.add_row(bt, *cells)
+    console.print(by_type)
+    jl, pq = write_jsonl(recs, work / "episodes.jsonl"), write_parquet(recs, work / "episodes.parquet")
+    console.print(f"episodes: {jl} and {pq}; trajectory log: {ro.log_path}")
+
+    # fast-forward: run a finished episode again from its log: nothing executes, the model is not asked
+    first = next(r for r in recs if r["policy"] == "oracle")
+    task = next(t for t in tasks if t.instance_id == first["instance_id"])
+    t0 = time.perf_counter()
+    again = asyncio.run(run_episode(task, make_policy({"kind": "oracle"}, task), TrajectoryLog(ro.log_path), host,
+                                    first["episode_id"]))
+    console.print(Panel.fit(
+        f"episode {first['episode_id']} ({task.instance_id}) run again from the trajectory log in "
+        f"{time.perf_counter() - t0:.2f} s (live: {first['timings']['wall_s']:.2f} s)\n"
+        f"replayed {json.dumps(again.replayed)}, executed {json.dumps(again.executed)}, "
+        f"re-applied to a new sandbox: {again.restored_ops} ops; same reward: {again.reward == first['reward']}",
+        title="fast-forward", style="green"))
+
+
+def main() -> None:
+    if "--platform" in sys.argv[1:]:
+        platform_demo()
+    else:
+        swe_demo()
 
 
 if __name__ == "__main__":

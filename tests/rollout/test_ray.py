@@ -47,10 +47,12 @@ def _running_on(db: Path, node: str) -> list[str]:
 
 
 def _done_entries(log: Path, eid: str) -> int:
-    if not log.exists():
+    try:
+        with sqlite3.connect(log) as c:
+            return c.execute("SELECT COUNT(*) FROM entries WHERE stream=? AND status='DONE'",
+                             (f"{eid}/sandbox",)).fetchone()[0]
+    except sqlite3.OperationalError:  # not created yet
         return 0
-    with sqlite3.connect(log) as c:
-        return c.execute("SELECT COUNT(*) FROM entries WHERE stream=? AND status='DONE'", (f"{eid}/sandbox",)).fetchone()[0]
 
 
 def test_node_loss_mid_run_resumes_elsewhere(tmp_path, root, few_tasks, node_roots):
