@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from shoal import Host, Sandbox
 from shoal.layers.busybox import make_busybox_tree
 
 from daemonctl import start_daemon
+from roots import wipe_root
 
 if os.geteuid() != 0:
     pytest.exit("Shoal's tests need root (mounts, namespaces, cgroups)", returncode=3)
@@ -25,16 +25,7 @@ def root():
     # short path: sandbox control sockets live under it (sun_path is 108 bytes)
     d = Path(tempfile.mkdtemp(prefix="shoal-t-", dir="/tmp"))
     yield d
-    host = Host.get(d)
-    for info in host.runtime.list():
-        try:
-            host.runtime.kill(info.id)
-        except Exception:
-            pass
-    host.store.gc()
-    for m in (d / "mnt").iterdir() if (d / "mnt").exists() else []:
-        subprocess.run(["umount", "-l", str(m)], capture_output=True)
-    shutil.rmtree(d, ignore_errors=True)
+    wipe_root(d)
 
 
 @pytest.fixture(scope="session")

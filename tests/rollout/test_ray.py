@@ -3,7 +3,6 @@ own Shoal root). One node is lost mid-run, sandboxes included: its episodes resu
 node from the trajectory log, and no episode is lost or has a completed command counted twice."""
 from __future__ import annotations
 
-import shutil
 import sqlite3
 import tempfile
 import time
@@ -15,6 +14,8 @@ from shoal import Host
 from shoal.envs.swe.suite import save_suite
 from shoal.rollout.queue import EpisodeQueue
 from shoal.rollout.runner import Rollout
+
+from roots import wipe_root
 
 pytestmark = pytest.mark.slow
 
@@ -31,14 +32,7 @@ def node_roots():
     roots = [Path(tempfile.mkdtemp(prefix=f"shoal-n{i}-", dir="/tmp")) for i in (1, 2)]
     yield roots
     for r in roots:
-        h = Host.get(r)
-        for info in h.runtime.list():
-            try:
-                h.runtime.kill(info.id)
-            except Exception:
-                pass
-        h.store.gc()
-        shutil.rmtree(r, ignore_errors=True)
+        wipe_root(r)
 
 
 def _running_on(db: Path, node: str) -> list[str]:

@@ -13,13 +13,13 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-import threading
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import InvalidArgument
+from ..sqlite import PerThreadDB
 
 QUEUED, RUNNING, DONE, FAILED, PAUSED = "queued", "running", "done", "failed", "paused"
 STATES = (QUEUED, RUNNING, DONE, FAILED, PAUSED)
@@ -45,20 +45,13 @@ class Claim:
 class EpisodeQueue:
     def __init__(self, path: str | os.PathLike, max_attempts: int = 3):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self.max_attempts = max_attempts
-        self._local = threading.local()
+        self._conn = PerThreadDB(self.path)
         self._db.executescript(_SCHEMA)
 
     @property
     def _db(self) -> sqlite3.Connection:
-        db = getattr(self._local, "db", None)
-        if db is None or getattr(self._local, "pid", None) != os.getpid():
-            db = sqlite3.connect(self.path, timeout=60, isolation_level=None, check_same_thread=False)
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=NORMAL")
-            self._local.db, self._local.pid = db, os.getpid()
-        return db
+        return self._conn.get()
 
     def _tx(self):
         db = self._db

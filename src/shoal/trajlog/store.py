@@ -16,6 +16,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..sqlite import PerThreadDB
+
 PENDING, DONE, UNKNOWN = "PENDING", "DONE", "UNKNOWN"
 
 
@@ -110,21 +112,13 @@ class SQLiteLogStore(LogStore):
 
     def __init__(self, path: str | os.PathLike, durable: bool = False):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._local = threading.local()
         self._durable = durable
+        self._conn = PerThreadDB(self.path, "FULL" if durable else "NORMAL")
         self._db.executescript(_SCHEMA)
 
     @property
     def _db(self) -> sqlite3.Connection:
-        # one connection per thread: sqlite3 connections must not be shared across threads mid-transaction
-        db = getattr(self._local, "db", None)
-        if db is None or getattr(self._local, "pid", None) != os.getpid():
-            db = sqlite3.connect(self.path, timeout=60, isolation_level=None, check_same_thread=False)
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute(f"PRAGMA synchronous={'FULL' if self._durable else 'NORMAL'}")
-            self._local.db, self._local.pid = db, os.getpid()
-        return db
+        return self._conn.get()
 
     def open_stream(self, stream, *, episode, image, layers, writer, meta=None) -> int:
         db = self._db
@@ -209,10 +203,7 @@ class SQLiteLogStore(LogStore):
         return [_entry(r) for r in self._db.execute(q, args)]
 
     def close(self) -> None:
-        db = getattr(self._local, "db", None)
-        if db is not None:
-            db.close()
-            self._local.db = None
+        self._conn.close()
 
 
 def _entry(r) -> Entry:

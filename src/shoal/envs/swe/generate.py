@@ -84,6 +84,8 @@ def baseline(sb: Sandbox, spec: WorkspaceSpec) -> RepoBaseline:
                         f"{test_cmd} > /dev/null", env={"PYTHONPATH": "/tmp/shoal_cov",
                                                          "SHOAL_COVERAGE_OUT": "/tmp/shoal_cov/hits.json"},
                         timeout=1200)
+    if r.exit_code != 0 or not sb.files.exists("/tmp/shoal_cov/hits.json"):
+        raise RuntimeError(f"{spec.name}: the coverage run failed (exit {r.exit_code}): {r.stderr[-800:]}")
     covered = {(p, n) for p, n in json.loads(sb.files.read("/tmp/shoal_cov/hits.json"))}
     files = sb.commands.run("cd /work/repo && git ls-files '*.py'").stdout.split()
     sources = {f: sb.files.read(f"/work/repo/{f}") for f in files if not _NOT_SOURCE.search(f)}
