@@ -196,12 +196,15 @@ def main() -> None:
     ap.add_argument("--overhead-n", type=int, default=500)
     ap.add_argument("--replay-steps", type=int, default=5000)
     ap.add_argument("--out", default=str(RESULTS / "rollout.json"))
+    ap.add_argument("--skip-rollout", action="store_true",
+                    help="measure the log only; keep the rollout section of an existing --out file")
     a = ap.parse_args()
     root = Path(a.root)
     host = Host.get(root)
     tasks = load_suite()
-    console.print(f"preparing environments under {root} ...")
-    ensure_envs(host, tasks)
+    if not a.skip_rollout:
+        console.print(f"preparing environments under {root} ...")
+        ensure_envs(host, tasks)
     work = Path(tempfile.mkdtemp(prefix="shoal-rollout-bench-"))
     res = {"machine": {"cpus": os.cpu_count()}, "suite": {"tasks": len(tasks), "repos": len({t.repo for t in tasks})}}
     console.print("trajectory-log overhead ...")
@@ -210,8 +213,11 @@ def main() -> None:
     res["log_overhead_agent_shell"] = log_overhead(root, a.overhead_n, work, ["bash", "-c", "echo $((6*7))"])
     console.print("fast-forward replay ...")
     res["replay"] = replay_rate(root, a.replay_steps, work)
-    console.print(f"rollout: {a.episodes} oracle episodes + null + random over {len(tasks)} tasks ...")
-    res["rollout"] = rollout(root, tasks, a.episodes, a.workers, a.concurrency, a.kill_at, work)
+    if a.skip_rollout:
+        res["rollout"] = json.loads(Path(a.out).read_text())["rollout"]
+    else:
+        console.print(f"rollout: {a.episodes} oracle episodes + null + random over {len(tasks)} tasks ...")
+        res["rollout"] = rollout(root, tasks, a.episodes, a.workers, a.concurrency, a.kill_at, work)
     res["work_dir"] = str(work)
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -26,10 +26,14 @@ from ..errors import TrajectoryDivergence, UnknownOutcome
 from .store import DONE, PENDING, UNKNOWN, Entry, JournaledLogStore, LogStore, StreamInfo
 
 
+def canonical(kind: str, request: dict) -> tuple[str, str]:
+    """(canonical JSON of the request, sha256 of kind + it): key order and whitespace do not matter."""
+    blob = json.dumps(request, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return blob, hashlib.sha256(f"{kind}\n{blob}".encode("utf-8", "surrogatepass")).hexdigest()
+
+
 def request_hash(kind: str, request: dict) -> str:
-    """sha256 of the canonical JSON of (kind, request): key order and whitespace do not matter."""
-    blob = json.dumps([kind, request], sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()
+    return canonical(kind, request)[1]
 
 
 def _head_or_entry(stream: "Stream") -> Entry | None:
@@ -62,16 +66,17 @@ class Stream:
     def replaying(self) -> bool:
         return self.cursor < self.size
 
-    def _lookup(self, kind: str, request: dict) -> tuple[Outcome | None, str]:
+    def _lookup(self, kind: str, request: dict) -> tuple[Outcome | None, tuple[str, str]]:
         """The logged outcome at the cursor (fast-forward), or None when the cursor is at the head."""
         if self.diverged:
             raise TrajectoryDivergence(f"stream {self.name} diverged at seq {self.cursor}; start a new stream",
                                        self.name, self.cursor)
-        h = request_hash(kind, request)
+        blob_h = canonical(kind, request)
+        h = blob_h[1]
         seq = self.cursor
         entry = _head_or_entry(self)
         if entry is None:
-            return None, h
+            return None, blob_h
         if entry.req_hash != h or entry.kind != kind:
             self.diverged = True
             raise TrajectoryDivergence(
@@ -80,14 +85,14 @@ class Stream:
         if entry.status == DONE or (entry.status == UNKNOWN and entry.result is not None):
             self.cursor += 1
             self.replayed += 1
-            return Outcome(entry.result or {}, seq, True, unknown=entry.status == UNKNOWN), h
+            return Outcome(entry.result or {}, seq, True, unknown=entry.status == UNKNOWN), blob_h
         raise UnknownOutcome(f"stream {self.name} seq {seq}: {kind} {_brief(request)} was in flight when "
                              f"its writer ({entry.writer}) died; its outcome is unknown", self.name, seq, request)
 
-    def _begin(self, kind: str, request: dict, h: str) -> int:
+    def _begin(self, kind: str, request: dict, blob_h: tuple[str, str]) -> int:
         seq = self.cursor
-        e = Entry(stream=self.name, seq=seq, kind=kind, req_hash=h, request=request, episode=self.episode,
-                  sandbox=self.sandbox, host=self.log.host, writer=self.writer)
+        e = Entry(stream=self.name, seq=seq, kind=kind, req_hash=blob_h[1], request=request, episode=self.episode,
+                  sandbox=self.sandbox, host=self.log.host, writer=self.writer, request_json=blob_h[0])
         if not self.log.store.append(e):
             raise TrajectoryDivergence(f"stream {self.name} seq {seq} was written by another writer meanwhile",
                                        self.name, seq)

@@ -22,7 +22,7 @@ from .. import errors
 from ..runtime.abstract import ExecResult
 from ..sdk.sandbox import Sandbox
 from .log import Outcome, Stream, TrajectoryLog
-from .store import DONE
+from .store import DONE, ModelResult
 
 EFFECTFUL = ("exec", "write", "snapshot")  # kinds that change the sandbox; read/list do not
 _COMPARED = {"exec": ("exit_code", "stdout", "stderr", "timed_out"), "read": ("data", "data_b64"),
@@ -54,13 +54,12 @@ def _decode(d: dict) -> bytes:
     return base64.b64decode(d["data_b64"]) if "data_b64" in d else d["data"].encode("utf-8", "surrogateescape")
 
 
-def apply(sb: Sandbox, kind: str, req: dict) -> dict:
-    """Run one logged request against a sandbox; the result as the log stores it."""
+def apply(sb: Sandbox, kind: str, req: dict, lazy: bool = False) -> dict:
+    """Run one logged request against a sandbox; the result as the log stores it. `lazy`: an exec's
+    result stays an ExecResult (`ModelResult`), serialized once, when it is logged."""
     if kind == "exec":
         r = sb.commands.run(req["cmd"], cwd=req.get("cwd"), env=req.get("env") or None, timeout=req.get("timeout"))
-        d = r.model_dump()
-        d["__obj__"] = r  # not stored: lets the live caller skip re-validating what it just made
-        return d
+        return ModelResult(r) if lazy else r.model_dump()
     if kind == "write":
         return {"bytes": sb.files.write(req["path"], _decode(req), mode=req.get("mode", 0o644))}
     if kind == "read":
@@ -91,7 +90,7 @@ class LoggedSandbox:
         def run() -> dict:
             if self.sandbox is None:
                 raise errors.SandboxError(f"stream {self.stream.name} has no sandbox attached for live operations")
-            return apply(self.sandbox, kind, req)
+            return apply(self.sandbox, kind, req, lazy=True)
 
         try:
             out = self.stream.call(kind, req, run)
@@ -108,11 +107,12 @@ class LoggedSandbox:
         """`idempotent=True`: if the log says this command was in flight when its writer died, run it
         again instead of raising UnknownOutcome (for commands whose repetition is harmless)."""
         out = self._call("exec", {"cmd": cmd, "cwd": cwd, "env": env or {}, "timeout": timeout}, idempotent)
+        if isinstance(out.result, ModelResult):  # ran live just now
+            return out.result.model
         if out.unknown and "exit_code" not in out.result:
             return ExecResult(exit_code=-1, stdout="", stderr=out.result.get("note", "outcome unknown"),
                               stdout_bytes=0, stderr_bytes=0, duration_s=0.0)
-        obj = out.result.pop("__obj__", None)
-        return obj if obj is not None else ExecResult.model_validate(out.result)
+        return ExecResult.model_validate(out.result)
 
     def write(self, path: str, data: str | bytes, mode: int = 0o644) -> int:
         return self._call("write", {"path": path, "mode": mode, **_encode(data)}).result.get("bytes", 0)

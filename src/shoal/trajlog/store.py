@@ -21,6 +21,22 @@ from ..sqlite import PerThreadDB
 PENDING, DONE, UNKNOWN = "PENDING", "DONE", "UNKNOWN"
 
 
+class ModelResult(dict):
+    """A result that is a pydantic model (an ExecResult): stored as the model's own JSON, which skips
+    a dict round trip on the hot path. Empty as a dict; the caller takes `.model`."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def to_json(self) -> str:
+        return self.model.model_dump_json()
+
+
+def result_json(result: dict) -> str:
+    return result.to_json() if isinstance(result, ModelResult) else json.dumps(result)
+
+
 @dataclass
 class Entry:
     stream: str
@@ -36,6 +52,7 @@ class Entry:
     writer: str | None = None
     started: float = field(default_factory=time.time)
     finished: float | None = None
+    request_json: str | None = field(default=None, repr=False, compare=False)  # canonical JSON, when known
 
 
 @dataclass
@@ -165,7 +182,7 @@ class SQLiteLogStore(LogStore):
     def append(self, e: Entry) -> bool:
         try:
             self._db.execute(f"INSERT INTO entries({_COLS}) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                             (e.stream, e.seq, e.kind, e.req_hash, json.dumps(e.request), e.status,
+                             (e.stream, e.seq, e.kind, e.req_hash, e.request_json or json.dumps(e.request), e.status,
                               None if e.result is None else json.dumps(e.result), e.episode, e.sandbox, e.host,
                               e.writer, e.started, e.finished))
             return True
@@ -173,9 +190,8 @@ class SQLiteLogStore(LogStore):
             return False
 
     def complete(self, stream, seq, result, status=DONE):
-        stored = {k: v for k, v in result.items() if not k.startswith("__obj")} if "__obj__" in result else result
         self._db.execute("UPDATE entries SET status=?, result=?, finished=? WHERE stream=? AND seq=?",
-                         (status, json.dumps(stored), time.time(), stream, seq))
+                         (status, result_json(result), time.time(), stream, seq))
 
     def discard(self, stream, seq):
         self._db.execute("DELETE FROM entries WHERE stream=? AND seq=? AND status=?", (stream, seq, PENDING))
@@ -260,8 +276,8 @@ class JournaledLogStore(SQLiteLogStore):
             atexit.register(self.close)
         return self._fd
 
-    def _write(self, rec: list) -> None:
-        line = (json.dumps(rec, separators=(",", ":")) + "\n").encode()
+    def _write(self, rec: list, line: bytes | None = None) -> None:
+        line = line or (json.dumps(rec, separators=(",", ":")) + "\n").encode()
         with self._lock:
             os.write(self._journal(), line)
             self._buf.append(rec)
@@ -283,15 +299,16 @@ class JournaledLogStore(SQLiteLogStore):
         db.execute("BEGIN IMMEDIATE")
         try:
             for r in recs:
-                if r[0] == "P":  # request and result travel as objects; SQLite gets them as JSON text
+                if r[0] in ("P", "Pt"):  # SQLite gets request and result as JSON text (Pt: already text)
                     v = list(r[1])
-                    v[4] = json.dumps(v[4])
+                    v[4] = v[4] if r[0] == "Pt" else json.dumps(v[4])
                     v[6] = None if v[6] is None else json.dumps(v[6])
                     db.execute(f"INSERT OR IGNORE INTO entries({_COLS}) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?)", v)
-                elif r[0] == "D":
+                elif r[0] in ("D", "Dt"):  # Dt: the result is JSON text already (in-memory records only)
                     status, result, finished, stream, seq = r[1]
                     db.execute("UPDATE entries SET status=?, result=?, finished=? WHERE stream=? AND seq=? "
-                               "AND status != ?", (status, json.dumps(result), finished, stream, seq, DONE))
+                               "AND status != ?", (status, result if r[0] == "Dt" else json.dumps(result),
+                                                   finished, stream, seq, DONE))
                 elif r[0] == "X":
                     db.execute("DELETE FROM entries WHERE stream=? AND seq=? AND status=?", (*r[1], PENDING))
             db.execute("COMMIT")
@@ -337,13 +354,19 @@ class JournaledLogStore(SQLiteLogStore):
         return super().open_stream(stream, episode=episode, image=image, layers=layers, writer=writer, meta=meta)
 
     def append(self, e: Entry) -> bool:
-        self._write(["P", [e.stream, e.seq, e.kind, e.req_hash, e.request, e.status, e.result, e.episode, e.sandbox,
-                           e.host, e.writer, e.started, e.finished]])
+        req = e.request_json if e.request_json is not None else json.dumps(e.request)
+        head = json.dumps([e.stream, e.seq, e.kind, e.req_hash])[:-1]
+        tail = json.dumps([e.status, e.result, e.episode, e.sandbox, e.host, e.writer, e.started, e.finished])[1:]
+        line = f'["P",{head},{req},{tail}]\n'.encode()  # the request as JSON inside the record, not re-encoded
+        self._write(["Pt", [e.stream, e.seq, e.kind, e.req_hash, req, e.status, e.result, e.episode, e.sandbox,
+                            e.host, e.writer, e.started, e.finished]], line)
         return True
 
     def complete(self, stream, seq, result, status=DONE):
-        stored = {k: v for k, v in result.items() if not k.startswith("__obj")} if "__obj__" in result else result
-        self._write(["D", [status, stored, time.time(), stream, seq]])
+        text, now = result_json(result), time.time()
+        # the journal line holds the result as JSON, not as a string of JSON: built by hand, no re-encoding
+        line = f'["D",[{json.dumps(status)},{text},{now!r},{json.dumps(stream)},{int(seq)}]]\n'.encode()
+        self._write(["Dt", [status, text, now, stream, seq]], line)
 
     def discard(self, stream, seq):
         self._write(["X", [stream, seq]])
