@@ -27,6 +27,8 @@ app.add_typer(tenant_app, name="tenant")
 env_app = typer.Typer(help="Ready-made environments: Debian base, Python toolchain, real workspaces.",
                       no_args_is_help=True)
 app.add_typer(env_app, name="env")
+traj_app = typer.Typer(help="Trajectory logs: what ran where, when, by which episode; replay.", no_args_is_help=True)
+app.add_typer(traj_app, name="traj")
 console = Console()
 err_console = Console(stderr=True)
 
@@ -402,6 +404,65 @@ def gc(root: Optional[str] = RootOpt):
     res = _host(root).gc()
     console.print(f"reaped {len(res['sandboxes_reaped'])} sandboxes, unmounted {len(res['unmounted'])} layers, "
                   f"removed {len(res['removed'])} layers")
+
+
+def _log(db: Path):
+    from .trajlog import TrajectoryLog
+
+    if not db.exists():
+        raise ShoalError(f"no trajectory log at {db}")
+    return TrajectoryLog(db)
+
+
+@traj_app.command("query")
+def traj_query(db: Path = typer.Argument(..., help="the log (e.g. runs/rollout.traj.db)"),
+               episode: Optional[str] = typer.Option(None), sandbox: Optional[str] = typer.Option(None),
+               kind: Optional[str] = typer.Option(None), limit: int = typer.Option(200),
+               as_json: bool = typer.Option(False, "--json")):
+    """Provenance: entries filtered by episode / sandbox / kind, in time order."""
+    import json
+    import time as _time
+
+    rows = _log(db).query(episode=episode, sandbox=sandbox, kind=kind, limit=limit)
+    if as_json:
+        console.print_json(json.dumps([{**e.__dict__, "request_json": None} for e in rows], default=str))
+        return
+    t = Table(title=f"{len(rows)} entries")
+    for c in ("when", "stream", "seq", "kind", "status", "sandbox", "host", "request"):
+        t.add_column(c, overflow="fold")
+    for e in rows:
+        t.add_row(_time.strftime("%H:%M:%S", _time.localtime(e.started)), e.stream, str(e.seq), e.kind, e.status,
+                  e.sandbox or "", e.host or "", json.dumps(e.request)[:80])
+    console.print(t)
+
+
+@traj_app.command("streams")
+def traj_streams(db: Path = typer.Argument(...), episode: Optional[str] = typer.Option(None)):
+    """Streams in the log (one per sandbox and per episode's model calls)."""
+    log = _log(db)
+    t = Table()
+    for c in ("stream", "episode", "entries", "sandbox now", "layers"):
+        t.add_column(c)
+    for si in log.store.streams(episode):
+        t.add_row(si.stream, si.episode or "", str(len(log.history(si.stream))), str(si.meta.get("sandbox", "")),
+                  " ".join(d.split(":")[-1][:12] for d in si.layers))
+    console.print(t)
+
+
+@traj_app.command("replay")
+def traj_replay(db: Path = typer.Argument(...), stream: str = typer.Argument(..., help="e.g. EPISODE/sandbox"),
+                root: Optional[str] = RootOpt):
+    """Deterministic replay: re-run a recorded stream into a fresh sandbox and compare every result."""
+    from .trajlog import replay
+
+    rep, _ = replay(_log(db), stream, root=root)
+    console.print(f"replayed {rep.ops} ops in {rep.seconds:.2f} s into {rep.sandbox}: {rep.matched} identical, "
+                  f"{len(rep.mismatches)} different, {rep.skipped} skipped (UNKNOWN)")
+    for m in rep.mismatches[:20]:
+        console.print(f"  seq {m['seq']} {m['kind']}: {m['field']} logged={str(m['logged'])[:60]!r} "
+                      f"replayed={str(m['replayed'])[:60]!r}")
+    if rep.mismatches:
+        raise typer.Exit(1)
 
 
 def main() -> None:

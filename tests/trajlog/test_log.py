@@ -209,3 +209,21 @@ def test_a_live_process_journal_is_not_folded_by_others(tmp_path):
     b = JournaledLogStore(tmp_path / "k.db")
     assert b.recover() == 0  # a's journal is flock'ed by a live process (this one)
     assert [e.status for e in a.entries("s")] == [PENDING]  # a sees its own writes (flushed on read)
+
+
+def test_cli_query_streams_and_replay(log, sandbox, root):
+    lsb = LoggedSandbox(sandbox, _stream(log, sandbox))
+    lsb.exec("echo cli > /c.txt && cat /c.txt")
+    if isinstance(log.store, JournaledLogStore):
+        log.store.flush()  # another process reads SQLite
+    cli = [sys.executable, "-m", "shoal.cli", "traj"]
+    q = subprocess.run(cli + ["query", str(log.store.path), "--episode", "ep1", "--json"], capture_output=True,
+                       text=True)
+    assert q.returncode == 0 and '"kind": "exec"' in q.stdout and sandbox.id in q.stdout
+    s = subprocess.run(cli + ["streams", str(log.store.path)], capture_output=True, text=True)
+    assert "ep1/sb" in s.stdout
+    r = subprocess.run(cli + ["replay", str(log.store.path), "ep1/sb", "--root", str(root)], capture_output=True,
+                       text=True)
+    assert r.returncode == 0 and "1 identical, 0 different" in r.stdout, r.stdout + r.stderr
+    bad = subprocess.run(cli + ["query", "/nonexistent/x.db"], capture_output=True, text=True)
+    assert bad.returncode != 0 and "no trajectory log" in bad.stderr + bad.stdout

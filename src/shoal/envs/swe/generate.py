@@ -76,7 +76,9 @@ def baseline(sb: Sandbox, spec: WorkspaceSpec) -> RepoBaseline:
     if timed_out or seconds > FULL_SUITE_MAX_S or code != 0:
         test_cmd = spec.quick
         status, code, seconds, _ = _run(sb, test_cmd, 600)
-    passing = sorted(t for t, s in status.items() if s in PASS_STATES)
+    again, code2, _, _ = _run(sb, test_cmd, 600)  # only tests that pass twice count (no flaky P2P)
+    code = code or code2
+    passing = sorted(t for t, s in status.items() if s in PASS_STATES and again.get(t) in PASS_STATES)
     if code != 0 or not passing:
         raise RuntimeError(f"{spec.name}: baseline tests do not pass (exit {code})")
     sb.files.write("/tmp/shoal_cov/shoal_cov.py", _COVERAGE_PLUGIN)
@@ -131,19 +133,23 @@ def try_mutation(sb: Sandbox, base: RepoBaseline, m: Mutation, max_f2p_fraction:
     after = m.apply(before)
     path = f"/work/repo/{m.path}"
     sb.files.write(path, after)
+    runs = []
     try:
-        r = sb.commands.run(eval_script("/work/repo", base.test_cmd), timeout=max(10.0, 5 * base.seconds))
+        for _ in range(2):  # twice: a test whose outcome flips under the bug is in neither F2P nor P2P
+            r = sb.commands.run(eval_script("/work/repo", base.test_cmd), timeout=max(10.0, 5 * base.seconds))
+            status, code, ran = parse_log(r.stdout)
+            if r.timed_out or not ran or code in (None, 0):
+                return None
+            runs.append((status, r))
+            if not any(status.get(t) not in PASS_STATES for t in base.passing):
+                return None
     finally:
         sb.files.write(path, before)
-    if r.timed_out:
-        return None
-    status, code, ran = parse_log(r.stdout)
-    if not ran or code in (None, 0):
-        return None
-    f2p = [t for t in base.passing if status.get(t) not in PASS_STATES]
+    f2p = [t for t in base.passing if all(st.get(t) not in PASS_STATES for st, _ in runs)]
     if not f2p or len(f2p) > max_f2p_fraction * len(base.passing):
         return None
-    p2p = [t for t in base.passing if t not in f2p]
+    p2p = [t for t in base.passing if all(st.get(t) in PASS_STATES for st, _ in runs)]
+    r = runs[0][1]
     digest = hashlib.sha256(f"{base.spec.name}:{m.key}:{m.new}".encode()).hexdigest()[:8]
     return SWETask(
         instance_id=f"{base.spec.name}__{m.bug_type}-{digest}", repo=base.spec.name, version=base.spec.version,

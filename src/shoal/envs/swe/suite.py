@@ -110,7 +110,7 @@ def validate(host: Host, task: SWETask) -> dict:
     """A task is valid when the unpatched state is not resolved and the gold patch resolves it."""
     before, _ = evaluate(host, task, None)
     after, log = evaluate(host, task, task.patch)
-    ok = (not before.resolved and before.f2p_passed < before.f2p_total and after.resolved)
+    ok = not before.resolved and before.f2p_passed == 0 and after.resolved  # every F2P test fails unpatched
     return {"instance_id": task.instance_id, "valid": ok, "unpatched": before.status, "gold": after.status,
             "gold_invalid": after.invalid, "log_tail": "" if ok else log[-1500:]}
 
