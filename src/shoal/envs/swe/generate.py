@@ -135,7 +135,7 @@ def try_mutation(sb: Sandbox, base: RepoBaseline, m: Mutation, max_f2p_fraction:
     sb.files.write(path, after)
     runs = []
     try:
-        for _ in range(2):  # twice: a test whose outcome flips under the bug is in neither F2P nor P2P
+        for _ in range(3):  # a test whose outcome flips between runs under the bug is in neither F2P nor P2P
             r = sb.commands.run(eval_script("/work/repo", base.test_cmd), timeout=max(10.0, 5 * base.seconds))
             status, code, ran = parse_log(r.stdout)
             if r.timed_out or not ran or code in (None, 0):
@@ -214,7 +214,7 @@ def main() -> None:
         vjob = bar.add_task("validating", total=len(tasks))
         valid = []
         for t in tasks:
-            v = validate(host, t)
+            v = validate(host, t, unpatched_runs=2)
             if v["valid"]:
                 valid.append(t)
             else:
