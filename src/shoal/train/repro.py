@@ -169,7 +169,9 @@ def opd_run(student0, teacher, selector: str, budget: float, seed: int, steps: i
         resp_mask = torch.zeros_like(ids, dtype=torch.bool)
         for i, p in enumerate(prompts):
             resp_mask[i, len(p):len(seqs[i])] = True
-        student.train()
+        # dropout off: with it, the forward that gives log pi_s (the advantage) and the gradient is a
+        # different random network every step, and OPD measurably degrades the student (training.md)
+        student.eval()
         s_logits, sampled, rows = flatten_responses(next_token_logits(student, ids, attn), ids, resp_mask)
         with torch.no_grad():
             if teacher_for is None:
