@@ -58,7 +58,7 @@ def ensure_task_image(host: Host, task: SWETask) -> str:
         return task.image
     except ImageNotFound:
         pass
-    sb = Sandbox.create(task.base_image, layers=[task.base_commit], root=host.settings.root, **TASK_LIMITS)
+    sb = Sandbox.create(task.base_image, layers=[task.base_commit], root=host.settings.root, ttl=900, **TASK_LIMITS)
     try:
         sb.files.write("/tmp/bug.patch", task.bug_patch)
         r = sb.commands.run(f"cd {task.repo_dir} && git apply /tmp/bug.patch && rm -rf .git /tmp/bug.patch && "
@@ -89,7 +89,8 @@ def evaluate(host: Host, task: SWETask, patch: str | None, timeout: float = 60) 
         patch_text, dropped = "", []
     else:
         patch_text, dropped = filter_patch(patch)
-    with task_sandbox(host, task) as sb:
+    # a TTL: if the grading process dies (a worker killed mid-grade), the sandbox does not outlive it
+    with task_sandbox(host, task, ttl=timeout + 120) as sb:
         applied = True
         if patch_text:
             sb.files.write("/tmp/model.patch", patch_text)
