@@ -109,3 +109,33 @@ def test_trainer_killed_and_reconnected_finds_its_episodes(tmp_path, root, few_t
 
 def test_bundled_suite_path_is_packaged():
     assert SUITE_PATH.exists() and SUITE_PATH.name == "suite.jsonl"
+
+
+_GRADER = textwrap.dedent("""
+    import sys
+    from shoal import Host
+    from shoal.envs.swe.suite import evaluate, load_suite
+    root, suite = sys.argv[1:3]
+    task = load_suite(suite)[0]
+    print("grading", flush=True)
+    evaluate(Host.get(root), task, task.patch)
+""")
+
+
+def test_grading_sandbox_of_a_killed_grader_has_a_ttl(tmp_path, root, host, few_tasks, suite_file):
+    before = {i.id for i in host.runtime.list()}
+    (tmp_path / "grader.py").write_text(_GRADER)
+    p = subprocess.Popen([sys.executable, str(tmp_path / "grader.py"), str(root), str(suite_file)],
+                         stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "grading"
+    deadline = time.time() + 60
+    new = []
+    while not new and time.time() < deadline:
+        new = [i for i in host.runtime.list() if i.id not in before]
+        time.sleep(0.02)
+    p.kill()
+    p.wait()
+    assert new, "the grader never created its sandbox"
+    assert all(i.ttl is not None and i.ttl <= 900 for i in new), [(i.id, i.ttl) for i in new]  # bounded life
+    for i in new:
+        host.runtime.kill(i.id)
