@@ -65,7 +65,8 @@ class EpisodeRecord:
 
 def _sandbox_for(host: Host, log: TrajectoryLog, task: SWETask, name: str, size: int,
                  node: str) -> tuple[Sandbox, int]:
-    meta = (log.info(name).meta if log.info(name) else {}) or {}
+    info = log.info(name)
+    meta = (info.meta if info else {}) or {}
     root = str(host.settings.root)
     if meta.get("sandbox") and meta.get("root") == root:
         try:
