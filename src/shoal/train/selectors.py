@@ -24,17 +24,18 @@ def select(name: str, budget: float, student_logits: torch.Tensor, teacher_logit
     if name == "random":
         score = torch.rand(n, generator=generator)
         return S.select_budget(score, torch.zeros(n), valid, response_ids, budget)
-    ier = S.ier_candidates(student_logits, teacher_logits, sampled, k=k).float()
+    stats = S.TokenStats(student_logits, teacher_logits, k)  # one log-softmax and top-k for every signal
+    ier = S.ier_candidates(student_logits, teacher_logits, sampled, k=k, stats=stats).float()
     ier = torch.where(valid, ier, torch.zeros_like(ier))
     rank = S.ier_rank(ier, valid)
     if name == "ier":
         return S.select_budget(rank, ier, valid, response_ids, budget)
-    kl = S.forward_kl_topk_union(student_logits, teacher_logits, k)
+    kl = S.forward_kl_topk_union(student_logits, teacher_logits, k, stats=stats)
     if name.startswith("tip"):
-        u = S.tip_score(S.student_topk_entropy(student_logits, k), kl, valid)
+        u = S.tip_score(S.student_topk_entropy(student_logits, k, stats=stats), kl, valid)
         if name == "tip":
             return S.select_budget(u, ier, valid, response_ids, budget)
         return S.select_budget(S.fuse(u, rank, "and" if name.endswith("and") else "or"), ier, valid,
                                response_ids, budget)
-    u = S.ta_opd_score(kl, S.teacher_mass_on_student_topk(student_logits, teacher_logits, k), valid)
+    u = S.ta_opd_score(kl, S.teacher_mass_on_student_topk(student_logits, teacher_logits, k, stats=stats), valid)
     return S.select_budget(S.fuse(u, rank, "and"), ier, valid, response_ids, budget)

@@ -47,82 +47,104 @@ def ier_exact(student_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor, *,
     return _ier_core(ls, lt, torch.ones_like(ls, dtype=torch.bool), eps, cap).to(student_logprobs.dtype)
 
 
+class TokenStats:
+    """Per-token log-probs and top-k of student and teacher, computed once and shared by every signal.
+
+    Log-softmax runs in the input's precision (at least float32): over a real vocabulary a float64
+    copy of [N, V] costs more than the whole selector; the small candidate-set math is float64."""
+
+    def __init__(self, student_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor, k: int = DEFAULT_K):
+        _check_pair(student_logprobs, teacher_logprobs)
+        dtype = torch.promote_types(student_logprobs.dtype, torch.float32)
+        self.ls = torch.log_softmax(student_logprobs.to(dtype), -1)
+        self.lt = torch.log_softmax(teacher_logprobs.to(dtype), -1)
+        self.k = min(k, self.ls.shape[-1])
+        self.s_top, self.s_ids = self.ls.topk(self.k, -1)
+        self.t_top, self.t_ids = self.lt.topk(self.k, -1)
+
+    @classmethod
+    def of(cls, student_logprobs, teacher_logprobs, k: int, stats: "TokenStats | None") -> "TokenStats":
+        return stats if stats is not None and stats.k == min(k, student_logprobs.shape[-1]) else \
+            cls(student_logprobs, teacher_logprobs, k)
+
+
+def _union(*ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row-wise concatenation of id sets, each unique within its row, and a mask of first occurrences.
+
+    An id is a repeat if an earlier set of the row holds it: k x k comparisons per pair of sets,
+    cheaper than sorting the concatenation, and independent of the vocabulary size."""
+    cand = torch.cat(ids, -1)
+    unique = [torch.ones_like(ids[0], dtype=torch.bool)]
+    for i in range(1, len(ids)):
+        seen = torch.cat(ids[:i], -1)
+        unique.append(~(ids[i][:, :, None] == seen[:, None, :]).any(-1))
+    return cand, torch.cat(unique, -1)
+
+
 def candidate_set(student_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor, sampled: torch.Tensor,
                   k: int = DEFAULT_K) -> tuple[torch.Tensor, torch.Tensor]:
-    """C = student top-k ∪ teacher top-k ∪ {sampled}: ids [N, 2k+1] (sorted) and a mask of unique entries."""
+    """C = student top-k ∪ teacher top-k ∪ {sampled}: ids [N, 2k+1] and a mask of their first occurrences."""
     k = min(k, student_logprobs.shape[-1])
-    cand = torch.cat([student_logprobs.topk(k, -1).indices, teacher_logprobs.topk(k, -1).indices,
-                      sampled.long()[:, None]], -1)
-    cand, _ = cand.sort(-1)
-    unique = torch.ones_like(cand, dtype=torch.bool)
-    unique[:, 1:] = cand[:, 1:] != cand[:, :-1]
-    return cand, unique
+    return _union(student_logprobs.topk(k, -1).indices, teacher_logprobs.topk(k, -1).indices,
+                  sampled.long()[:, None])
 
 
 def ier_candidates(student_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor, sampled: torch.Tensor, *,
                    k: int = DEFAULT_K, missing_logprob: float | None = MISSING_LOGPROB, eps: float = EPS,
-                   cap: float = LOGRATIO_CAP) -> torch.Tensor:
+                   cap: float = LOGRATIO_CAP, stats: TokenStats | None = None) -> torch.Tensor:
     """IER on the candidate set, as with a serving API that returns only top-k log-probs.
 
     A candidate outside one side's top-k (and not the sampled token, whose log-prob both sides
     report exactly) has no log-prob there and gets `missing_logprob` (-12); both sides are then
     renormalised over the set and c is clipped to +-cap. missing_logprob=None uses the exact
-    log-probs of local logits instead. With k >= V this equals ier_exact."""
-    _check_pair(student_logprobs, teacher_logprobs)
-    if sampled.shape != student_logprobs.shape[:1]:
-        raise ValueError(f"sampled must be [N] = {tuple(student_logprobs.shape[:1])}, got {tuple(sampled.shape)}")
-    s = torch.log_softmax(student_logprobs.double(), -1)
-    t = torch.log_softmax(teacher_logprobs.double(), -1)
-    cand, unique = candidate_set(s, t, sampled, k)
-    ls, lt = s.gather(-1, cand), t.gather(-1, cand)
+    log-probs of local logits instead. With k >= V this equals ier_exact. A candidate tied with a
+    side's k-th log-prob counts as inside that side's top-k."""
+    st = TokenStats.of(student_logprobs, teacher_logprobs, k, stats)
+    if sampled.shape != st.ls.shape[:1]:
+        raise ValueError(f"sampled must be [N] = {tuple(st.ls.shape[:1])}, got {tuple(sampled.shape)}")
+    sampled = sampled.long()[:, None]
+    cand, unique = _union(st.s_ids, st.t_ids, sampled)
+    ls, lt = st.ls.gather(-1, cand), st.lt.gather(-1, cand)
     if missing_logprob is not None:
-        kk = min(k, s.shape[-1])
-        is_sampled = cand == sampled.long()[:, None]
-        known_s = (cand[:, :, None] == s.topk(kk, -1).indices[:, None, :]).any(-1) | is_sampled
-        known_t = (cand[:, :, None] == t.topk(kk, -1).indices[:, None, :]).any(-1) | is_sampled
-        ls = torch.where(known_s, ls, torch.full_like(ls, missing_logprob))
-        lt = torch.where(known_t, lt, torch.full_like(lt, missing_logprob))
-    neg_inf = torch.full_like(ls, float("-inf"))
-    ls = torch.where(unique, ls, neg_inf)
-    lt = torch.where(unique, lt, neg_inf)
+        is_sampled = cand == sampled
+        ls = torch.where((ls >= st.s_top[:, -1:]) | is_sampled, ls, torch.full_like(ls, missing_logprob))
+        lt = torch.where((lt >= st.t_top[:, -1:]) | is_sampled, lt, torch.full_like(lt, missing_logprob))
+    neg_inf = torch.full_like(ls, float("-inf"), dtype=torch.float64)
+    ls = torch.where(unique, ls.double(), neg_inf)
+    lt = torch.where(unique, lt.double(), neg_inf)
     ls = ls - ls.logsumexp(-1, keepdim=True)  # renormalise over C
     lt = lt - lt.logsumexp(-1, keepdim=True)
     return _ier_core(ls, lt, unique, eps, cap).to(student_logprobs.dtype)
 
 
 # ------------------------------------------------------------------------------------------ usefulness
-def student_topk_entropy(student_logprobs: torch.Tensor, k: int = DEFAULT_K) -> torch.Tensor:
+def student_topk_entropy(student_logprobs: torch.Tensor, k: int = DEFAULT_K, *,
+                         stats: TokenStats | None = None) -> torch.Tensor:
     """Entropy of the student's top-k (renormalised), divided by log k: in [0, 1]."""
-    k = min(k, student_logprobs.shape[-1])
-    top = torch.log_softmax(student_logprobs.float(), -1).topk(k, -1).values
-    top = top - top.logsumexp(-1, keepdim=True)
-    h = -(top.exp() * top).sum(-1)
-    return h / math.log(k) if k > 1 else torch.zeros_like(h)
+    st = TokenStats.of(student_logprobs, student_logprobs, k, stats)
+    top = st.s_top - st.s_top.logsumexp(-1, keepdim=True)
+    h = -(top.exp() * top).sum(-1).float()
+    return h / math.log(st.k) if st.k > 1 else torch.zeros_like(h)
 
 
 def forward_kl_topk_union(student_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor,
-                          k: int = DEFAULT_K, floor: float = 1e-12) -> torch.Tensor:
+                          k: int = DEFAULT_K, floor: float = 1e-12, *, stats: TokenStats | None = None) -> torch.Tensor:
     """KL(teacher || student) on the union of both top-k ids, each renormalised over the union."""
-    s = torch.log_softmax(student_logprobs.float(), -1)
-    t = torch.log_softmax(teacher_logprobs.float(), -1)
-    k = min(k, s.shape[-1])
-    ids = torch.cat([s.topk(k, -1).indices, t.topk(k, -1).indices], -1)
-    ids, _ = ids.sort(-1)
-    unique = torch.ones_like(ids, dtype=torch.bool)
-    unique[:, 1:] = ids[:, 1:] != ids[:, :-1]
-    p = torch.where(unique, s.gather(-1, ids).exp(), torch.zeros(1))
-    q = torch.where(unique, t.gather(-1, ids).exp(), torch.zeros(1))
+    st = TokenStats.of(student_logprobs, teacher_logprobs, k, stats)
+    ids, unique = _union(st.s_ids, st.t_ids)
+    zero = torch.zeros((), dtype=st.ls.dtype)
+    p = torch.where(unique, st.ls.gather(-1, ids).exp(), zero)
+    q = torch.where(unique, st.lt.gather(-1, ids).exp(), zero)
     p = (p / p.sum(-1, keepdim=True)).clamp_min(floor)
     q = (q / q.sum(-1, keepdim=True)).clamp_min(floor)
-    return torch.where(unique, q * (q.log() - p.log()), torch.zeros(1)).sum(-1)
+    return torch.where(unique, q * (q.log() - p.log()), zero).sum(-1).float()
 
 
 def teacher_mass_on_student_topk(student_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor,
-                                 k: int = DEFAULT_K) -> torch.Tensor:
+                                 k: int = DEFAULT_K, *, stats: TokenStats | None = None) -> torch.Tensor:
     """Teacher probability mass on the student's top-k ids ("teachability")."""
-    k = min(k, student_logprobs.shape[-1])
-    ids = student_logprobs.topk(k, -1).indices
-    return torch.log_softmax(teacher_logprobs.float(), -1).gather(-1, ids).exp().sum(-1)
+    st = TokenStats.of(student_logprobs, teacher_logprobs, k, stats)
+    return st.lt.gather(-1, st.s_ids).exp().sum(-1).float()
 
 
 def quantile_normalize(values: torch.Tensor, valid: torch.Tensor, lo: float = 0.05, hi: float = 0.95) -> torch.Tensor:
@@ -198,14 +220,21 @@ def select_budget(score: torch.Tensor, ier: torch.Tensor, valid: torch.Tensor, r
     order = order[torch.argsort(-score[order].double(), stable=True)]
     n_keep = math.ceil(budget * idx.numel() - 1e-9)
     mask[order[:n_keep]] = True
-    if min_keep > 0:
-        kept = torch.zeros(int(response_ids.max()) + 1, dtype=torch.long)
-        kept.index_add_(0, response_ids[mask].long(), torch.ones(int(mask.sum()), dtype=torch.long))
-        for i in order[n_keep:].tolist():  # same global order: each short response gets its best tokens
-            rid = int(response_ids[i])
-            if kept[rid] < min_keep:
-                mask[i] = True
-                kept[rid] += 1
+    if min_keep > 0 and n_keep < order.numel():
+        # each response short of min_keep gets its best remaining tokens in the same global order:
+        # group the remaining tokens by response (stable, so the order survives) and take each
+        # group's first (min_keep - already kept)
+        n_resp = int(response_ids.max()) + 1
+        kept = torch.zeros(n_resp, dtype=torch.long).index_add_(
+            0, response_ids[mask].long(), torch.ones(int(mask.sum()), dtype=torch.long))
+        rest = order[n_keep:]
+        rid = response_ids[rest].long()
+        by_resp = torch.argsort(rid, stable=True)
+        rid_sorted = rid[by_resp]
+        first = torch.searchsorted(rid_sorted, rid_sorted, right=False)
+        rank_in_resp = torch.arange(rid_sorted.numel()) - first
+        need = (min_keep - kept).clamp_min(0)
+        mask[rest[by_resp][rank_in_resp < need[rid_sorted]]] = True
     return mask
 
 
