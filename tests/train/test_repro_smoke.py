@@ -38,11 +38,59 @@ def test_flatten_responses_picks_generated_positions_only():
     assert flat.tolist() == [[2, 3], [4, 5], [6, 7], [8, 9]]
 
 
+def test_step_by_step_answers_compute_the_right_result():
+    pytest.importorskip("transformers")
+    import random
+
+    from shoal.train import repro
+
+    rng = random.Random(7)
+    for cat in repro.CATEGORIES:
+        for _ in range(300):
+            prompt, answer = repro.problem(rng, cat)
+            assert len(prompt) == repro.PROMPT_LEN and len(answer) == repro.RESPONSE_LEN
+            a, b = int(prompt[:3]), int(prompt[4:7])
+            cols = answer.rstrip(".").split(",")
+            digits = [int(c[-1]) for c in cols]
+            carry_out = int(cols[-1][-2])
+            value = sum(d * 10 ** i for i, d in enumerate(digits))
+            if cat == "add":
+                assert value + 1000 * carry_out == a + b
+            elif cat == "sub":
+                assert carry_out == 0 and value == a - b  # a >= b: no borrow out of the top column
+            else:
+                assert value + 1000 * carry_out == a * b
+            assert all(len(repro.encode(c)) == 8 for c in cols)
+    with pytest.raises(ValueError, match="unknown category 'div'"):
+        repro.problem(rng, "div")
+
+
+def test_response_mask_stops_after_the_first_eos_and_cached_decoding_matches_full_forwards():
+    pytest.importorskip("transformers")
+    from shoal.train import repro
+
+    eos, pad = repro.EOS, repro.PAD
+    seqs = torch.tensor([[1] * repro.PROMPT_LEN + [2, eos, 3] + [4] * (repro.RESPONSE_LEN - 3)])
+    mask = repro.response_mask(seqs)[0]
+    assert mask[:repro.PROMPT_LEN].sum() == 0 and mask[repro.PROMPT_LEN:].tolist()[:4] == [True, True, False, False]
+    model = repro.make_model(1, 32, seed=3)
+    prompts = ["123+456=", "999*009="]
+    out = repro.generate(model, prompts, greedy=True)
+    ids = torch.tensor([repro.encode(p) for p in prompts])  # greedy decoding without the KV cache
+    for _ in range(repro.RESPONSE_LEN):
+        logits = model(input_ids=ids).logits[:, -1]
+        logits[:, pad] = float("-inf")
+        ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], 1)
+    assert torch.equal(out, ids)
+
+
 def test_reproduction_smoke_config_runs_end_to_end(tmp_path):
     pytest.importorskip("transformers")
     from shoal.train import repro
 
-    result = repro.run(repro.CONFIGS["smoke"], tmp_path, log=lambda *_: None)
+    result = repro.run(repro.CONFIGS["smoke"], tmp_path, log=lambda *_: None)  # 2 worker processes
+    ckpts = sorted(f.name.split("-")[0] for f in (tmp_path / "checkpoints").glob("*.pt"))
+    assert ckpts == ["expert", "expert", "expert", "student", "teacher"]
     saved = json.loads((tmp_path / "opd_repro.json").read_text())
     assert saved["runs"] == json.loads(json.dumps(result["runs"]))
     cfg = repro.CONFIGS["smoke"]
@@ -62,3 +110,11 @@ def test_reproduction_smoke_config_runs_end_to_end(tmp_path):
     text = repro.report(result, tmp_path)
     assert "| ier | 0.1 |" in text and "routed+exopd-relu" in text
     assert (tmp_path / "opd_repro.png").stat().st_size > 10_000
+    assert [o["student"] for o in result["overhead"]] == [list(s) for s in cfg.overhead_sizes]
+    assert all(o["full_step_ms"] > 0 and o["selector_ms"] > 0 for o in result["overhead"])
+    # the report rebuilds from the JSON alone, and a second run reuses the cached checkpoints
+    stamp = {f: f.stat().st_mtime_ns for f in (tmp_path / "checkpoints").glob("*.pt")}
+    again = repro.run(repro.CONFIGS["smoke"], tmp_path, log=lambda *_: None, workers=1)
+    assert {f: f.stat().st_mtime_ns for f in (tmp_path / "checkpoints").glob("*.pt")} == stamp
+    assert again["baseline"] == result["baseline"]
+    assert repro.report(saved, tmp_path).splitlines()[2:] == text.splitlines()[2:]
