@@ -5,7 +5,7 @@ PY    := $(VENV)/bin/python
 APT_PKGS := erofs-utils busybox-static gcc libc6-dev debootstrap nftables iproute2 openssl
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo demo-platform test bench clean docker-engine
+.PHONY: setup demo demo-platform test bench repro clean docker-engine
 
 setup: $(STAMP)
 	@missing=""; \
@@ -47,6 +47,10 @@ bench: setup docker-engine
 	$(PY) bench/startup.py
 	$(PY) bench/burst.py
 	$(PY) bench/rollout.py
+
+# the OPD token-selection reproduction (CPU, ~40 min): docs/results/opd_repro.{json,md,png}
+repro: setup
+	$(PY) -m shoal.train.repro --config full --out docs/results
 
 clean:
 	rm -rf $(VENV) src/shoal/runtime/container/native/build
