@@ -95,7 +95,9 @@ def test_reproduction_smoke_config_runs_end_to_end(tmp_path):
     assert saved["runs"] == json.loads(json.dumps(result["runs"]))
     cfg = repro.CONFIGS["smoke"]
     expected = 1 + len(cfg.selectors) * len([b for b in cfg.budgets if b < 1])
-    assert len(result["runs"]) == expected * len(cfg.seeds)
+    expected_alt = 1 + len(cfg.alt_selectors) * len(cfg.alt_budgets)
+    assert len(result["runs"]) == (expected + expected_alt) * len(cfg.seeds)
+    assert {r["lr"] for r in result["runs"]} == {cfg.opd_lr, cfg.alt_lr}
     for r in result["runs"]:
         assert 0 <= r["accuracy"]["all"] <= 1 and r["step_s"] > 0
         if r["selector"] == "full":
@@ -104,11 +106,15 @@ def test_reproduction_smoke_config_runs_end_to_end(tmp_path):
             assert r["kept_fraction"] < 1.0 and r["selector_s"] > 0
     mopd = result["mopd"]
     assert set(mopd["variants"]) == {"pooled", "routed", "routed+exopd", "routed+exopd-relu"}
+    # MOPD's "pooled" variant is full-token OPD through mopd_loss (lam 1, no clip): the same run, exactly
+    full_alt = sorted((r["seed"], r["accuracy"]["all"]) for r in result["runs"]
+                      if r["selector"] == "full" and r["lr"] == cfg.mopd_lr)
+    assert [a["all"] for a in mopd["variants"]["pooled"]["per_seed"]] == [a for _, a in full_alt]
     for v in mopd["variants"].values():
         assert set(v["gain"]) == {"add", "sub", "mul"}
         assert v["smallest_gain"] == min(v["gain"].values())
     text = repro.report(result, tmp_path)
-    assert "| ier | 0.1 |" in text and "routed+exopd-relu" in text
+    assert "| ier | 0.1 |" in text and "routed+exopd-relu" in text and "**lr 0.001**" in text
     assert (tmp_path / "opd_repro.png").stat().st_size > 10_000
     assert [o["student"] for o in result["overhead"]] == [list(s) for s in cfg.overhead_sizes]
     assert all(o["full_step_ms"] > 0 and o["selector_ms"] > 0 for o in result["overhead"])

@@ -199,11 +199,12 @@ class RunResult:
     selector_s: float
     kept_fraction: float
     variant: str = "opd"
+    lr: float = 0.0
 
 
 def opd_run(student0, teacher, selector: str, budget: float, seed: int, steps: int, batch_size: int, lr: float,
             test_items, teacher_for=None, ref=None, lam: float = 1.0, gate: str = "none",
-            warmup: int = 30) -> RunResult:
+            advantage_clip: float | None = None, warmup: int = 30) -> RunResult:
     """On-policy distillation from a copy of student0. teacher_for(category) routes each task to its
     category expert (MOPD); with `ref`, the advantage is ExOPD's extrapolation (lam, gate)."""
     student = copy.deepcopy(student0)
@@ -240,7 +241,8 @@ def opd_run(student0, teacher, selector: str, budget: float, seed: int, steps: i
             with torch.no_grad():
                 r_logits, _, _ = flatten_responses(next_token_logits(ref, ids), ids, resp)
             loss = signals.mopd_loss(logp, logp.detach(), sampled_logprobs(t_logits, sampled),
-                                     sampled_logprobs(r_logits, sampled), mask, lam=lam, gate=gate)
+                                     sampled_logprobs(r_logits, sampled), mask, lam=lam, gate=gate,
+                                     advantage_clip=advantage_clip)
         for g in opt.param_groups:  # linear warm-up, then constant (as the paper's constant lr)
             g["lr"] = lr * min(1.0, (step + 1) / warmup)
         opt.zero_grad()
@@ -249,7 +251,7 @@ def opd_run(student0, teacher, selector: str, budget: float, seed: int, steps: i
         kept.append(float(mask.float().mean()))
         step_times.append(time.perf_counter() - t0)
     return RunResult(selector, budget, seed, accuracy(student, test_items), statistics.median(step_times),
-                     statistics.median(sel_times), statistics.mean(kept))
+                     statistics.median(sel_times), statistics.mean(kept), lr=lr)
 
 
 # ------------------------------------------------------------------------------------------ configs
@@ -262,13 +264,20 @@ class Config:
     expert_steps: int = 1000
     opd_steps: int = 300
     batch_size: int = 64
-    opd_lr: float = 1e-3
+    opd_lr: float = 1e-4
     budgets: tuple = (0.001, 0.01, 0.1, 1.0)
     selectors: tuple = ("random", "ier", "tip", "tip+ier-and", "ta-opd+ier-and")
     seeds: tuple = (0, 1, 2)
+    # a second learning rate (the one best for full-token OPD here), on a subset of the grid:
+    # whether selection holds up depends on it (docs/training.md)
+    alt_lr: float | None = 1e-3
+    alt_selectors: tuple = ("random", "ier", "tip+ier-and")
+    alt_budgets: tuple = (0.001, 0.1)
     test_n: int = 600
     mopd: bool = True
+    mopd_lr: float = 1e-3
     mopd_lam: float = 1.25
+    mopd_advantage_clip: float | None = None  # as plain OPD: the "pooled" variant then equals full OPD
     overhead_sizes: tuple = ((2, 64), (3, 128), (4, 256))
     overhead_steps: int = 12
 
@@ -282,7 +291,8 @@ class Config:
 CONFIGS = {
     "smoke": Config(teacher=(2, 32), student=(1, 32), teacher_steps=30, student_steps=10, expert_steps=10,
                     opd_steps=3, batch_size=16, budgets=(0.1, 1.0), selectors=("random", "ier", "tip+ier-and"),
-                    seeds=(0,), test_n=30, overhead_sizes=((1, 32),), overhead_steps=2),
+                    seeds=(0,), test_n=30, alt_selectors=("ier",), alt_budgets=(0.1,), overhead_sizes=((1, 32),),
+                    overhead_steps=2),
     "full-no-mopd": Config(mopd=False),
     "full": Config(),
 }
@@ -321,22 +331,21 @@ def _job_pretrain(ckpt: Path, config: Config, role: str, spec: tuple) -> str:
     return role
 
 
-def _job_opd(ckpt: Path, config: Config, selector: str, budget: float, seed: int, variant: str) -> dict:
+def _job_opd(ckpt: Path, config: Config, selector: str, budget: float, seed: int, variant: str, lr: float) -> dict:
     student = _load(ckpt, "student", config)
     teacher = _load(ckpt, "teacher", config)
     test_items = test_set(config.test_n)
     kw: dict = {}
     if variant != "opd":
         # every MOPD variant goes through mopd_loss (same advantage clip); lam = 1 is plain OPD
-        kw.update(ref=copy.deepcopy(student).eval(), lam=1.0)
+        kw.update(ref=copy.deepcopy(student).eval(), lam=1.0, advantage_clip=config.mopd_advantage_clip)
     if variant.startswith("routed"):
         router = signals.TeacherRouter({c: f"expert-{c}" for c in CATEGORIES})
         experts = {role: _load(ckpt, role, config) for role in router.routing.values()}
         kw["teacher_for"] = lambda cat: experts[router.route([cat])[0]]
     if variant.startswith("routed+exopd"):
         kw.update(lam=config.mopd_lam, gate="relu" if variant.endswith("relu") else "none")
-    r = opd_run(student, teacher, selector, budget, seed, config.opd_steps, config.batch_size, config.opd_lr,
-                test_items, **kw)
+    r = opd_run(student, teacher, selector, budget, seed, config.opd_steps, config.batch_size, lr, test_items, **kw)
     return asdict(replace(r, variant=variant))
 
 
@@ -427,16 +436,21 @@ def run(config: Config, out: Path, log=print, workers: int | None = None, fresh:
         result["baseline"] = {"teacher": evals["teacher"], "student": evals["student"]}
         log(f"teacher {evals['teacher']['all']:.3f}  student start {evals['student']['all']:.3f}  "
             f"({time.perf_counter() - t0:.0f} s)")
-        plan = [("full", 1.0, s, "opd") for s in config.seeds]
-        plan += [(sel, b, s, "opd") for b in config.budgets if b < 1.0 for sel in config.selectors
+        lr = config.opd_lr
+        plan = [("full", 1.0, s, "opd", lr) for s in config.seeds]
+        plan += [(sel, b, s, "opd", lr) for b in config.budgets if b < 1.0 for sel in config.selectors
                  for s in config.seeds]
-        if config.mopd:
-            plan += [("full", 1.0, s, v) for v in ("pooled", "routed", "routed+exopd", "routed+exopd-relu")
+        if config.alt_lr is not None:
+            plan += [("full", 1.0, s, "opd", config.alt_lr) for s in config.seeds]
+            plan += [(sel, b, s, "opd", config.alt_lr) for b in config.alt_budgets for sel in config.alt_selectors
                      for s in config.seeds]
+        if config.mopd:
+            plan += [("full", 1.0, s, v, config.mopd_lr) for v in ("pooled", "routed", "routed+exopd",
+                                                                    "routed+exopd-relu") for s in config.seeds]
         runs = _drain({pool.submit(_job_opd, ckpt, config, *p): i for i, p in enumerate(plan)}, "OPD runs", log)
         result["runs"] = [r for r in runs if r["variant"] == "opd"]
         for r in result["runs"]:
-            log(f"{r['selector']:>15} budget {r['budget']:<6} seed {r['seed']}: acc {r['accuracy']['all']:.3f} "
+            log(f"lr {r['lr']:g} {r['selector']:>15} budget {r['budget']:<6} seed {r['seed']}: acc {r['accuracy']['all']:.3f} "
                 f"kept {r['kept_fraction']:.4f} step {r['step_s'] * 1000:.0f} ms selector {r['selector_s'] * 1000:.1f} ms")
         if config.mopd:
             experts = {c: evals[f"expert-{c}"][c] for c in CATEGORIES}
@@ -470,22 +484,23 @@ def _mopd_summary(experts: dict, base: dict, runs: list[dict]) -> dict:
 
 # ------------------------------------------------------------------------------------------ report
 def summarize(result: dict) -> dict:
-    """Mean and spread (min..max over seeds) of accuracy per (selector, budget), and selector overhead."""
+    """Per (lr, selector, budget): accuracy mean and spread (min..max over seeds), kept tokens, times,
+    and the selector's time as a share of the full-OPD step at that lr."""
     groups: dict[tuple, list[dict]] = {}
     for r in result["runs"]:
-        groups.setdefault((r["selector"], r["budget"]), []).append(r)
-    full = groups.get(("full", 1.0))
-    full_step = statistics.median(r["step_s"] for r in full) if full else None
+        groups.setdefault((r.get("lr", result["config"]["opd_lr"]), r["selector"], r["budget"]), []).append(r)
+    full_step = {lr: statistics.median(r["step_s"] for r in rs) for (lr, sel, _), rs in groups.items() if sel == "full"}
     rows = []
-    for (sel, budget), rs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+    for (lr, sel, budget), rs in sorted(groups.items(), key=lambda kv: (kv[0][0] != result["config"]["opd_lr"],
+                                                                        kv[0][0], kv[0][2], kv[0][1])):
         acc = [r["accuracy"]["all"] for r in rs]
         sel_s = statistics.median(r["selector_s"] for r in rs)
-        rows.append({"selector": sel, "budget": budget, "acc_mean": statistics.mean(acc), "acc_min": min(acc),
-                     "acc_max": max(acc), "kept": statistics.mean(r["kept_fraction"] for r in rs),
-                     "step_ms": 1000 * statistics.median(r["step_s"] for r in rs),
-                     "selector_ms": 1000 * sel_s,
-                     "selector_overhead_pct": 100 * sel_s / full_step if full_step else None})
-    return {"rows": rows}
+        rows.append({"lr": lr, "selector": sel, "budget": budget, "acc_mean": statistics.mean(acc),
+                     "acc_min": min(acc), "acc_max": max(acc), "seeds": len(rs),
+                     "kept": statistics.mean(r["kept_fraction"] for r in rs),
+                     "step_ms": 1000 * statistics.median(r["step_s"] for r in rs), "selector_ms": 1000 * sel_s,
+                     "selector_overhead_pct": 100 * sel_s / full_step[lr] if lr in full_step else None})
+    return {"rows": rows, "lrs": list(dict.fromkeys(r["lr"] for r in rows))}
 
 
 def report(result: dict, out: Path) -> str:
@@ -494,15 +509,18 @@ def report(result: dict, out: Path) -> str:
     base = result["baseline"]
     lines = [f"teacher accuracy {base['teacher']['all']:.3f}, student start {base['student']['all']:.3f} "
              f"(exact match of the whole step-by-step answer, {result['config']['test_n']} test problems); "
-             f"wall time {result.get('wall_s', 0) / 60:.1f} min on {result.get('workers', 1)} worker(s)", "",
-             "| selector | budget | accuracy mean (min..max) | Δ vs start | kept tokens | step | selector | "
-             "selector / full-OPD step |",
-             "|---|---:|---|---:|---:|---:|---:|---:|"]
-    for r in summ["rows"]:
-        ov = f"{r['selector_overhead_pct']:+.1f}%" if r["selector_overhead_pct"] is not None else ""
-        lines.append(f"| {r['selector']} | {r['budget']:g} | {r['acc_mean']:.3f} ({r['acc_min']:.3f}..{r['acc_max']:.3f})"
-                     f" | {r['acc_mean'] - base['student']['all']:+.3f} | {r['kept']:.4f} | {r['step_ms']:.0f} ms | "
-                     f"{r['selector_ms']:.1f} ms | {ov} |")
+             f"{result['config']['opd_steps']} OPD steps of {result['config']['batch_size']} prompts; "
+             f"wall time {result.get('wall_s', 0) / 60:.1f} min on {result.get('workers', 1)} worker(s)"]
+    for lr in summ["lrs"]:
+        lines += ["", f"**lr {lr:g}**", "",
+                  "| selector | budget | accuracy mean (min..max) | Δ vs start | kept tokens | step | selector | "
+                  "selector / full-OPD step |",
+                  "|---|---:|---|---:|---:|---:|---:|---:|"]
+        for r in (r for r in summ["rows"] if r["lr"] == lr):
+            ov = f"{r['selector_overhead_pct']:+.1f}%" if r["selector_overhead_pct"] is not None else ""
+            lines.append(f"| {r['selector']} | {r['budget']:g} | {r['acc_mean']:.3f} ({r['acc_min']:.3f}..{r['acc_max']:.3f})"
+                         f" | {r['acc_mean'] - base['student']['all']:+.3f} | {r['kept']:.4f} | {r['step_ms']:.0f} ms | "
+                         f"{r['selector_ms']:.1f} ms | {ov} |")
     if result.get("overhead"):
         lines += ["", "| student | params | full-OPD step | selector (tip+ier-and, k=16) | overhead |",
                   "|---|---:|---:|---:|---:|"]
@@ -511,8 +529,9 @@ def report(result: dict, out: Path) -> str:
                          f"{o['full_step_ms']:.0f} ms | {o['selector_ms']:.1f} ms | {o['overhead_pct']:+.1f}% |")
     if "mopd" in result:
         m = result["mopd"]
-        lines += ["", f"experts (own category): {json.dumps({k: round(v, 3) for k, v in m['experts'].items()})}; "
-                      f"student start: {json.dumps({k: round(v, 3) for k, v in m['student'].items()})}", "",
+        lines += ["", f"MOPD at lr {result['config']['mopd_lr']:g}, full tokens. Experts (own category): "
+                      f"{json.dumps({k: round(v, 3) for k, v in m['experts'].items()})}; student start: "
+                      f"{json.dumps({k: round(v, 3) for k, v in m['student'].items()})}", "",
                   "| MOPD variant | add | sub | mul | all | smallest gain | recovery add / sub / mul |",
                   "|---|---:|---:|---:|---:|---:|---|"]
         for name, v in m["variants"].items():
@@ -532,42 +551,43 @@ def _plot(result: dict, summ: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = 2 if "mopd" in result else 1
-    fig, axes = plt.subplots(1, panels, figsize=(6.5 * panels, 4.2), squeeze=False)
-    ax = axes[0][0]
-    selectors_ = sorted({r["selector"] for r in summ["rows"]} - {"full"})
-    for i, sel in enumerate(selectors_):
-        pts = [r for r in summ["rows"] if r["selector"] == sel]
-        xs = [r["budget"] * (1 + 0.06 * (i - len(selectors_) / 2)) for r in pts]  # dodge overlapping bars
-        ax.errorbar(xs, [r["acc_mean"] for r in pts],
-                    yerr=[[r["acc_mean"] - r["acc_min"] for r in pts], [r["acc_max"] - r["acc_mean"] for r in pts]],
-                    marker="o", capsize=3, label=sel)
-    full = [r for r in summ["rows"] if r["selector"] == "full"]
-    if full:
-        ax.axhspan(full[0]["acc_min"], full[0]["acc_max"], color="k", alpha=0.08)
-        ax.axhline(full[0]["acc_mean"], color="k", ls="--", label="full OPD (band: seeds)")
-    ax.axhline(result["baseline"]["student"]["all"], color="grey", ls=":", label="student start")
-    ax.set_xscale("log")
-    ax.set_xlabel("token budget (fraction of response tokens)")
-    ax.set_ylabel("exact-match accuracy")
-    ax.set_title("OPD token selection (mean, min..max over seeds)")
-    ax.legend(fontsize=7)
+    panels = len(summ["lrs"]) + ("mopd" in result)
+    fig, axes = plt.subplots(1, panels, figsize=(6 * panels, 4.4), squeeze=False, sharey=True)
+    all_selectors = sorted({r["selector"] for r in summ["rows"]} - {"full"})
+    colors = {sel: f"C{i}" for i, sel in enumerate(all_selectors)}
+    for ax, lr in zip(axes[0], summ["lrs"]):
+        rows = [r for r in summ["rows"] if r["lr"] == lr]
+        sels = sorted({r["selector"] for r in rows} - {"full"})
+        for i, sel in enumerate(sels):
+            pts = [r for r in rows if r["selector"] == sel]
+            xs = [r["budget"] * (1 + 0.08 * (i - len(sels) / 2)) for r in pts]  # dodge overlapping bars
+            ax.errorbar(xs, [r["acc_mean"] for r in pts],
+                        yerr=[[r["acc_mean"] - r["acc_min"] for r in pts], [r["acc_max"] - r["acc_mean"] for r in pts]],
+                        marker="o", capsize=3, label=sel, color=colors[sel])
+        full = [r for r in rows if r["selector"] == "full"]
+        if full:
+            ax.axhspan(full[0]["acc_min"], full[0]["acc_max"], color="k", alpha=0.08)
+            ax.axhline(full[0]["acc_mean"], color="k", ls="--", label="full OPD (band: seeds)")
+        ax.axhline(result["baseline"]["student"]["all"], color="grey", ls=":", label="student start")
+        ax.set_xscale("log")
+        ax.set_xlabel("token budget (fraction of response tokens)")
+        ax.set_title(f"OPD token selection, lr {lr:g}")
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("exact-match accuracy (mean, min..max over seeds)")
     if "mopd" in result:
-        ax = axes[0][1]
+        ax = axes[0][-1]
         m = result["mopd"]
         names = list(m["variants"])
         cats = (*CATEGORIES, "all")
         width = 0.8 / (len(names) + 1)
-        ax.bar([j for j in range(len(cats))], [m["student"][c] for c in cats], width, label="student start",
-               color="lightgrey")
+        ax.bar(range(len(cats)), [m["student"][c] for c in cats], width, label="student start", color="lightgrey")
         for i, name in enumerate(names):
             ax.bar([j + (i + 1) * width for j in range(len(cats))], [m["variants"][name]["accuracy"][c] for c in cats],
                    width, label=name)
         for j, c in enumerate(CATEGORIES):
             ax.plot([j - width / 2, j + (len(names) + 0.5) * width], [m["experts"][c]] * 2, color="k", lw=1)
         ax.set_xticks([j + len(names) * width / 2 for j in range(len(cats))], cats)
-        ax.set_ylabel("exact-match accuracy")
-        ax.set_title("Multi-teacher OPD (black line: category expert)")
+        ax.set_title(f"Multi-teacher OPD, lr {result['config']['mopd_lr']:g} (line: category expert)")
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
