@@ -5,6 +5,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shoal.train import signals as S
 
@@ -201,3 +203,50 @@ def test_mopd_routes_each_label_to_its_teacher_and_rejects_unknown_labels():
                        torch.ones(2, dtype=torch.bool), gate="relu")
     loss.backward()
     assert new.grad[0] < 0 < new.grad[1]
+
+
+def _reference_select(score, ier, valid, response_ids, budget, min_keep):
+    """The budget rule written as plainly as possible, to check the vectorised one against."""
+    idx = [i for i in range(len(score)) if valid[i]]
+    order = sorted(idx, key=lambda i: (-float(score[i]), -float(ier[i]), i))
+    n_keep = math.ceil(budget * len(idx) - 1e-9)
+    keep = set(order[:n_keep])
+    counts: dict[int, int] = {}
+    for i in keep:
+        counts[int(response_ids[i])] = counts.get(int(response_ids[i]), 0) + 1
+    for i in order[n_keep:]:
+        rid = int(response_ids[i])
+        if counts.get(rid, 0) < min_keep:
+            keep.add(i)
+            counts[rid] = counts.get(rid, 0) + 1
+    return sorted(keep)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 60), st.integers(1, 9), st.sampled_from([0.001, 0.05, 0.3, 1.0]), st.integers(0, 3),
+       st.integers(0, 10_000))
+def test_vectorised_budget_rule_matches_the_plain_one(n, n_resp, budget, min_keep, seed):
+    g = torch.Generator().manual_seed(seed)
+    score = torch.randint(0, 4, (n,), generator=g).float() / 4  # coarse values: many ties
+    ier = torch.randint(0, 3, (n,), generator=g).float()
+    valid = torch.rand(n, generator=g) < 0.8
+    resp = torch.randint(0, n_resp, (n,), generator=g)
+    mask = S.select_budget(score, ier, valid, resp, budget, min_keep=min_keep)
+    assert mask.nonzero().flatten().tolist() == _reference_select(score, ier, valid, resp, budget, min_keep)
+
+
+def test_selectors_sharing_one_token_stats_equal_the_public_functions():
+    from shoal.train import selectors
+
+    torch.manual_seed(3)
+    s, t = torch.randn(120, 40) * 2, torch.randn(120, 40) * 2
+    sampled = torch.multinomial(torch.softmax(s, -1), 1).squeeze(-1)
+    valid, rows = torch.ones(120, dtype=torch.bool), torch.arange(120) // 12
+    ier = S.ier_candidates(s, t, sampled, k=8)
+    rank = S.ier_rank(ier, valid)
+    u = S.tip_score(S.student_topk_entropy(s, 8), S.forward_kl_topk_union(s, t, 8), valid)
+    expected = S.select_budget(S.fuse(u, rank, "and"), ier, valid, rows, 0.1)
+    assert torch.equal(selectors.select("tip+ier-and", 0.1, s, t, sampled, valid, rows, k=8), expected)
+    u = S.ta_opd_score(S.forward_kl_topk_union(s, t, 8), S.teacher_mass_on_student_topk(s, t, 8), valid)
+    expected = S.select_budget(S.fuse(u, rank, "and"), ier, valid, rows, 0.1)
+    assert torch.equal(selectors.select("ta-opd+ier-and", 0.1, s, t, sampled, valid, rows, k=8), expected)
