@@ -106,10 +106,6 @@ def test_reproduction_smoke_config_runs_end_to_end(tmp_path):
             assert r["kept_fraction"] < 1.0 and r["selector_s"] > 0
     mopd = result["mopd"]
     assert set(mopd["variants"]) == {"pooled", "routed", "routed+exopd", "routed+exopd-relu"}
-    # MOPD's "pooled" variant is full-token OPD through mopd_loss (lam 1, no clip): the same run, exactly
-    full_alt = sorted((r["seed"], r["accuracy"]["all"]) for r in result["runs"]
-                      if r["selector"] == "full" and r["lr"] == cfg.mopd_lr)
-    assert [a["all"] for a in mopd["variants"]["pooled"]["per_seed"]] == [a for _, a in full_alt]
     for v in mopd["variants"].values():
         assert set(v["gain"]) == {"add", "sub", "mul"}
         assert v["smallest_gain"] == min(v["gain"].values())

@@ -552,7 +552,7 @@ def _plot(result: dict, summ: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     panels = len(summ["lrs"]) + ("mopd" in result)
-    fig, axes = plt.subplots(1, panels, figsize=(6 * panels, 4.4), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(1, panels, figsize=(6 * panels, 4.4), squeeze=False)
     all_selectors = sorted({r["selector"] for r in summ["rows"]} - {"full"})
     colors = {sel: f"C{i}" for i, sel in enumerate(all_selectors)}
     for ax, lr in zip(axes[0], summ["lrs"]):
@@ -572,8 +572,8 @@ def _plot(result: dict, summ: dict, path: Path) -> None:
         ax.set_xscale("log")
         ax.set_xlabel("token budget (fraction of response tokens)")
         ax.set_title(f"OPD token selection, lr {lr:g}")
+        ax.set_ylabel("exact-match accuracy (mean, min..max over seeds)")
         ax.legend(fontsize=7)
-    axes[0][0].set_ylabel("exact-match accuracy (mean, min..max over seeds)")
     if "mopd" in result:
         ax = axes[0][-1]
         m = result["mopd"]
@@ -588,6 +588,7 @@ def _plot(result: dict, summ: dict, path: Path) -> None:
             ax.plot([j - width / 2, j + (len(names) + 0.5) * width], [m["experts"][c]] * 2, color="k", lw=1)
         ax.set_xticks([j + len(names) * width / 2 for j in range(len(cats))], cats)
         ax.set_title(f"Multi-teacher OPD, lr {result['config']['mopd_lr']:g} (line: category expert)")
+        ax.set_ylabel("exact-match accuracy (mean over seeds)")
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
