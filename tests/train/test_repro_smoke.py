@@ -120,3 +120,14 @@ def test_reproduction_smoke_config_runs_end_to_end(tmp_path):
     assert {f: f.stat().st_mtime_ns for f in (tmp_path / "checkpoints").glob("*.pt")} == stamp
     assert again["baseline"] == result["baseline"]
     assert repro.report(saved, tmp_path).splitlines()[2:] == text.splitlines()[2:]
+    # the lr sweep reuses the run's results where they match (runs are deterministic) and runs the rest
+    sweep = repro.lr_sweep(cfg, tmp_path, lrs=(cfg.opd_lr, 3e-4), selectors_=("full", "ier"), budget=0.1,
+                           log=lambda *_: None, workers=1)
+    assert [(r["lr"], r["selector"]) for r in sweep["runs"]] == [(cfg.opd_lr, "full"), (cfg.opd_lr, "ier"),
+                                                                  (3e-4, "full"), (3e-4, "ier")]
+    reused = next(r for r in again["runs"] if r["selector"] == "ier" and r["budget"] == 0.1 and r["lr"] == cfg.opd_lr)
+    assert sweep["runs"][1] == json.loads(json.dumps(reused))
+    assert "| ier |" in (tmp_path / "opd_lr_sweep.md").read_text()
+    assert (tmp_path / "opd_lr_sweep.png").stat().st_size > 10_000
+    with pytest.raises(FileNotFoundError, match="run the reproduction first"):
+        repro.lr_sweep(cfg, tmp_path / "elsewhere", log=lambda *_: None)

@@ -595,6 +595,80 @@ def _plot(result: dict, summ: dict, path: Path) -> None:
     plt.close(fig)
 
 
+# ------------------------------------------------------------------------------------------ lr sweep
+SWEEP_LRS = (3e-5, 1e-4, 3e-4, 1e-3)
+SWEEP_SELECTORS = ("full", "random", "ier", "tip")
+
+
+def lr_sweep(config: Config, out: Path, lrs=SWEEP_LRS, selectors_=SWEEP_SELECTORS, budget: float = 0.001,
+             log=print, workers: int | None = None) -> dict:
+    """Accuracy against the learning rate, for full OPD and each selector at one budget.
+
+    Needs the checkpoints of a previous `run` (same config) in <out>/checkpoints; reuses that run's
+    results where (lr, selector, budget, seed) match, since runs are deterministic. Writes
+    <out>/opd_lr_sweep.json, .md and .png."""
+    ckpt = out / "checkpoints"
+    for role in ("teacher", "student"):
+        if not (ckpt / f"{role}-{config.model_key(role)}.pt").exists():
+            raise FileNotFoundError(f"no {role} checkpoint for this config under {ckpt}: run the reproduction first")
+    previous = out / "opd_repro.json"
+    known: dict[tuple, dict] = {}
+    if previous.exists():
+        prev = json.loads(previous.read_text())
+        same = {k: v for k, v in prev["config"].items() if k in ("opd_steps", "batch_size", "test_n", "student",
+                                                                   "teacher", "student_steps", "teacher_steps")}
+        if same == {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items() if k in same}:
+            known = {(r["lr"], r["selector"], r["budget"], r["seed"]): r for r in prev["runs"] if "lr" in r}
+    plan = [(sel, 1.0 if sel == "full" else budget, seed, "opd", lr) for lr in lrs for sel in selectors_
+            for seed in config.seeds]
+    todo = [p for p in plan if (p[4], p[0], p[1], p[2]) not in known]
+    log(f"lr sweep: {len(plan)} runs, {len(plan) - len(todo)} reused from {previous.name}")
+    workers = workers if workers is not None else min(2, os.cpu_count() or 1)
+    with _pool(workers) as pool:
+        fresh = _drain({pool.submit(_job_opd, ckpt, config, *p): i for i, p in enumerate(todo)}, "lr sweep", log)
+    for p, r in zip(todo, fresh):
+        known[(p[4], p[0], p[1], p[2])] = r
+    runs = [known[(p[4], p[0], p[1], p[2])] for p in plan]
+    start = json.loads(previous.read_text())["baseline"]["student"]["all"] if previous.exists() else None
+    result = {"lrs": list(lrs), "budget": budget, "student_start": start, "runs": runs}
+    (out / "opd_lr_sweep.json").write_text(json.dumps(result, indent=1))
+    lines = [f"accuracy after {config.opd_steps} OPD steps, mean (min..max) over seeds {list(config.seeds)}; "
+             f"selectors at budget {budget:g}; student start {start}", "",
+             "| selector | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " |", "|---|" + "---|" * len(lrs)]
+    curves = {}
+    for sel in selectors_:
+        cells, curve = [], []
+        for lr in lrs:
+            acc = [r["accuracy"]["all"] for r in runs if r["selector"] == sel and r["lr"] == lr]
+            cells.append(f"{statistics.mean(acc):.3f} ({min(acc):.3f}..{max(acc):.3f})")
+            curve.append((statistics.mean(acc), min(acc), max(acc)))
+        curves[sel] = curve
+        lines.append(f"| {sel} | " + " | ".join(cells) + " |")
+    text = "\n".join(lines) + "\n"
+    (out / "opd_lr_sweep.md").write_text(text)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for sel, curve in curves.items():
+        ax.errorbar(lrs, [c[0] for c in curve], yerr=[[c[0] - c[1] for c in curve], [c[2] - c[0] for c in curve]],
+                    marker="o", capsize=3, label=sel if sel == "full" else f"{sel} @ {budget:g}",
+                    color="k" if sel == "full" else None, ls="--" if sel == "full" else "-")
+    if start is not None:
+        ax.axhline(start, color="grey", ls=":", label="student start")
+    ax.set_xscale("log")
+    ax.set_xlabel("learning rate (constant after 30 warm-up steps)")
+    ax.set_ylabel("exact-match accuracy (mean, min..max over seeds)")
+    ax.set_title("OPD: full tokens vs selected tokens, by learning rate")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "opd_lr_sweep.png", dpi=120)
+    plt.close(fig)
+    return {**result, "table": text}
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", choices=sorted(CONFIGS), default="smoke")
@@ -602,9 +676,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--workers", type=int, default=None, help="worker processes (default: min(2, CPUs))")
     ap.add_argument("--fresh", action="store_true", help="retrain the cached teacher, experts and student")
     ap.add_argument("--report-only", action="store_true", help="rebuild tables and plot from <out>/opd_repro.json")
+    ap.add_argument("--lr-sweep", action="store_true",
+                    help="after a run: accuracy vs learning rate for full OPD and the selectors at 0.1%%")
     args = ap.parse_args(argv)
     if args.workers is not None and args.workers < 1:
         ap.error(f"--workers must be >= 1, got {args.workers}")
+    if args.lr_sweep:
+        try:
+            print(lr_sweep(CONFIGS[args.config], args.out, workers=args.workers)["table"])
+        except FileNotFoundError as e:
+            ap.error(str(e))
+        return
     if args.report_only:
         path = args.out / "opd_repro.json"
         if not path.exists():
