@@ -605,7 +605,8 @@ def lr_sweep(config: Config, out: Path, lrs=SWEEP_LRS, selectors_=SWEEP_SELECTOR
     """Accuracy against the learning rate, for full OPD and each selector at one budget.
 
     Needs the checkpoints of a previous `run` (same config) in <out>/checkpoints; reuses that run's
-    results where (lr, selector, budget, seed) match, since runs are deterministic. Writes
+    results (and an earlier sweep's) where (lr, selector, budget, seed) match, since runs are
+    deterministic. Writes
     <out>/opd_lr_sweep.json, .md and .png."""
     ckpt = out / "checkpoints"
     for role in ("teacher", "student"):
@@ -619,10 +620,13 @@ def lr_sweep(config: Config, out: Path, lrs=SWEEP_LRS, selectors_=SWEEP_SELECTOR
                                                                    "teacher", "student_steps", "teacher_steps")}
         if same == {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items() if k in same}:
             known = {(r["lr"], r["selector"], r["budget"], r["seed"]): r for r in prev["runs"] if "lr" in r}
+            if (out / "opd_lr_sweep.json").exists():  # and an earlier sweep's runs, from the same checkpoints
+                known.update({(r["lr"], r["selector"], r["budget"], r["seed"]): r
+                              for r in json.loads((out / "opd_lr_sweep.json").read_text())["runs"]})
     plan = [(sel, 1.0 if sel == "full" else budget, seed, "opd", lr) for lr in lrs for sel in selectors_
             for seed in config.seeds]
     todo = [p for p in plan if (p[4], p[0], p[1], p[2]) not in known]
-    log(f"lr sweep: {len(plan)} runs, {len(plan) - len(todo)} reused from {previous.name}")
+    log(f"lr sweep: {len(plan)} runs, {len(plan) - len(todo)} reused from earlier runs in {out}")
     workers = workers if workers is not None else min(2, os.cpu_count() or 1)
     with _pool(workers) as pool:
         fresh = _drain({pool.submit(_job_opd, ckpt, config, *p): i for i, p in enumerate(todo)}, "lr sweep", log)
@@ -633,7 +637,7 @@ def lr_sweep(config: Config, out: Path, lrs=SWEEP_LRS, selectors_=SWEEP_SELECTOR
     result = {"lrs": list(lrs), "budget": budget, "student_start": start, "runs": runs}
     (out / "opd_lr_sweep.json").write_text(json.dumps(result, indent=1))
     lines = [f"accuracy after {config.opd_steps} OPD steps, mean (min..max) over seeds {list(config.seeds)}; "
-             f"selectors at budget {budget:g}; student start {start}", "",
+             f"selectors at budget {budget:g}; student start " + (f"{start:.3f}" if start is not None else "unknown"), "",
              "| selector | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " |", "|---|" + "---|" * len(lrs)]
     curves = {}
     for sel in selectors_:
