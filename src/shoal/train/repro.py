@@ -22,6 +22,7 @@ Three categories (add, sub, mul) give the label-routed multi-teacher (MOPD) expe
 
     python -m shoal.train.repro --config smoke    # seconds; what CI runs
     python -m shoal.train.repro --config full     # the report in docs/results (CPU, <= 45 min)
+    python -m shoal.train.repro --config full --lr-sweep   # then: accuracy vs learning rate
 
 Writes <out>/opd_repro.json, opd_repro.md and opd_repro.png.
 """
