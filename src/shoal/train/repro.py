@@ -369,49 +369,23 @@ def _job_overhead(config: Config, layers: int, width: int, selector: str = "tip+
 
 
 # ------------------------------------------------------------------------------------------ driver
-def _pool(workers: int):
-    if workers <= 1:
-        return _Inline()
+def _pool(workers: int) -> cf.Executor:
+    if workers <= 1:  # one thread in this process: same interface, no spawn cost (and debuggable)
+        return cf.ThreadPoolExecutor(1)
     return cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_init_worker)
 
 
-class _Inline:
-    """The executor interface, run in this process (workers=1, and in tests)."""
+def _drain(futures: dict, title: str, show_progress: bool) -> list:
+    """Wait for jobs (with a rich progress bar if asked) and return their results in submission order."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn, TimeRemainingColumn
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-    def submit(self, fn, *args):
-        f: cf.Future = cf.Future()
-        try:
-            f.set_result(fn(*args))
-        except BaseException as e:  # noqa: BLE001 - delivered to the caller through the future
-            f.set_exception(e)
-        return f
-
-
-def _drain(futures: dict, title: str, log) -> list:
-    """Wait for jobs with a progress bar (rich) and return their results in submission order."""
-    try:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn, TimeRemainingColumn
-
-        progress = Progress("[bold]{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                            TimeRemainingColumn(), transient=True)
-    except ImportError:  # pragma: no cover - rich is a dependency
-        progress = None
     results = {}
-    if progress is None or log is not print:
+    with Progress("[bold]{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TimeRemainingColumn(), transient=True, disable=not show_progress) as progress:
+        task = progress.add_task(title, total=len(futures))
         for f in cf.as_completed(futures):
             results[futures[f]] = f.result()
-    else:
-        with progress:
-            task = progress.add_task(title, total=len(futures))
-            for f in cf.as_completed(futures):
-                results[futures[f]] = f.result()
-                progress.advance(task)
+            progress.advance(task)
     return [results[i] for i in range(len(futures))]
 
 
@@ -431,9 +405,9 @@ def run(config: Config, out: Path, log=print, workers: int | None = None, fresh:
         # longest first, so the pool's tail is short
         order = sorted(specs, key=lambda r: -specs[r][2] * specs[r][1] ** 2 * specs[r][0])
         _drain({pool.submit(_job_pretrain, ckpt, config, r, specs[r]): i for i, r in enumerate(order)},
-               "pre-training", log)
+               "pre-training", log is print)
         evals = dict(_drain({pool.submit(_job_eval, ckpt, config, r): i for i, r in enumerate(specs)},
-                            "evaluating", log))
+                            "evaluating", log is print))
         result["baseline"] = {"teacher": evals["teacher"], "student": evals["student"]}
         log(f"teacher {evals['teacher']['all']:.3f}  student start {evals['student']['all']:.3f}  "
             f"({time.perf_counter() - t0:.0f} s)")
@@ -448,7 +422,7 @@ def run(config: Config, out: Path, log=print, workers: int | None = None, fresh:
         if config.mopd:
             plan += [("full", 1.0, s, v, config.mopd_lr) for v in ("pooled", "routed", "routed+exopd",
                                                                     "routed+exopd-relu") for s in config.seeds]
-        runs = _drain({pool.submit(_job_opd, ckpt, config, *p): i for i, p in enumerate(plan)}, "OPD runs", log)
+        runs = _drain({pool.submit(_job_opd, ckpt, config, *p): i for i, p in enumerate(plan)}, "OPD runs", log is print)
         result["runs"] = [r for r in runs if r["variant"] == "opd"]
         for r in result["runs"]:
             log(f"lr {r['lr']:g} {r['selector']:>15} budget {r['budget']:<6} seed {r['seed']}: acc {r['accuracy']['all']:.3f} "
@@ -630,7 +604,7 @@ def lr_sweep(config: Config, out: Path, lrs=SWEEP_LRS, selectors_=SWEEP_SELECTOR
     log(f"lr sweep: {len(plan)} runs, {len(plan) - len(todo)} reused from earlier runs in {out}")
     workers = workers if workers is not None else min(2, os.cpu_count() or 1)
     with _pool(workers) as pool:
-        fresh = _drain({pool.submit(_job_opd, ckpt, config, *p): i for i, p in enumerate(todo)}, "lr sweep", log)
+        fresh = _drain({pool.submit(_job_opd, ckpt, config, *p): i for i, p in enumerate(todo)}, "lr sweep", log is print)
     for p, r in zip(todo, fresh):
         known[(p[4], p[0], p[1], p[2])] = r
     runs = [known[(p[4], p[0], p[1], p[2])] for p in plan]

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from . import selectors, signals
-from .hf import sampled_logprobs
+from .hf import flatten_responses, sampled_logprobs
 
 
 def selective_gkd_trainer():
@@ -55,10 +55,10 @@ def selective_gkd_trainer():
                 teacher_out = self.teacher_model(input_ids=inputs["input_ids"],
                                                  attention_mask=inputs["attention_mask"])
             s_logits, t_logits = student_out.logits[:, :-1, :], teacher_out.logits[:, :-1, :]
-            labels = inputs["labels"][:, 1:]
-            valid = labels != -100
-            rows = torch.arange(labels.shape[0], device=labels.device)[:, None].expand_as(labels)[valid]
-            s_flat, t_flat, sampled = s_logits[valid], t_logits[valid], labels[valid]
+            # completion tokens are the labelled positions (TRL puts -100 on prompt and padding)
+            completion = inputs["labels"] != -100
+            s_flat, sampled, rows = flatten_responses(s_logits, inputs["labels"], completion)
+            t_flat, _, _ = flatten_responses(t_logits, inputs["labels"], completion)
             mask = selectors.select(self.selector, self.budget, s_flat.detach(), t_flat, sampled,
                                     torch.ones_like(sampled, dtype=torch.bool), rows, k=self.k)
             self.selection_log.append((int(mask.sum()), int(mask.numel())))
@@ -66,8 +66,8 @@ def selective_gkd_trainer():
                 logp = sampled_logprobs(s_flat, sampled)
                 loss = signals.opd_loss(logp, logp.detach(), sampled_logprobs(t_flat, sampled), mask)
             else:
-                kept = labels.clone()
-                kept[valid] = torch.where(mask, sampled, torch.full_like(sampled, -100))
+                kept = inputs["labels"][:, 1:].clone()
+                kept[completion[:, 1:]] = torch.where(mask, sampled, torch.full_like(sampled, -100))
                 # TRL's own loss over the kept tokens only; its batchmean divides by their count
                 loss = self.generalized_jsd_loss(student_logits=s_logits, teacher_logits=t_logits, labels=kept,
                                                  beta=self.beta)
