@@ -39,9 +39,12 @@ class Limits(BaseModel):
 
     model_config = ConfigDict(frozen=True)
     cpu: float = Field(1.0, description="CPU cores (CFS quota); fractional allowed")
-    memory_mb: int = Field(512, description="memory limit, MiB (the writable upper's tmpfs counts too)")
-    disk_mb: int = Field(1024, description="size cap of the writable upper, MiB")
+    memory_mb: int = Field(512, description="memory limit, MiB (a tmpfs upper's pages count too)")
+    disk_mb: int = Field(1024, description="size cap of the writable upper, MiB (ENOSPC past it)")
     pids: int = Field(512, description="maximum number of processes/threads")
+    upper: Literal["tmpfs", "disk"] = Field(
+        "tmpfs", description="where the writable upper lives: 'tmpfs' (memory-backed, size=disk_mb) or "
+                             "'disk' (an ext4 file system of disk_mb on a loop device, on the Shoal root's disk)")
 
     @field_validator("cpu", "memory_mb", "disk_mb", "pids")
     @classmethod

@@ -6,7 +6,7 @@ and fails with a clear BackendUnavailable on this host.
 """
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -29,10 +29,13 @@ class ContainerArgs(BackendArgs):
     memory_mb: int = Field(512, gt=0, description="memory limit in MiB (writable upper counts too)")
     disk_mb: int = Field(1024, gt=0, description="size cap of the writable upper in MiB")
     pids: int = Field(512, gt=0, description="max processes + threads")
+    upper: Literal["tmpfs", "disk"] = Field(
+        "tmpfs", description="writable upper on a tmpfs (memory-backed) or on disk (ext4 on a loop device)")
     hostname: str | None = Field(None, max_length=64)
 
     def limits(self) -> Limits:
-        return Limits(cpu=self.cpu, memory_mb=self.memory_mb, disk_mb=self.disk_mb, pids=self.pids)
+        return Limits(cpu=self.cpu, memory_mb=self.memory_mb, disk_mb=self.disk_mb, pids=self.pids,
+                      upper=self.upper)
 
 
 class FnCallArgs(BackendArgs):

@@ -523,6 +523,8 @@ class Sandbox:
         kw.setdefault("cpu", info.limits.cpu)
         kw.setdefault("disk_mb", info.limits.disk_mb)
         kw.setdefault("pids", info.limits.pids)
+        if info.limits.upper != "tmpfs" and kw.get("args") is None:  # children keep a disk upper
+            kw["args"] = ContainerArgs(upper=info.limits.upper)
         result = ForkResult(snapshot=snap)
         for i in range(n):
             try:

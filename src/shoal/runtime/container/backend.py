@@ -4,9 +4,10 @@ How a sandbox comes to life (see docs/architecture.md):
  1. the layer store mounts each layer of the image once per host (file-backed EROFS);
  2. this module creates the sandbox's cgroups (v1 or v2) and its state directory;
  3. `shoal-init launch` (C) starts a supervisor that mounts a size-capped tmpfs for the writable
-    upper and clones the sandbox init into new namespaces; init mounts overlayfs
-    (lowers = layer mounts, upper = tmpfs), /proc, /dev, pivots, hardens itself and serves
-    exec requests on a Unix socket that only the host can reach;
+    upper (with upper="disk": uses the ext4 loop mount made here instead) and clones the sandbox
+    init into new namespaces; init mounts overlayfs (lowers = layer mounts, upper = tmpfs or ext4),
+    /proc, /dev, pivots, hardens itself and serves exec requests on a Unix socket that only the
+    host can reach;
  4. when init dies (kill, TTL, crash) the supervisor releases the tmpfs, cgroups and state dir and
     leaves a tombstone saying why. If the supervisor itself died, `sweep()` does the same.
 """
@@ -53,6 +54,70 @@ def _starttime(pid: int) -> int | None:
 
 def _alive(pid: int | None, start: int | None) -> bool:
     return bool(pid) and start is not None and _starttime(pid) == start  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------ upper = "disk"
+# mke2fs options of a disk upper: no journal (the upper dies with the sandbox, nothing to recover),
+# no reserved blocks (disk_mb is the sandbox's, not root's), lazy inode tables (a sparse image of
+# ~0.4 MB until written), one inode per 8 KiB (a tmpfs has many; small files are common in repos).
+_MKE2FS_OPTS = ["-q", "-F", "-t", "ext4", "-O", "^has_journal", "-m", "0", "-i", "8192",
+                "-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard"]
+
+
+def _upper_template(root: Path, disk_mb: int) -> Path:
+    """An empty ext4 image of disk_mb MiB, made once per size and copied (sparse) per sandbox."""
+    tpl = root / "uppers" / f"template-ext4-{disk_mb}m.img"
+    if tpl.exists():
+        return tpl
+    tpl.parent.mkdir(parents=True, exist_ok=True)
+    mkfs = shutil.which("mkfs.ext4") or shutil.which("mke2fs")
+    if not mkfs:
+        raise SandboxError("upper='disk' needs mkfs.ext4 (Debian package e2fsprogs)")
+    tmp = tpl.with_name(f".{tpl.name}.{os.getpid()}.{threading.get_ident()}")
+    with open(tmp, "wb") as f:
+        f.truncate(disk_mb << 20)
+    proc = subprocess.run([mkfs, *_MKE2FS_OPTS, str(tmp)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        raise SandboxError(f"mkfs.ext4 for a {disk_mb} MiB disk upper failed: {proc.stderr.strip()[:500]}")
+    os.replace(tmp, tpl)
+    return tpl
+
+
+def _sparse_copy(src: Path, dst: Path) -> None:
+    """Copy only the data extents of src (SEEK_DATA/SEEK_HOLE); holes stay holes."""
+    with open(src, "rb") as s, open(dst, "wb") as o:
+        size = os.fstat(s.fileno()).st_size
+        os.ftruncate(o.fileno(), size)
+        off = 0
+        while off < size:
+            try:
+                data = os.lseek(s.fileno(), off, os.SEEK_DATA)
+            except OSError:  # ENXIO: only a hole is left
+                break
+            hole = os.lseek(s.fileno(), data, os.SEEK_HOLE)
+            pos = data
+            while pos < hole:
+                n = os.copy_file_range(s.fileno(), o.fileno(), hole - pos, pos, pos)
+                if n <= 0:
+                    raise OSError(f"copy_file_range stopped at {pos} of {src}")
+                pos += n
+            off = hole
+
+
+def mount_disk_upper(root: Path, sandbox_id: str, disk_mb: int, target: Path) -> None:
+    """Mount a fresh ext4 file system of disk_mb MiB (on a loop device, image under the Shoal root)
+    at target. The image is unlinked at once: the loop device (autoclear) holds it, so unmounting
+    the last reference frees device and space, and a crash cannot leave an image file behind."""
+    img = root / "uppers" / f"{sandbox_id}.img"
+    _sparse_copy(_upper_template(root, disk_mb), img)
+    try:
+        proc = subprocess.run(["mount", "-t", "ext4", "-o", "loop,nosuid,nodev", str(img), str(target)],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SandboxError(f"sandbox {sandbox_id}: mounting its disk upper failed: {proc.stderr.strip()}")
+    finally:
+        img.unlink(missing_ok=True)
 
 
 class ContainerRuntime(Runtime):
@@ -140,12 +205,20 @@ class ContainerRuntime(Runtime):
         except Exception:
             shutil.rmtree(d, ignore_errors=True)
             raise
+        if limits.upper == "disk":
+            try:
+                mount_disk_upper(self.settings.root, sandbox_id, limits.disk_mb, d / "disk")
+            except Exception:
+                self._cleanup(sandbox_id)
+                raise
         # overlayfs wants the top-most lower first
         lower = ":".join(str(p) for p in reversed(lower_dirs))
         cmd = [self.helper, "launch", "--state", str(d), "--lower", lower, "--hostname", meta["hostname"],
                "--disk-mb", str(limits.disk_mb), "--tombstone", str(self.settings.tombstones_dir / sandbox_id)]
         for cg in cg_dirs:
             cmd += ["--cgroup", str(cg)]
+        if limits.upper == "disk":
+            cmd += ["--upper", "mounted"]
         if spec.network == "host":
             cmd += ["--net", "host"]
             if os.path.isfile(HOST_CA_BUNDLE):

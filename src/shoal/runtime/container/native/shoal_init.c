@@ -78,6 +78,7 @@ struct config {
     long long ttl_ms, idle_ttl_ms;
     int host_net; /* builds only: keep the host network namespace (package registries reachable) */
     const char *ca_bundle; /* builds only: host CA bundle, bound read-only at /run/shoal-build/ca.crt */
+    int upper_mounted; /* --upper mounted: the caller mounted a disk-backed fs on disk/ (no tmpfs) */
 };
 
 static struct config cfg;
@@ -721,7 +722,8 @@ static int supervise(int ready_fd) {
     signal(SIGPIPE, SIG_IGN);
 
     snprintf(opts, sizeof opts, "size=%ldm,mode=0755", cfg.disk_mb);
-    if (mount("tmpfs", cfg.disk, "tmpfs", MS_NOSUID | MS_NODEV, opts) < 0) die("mount disk tmpfs on %s", cfg.disk);
+    if (!cfg.upper_mounted && mount("tmpfs", cfg.disk, "tmpfs", MS_NOSUID | MS_NODEV, opts) < 0)
+        die("mount disk tmpfs on %s", cfg.disk);
     char path[4096];
     snprintf(path, sizeof path, "%s/upper", cfg.disk);
     if (mkdir(path, 0755) < 0) die("mkdir upper");
@@ -808,7 +810,7 @@ static void usage(void) {
     fprintf(stderr,
             "usage: shoal-init launch --state DIR --lower L1:L2 --hostname H --disk-mb N [--shm-mb N]\n"
             "                         [--cgroup DIR]... [--ttl-ms N] [--idle-ttl-ms N] [--tombstone FILE]\n"
-            "                         [--net none|host] [--ca-bundle FILE]\n");
+            "                         [--net none|host] [--ca-bundle FILE] [--upper tmpfs|mounted]\n");
     exit(2);
 }
 
@@ -829,6 +831,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--idle-ttl-ms")) cfg.idle_ttl_ms = atoll(v);
         else if (!strcmp(a, "--tombstone")) cfg.tombstone = v;
         else if (!strcmp(a, "--ca-bundle")) cfg.ca_bundle = v;
+        else if (!strcmp(a, "--upper")) {
+            if (!strcmp(v, "mounted")) cfg.upper_mounted = 1;
+            else if (strcmp(v, "tmpfs") != 0) usage();
+        }
         else if (!strcmp(a, "--net")) {
             if (!strcmp(v, "host")) cfg.host_net = 1;
             else if (strcmp(v, "none") != 0) usage();
