@@ -6,7 +6,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 from rich.console import Console
@@ -14,7 +14,9 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Table
 
 from .errors import ShoalError
-from .host import Host
+
+if TYPE_CHECKING:
+    from .host import Host
 
 app = typer.Typer(help="Shoal: composable EROFS-layer sandboxes.", no_args_is_help=True, add_completion=False,
                   pretty_exceptions_enable=False)
@@ -35,7 +37,9 @@ err_console = Console(stderr=True)
 RootOpt = typer.Option(None, "--root", envvar="SHOAL_ROOT", help="Shoal state root (default /var/lib/shoal)")
 
 
-def _host(root: Optional[str]) -> Host:
+def _host(root: Optional[str]) -> "Host":
+    from .host import Host  # imported per command: the host pulls in pydantic, SQLite, the runtime
+
     return Host.get(root)
 
 
@@ -246,12 +250,17 @@ def run(ctx: typer.Context, image: str = typer.Argument(..., help="image name[:t
         disk_mb: Optional[int] = typer.Option(None, "--disk-mb"), timeout: float = typer.Option(600, "--timeout"),
         detach: bool = typer.Option(False, "--detach", "-d", help="keep the sandbox and print its id"),
         ttl: Optional[float] = typer.Option(None, "--ttl", help="absolute TTL in seconds (with --detach)"),
+        in_process: bool = typer.Option(False, "--in-process", help="run here even if a shoald is running"),
         root: Optional[str] = RootOpt):
-    """Create a sandbox from IMAGE and run `-- CMD...` in it (removed afterwards unless --detach)."""
-    from .sdk.sandbox import Sandbox
+    """Create a sandbox from IMAGE and run `-- CMD...` in it (removed afterwards unless --detach).
+
+    With a shoald running on this root (`shoal serve`) the sandbox is made and run through it
+    (the fast path, shoal.cli_fast); without one, or with --in-process, it runs in this process."""
+    from .sdk.sandbox import EMBEDDED, Sandbox
 
     cmd = list(ctx.args)
-    sb = Sandbox.create(image, layers=layer, memory_mb=memory_mb, cpu=cpu, disk_mb=disk_mb, ttl=ttl, root=root)
+    sb = Sandbox.create(image, layers=layer, memory_mb=memory_mb, cpu=cpu, disk_mb=disk_mb, ttl=ttl, root=root,
+                        url=EMBEDDED if in_process else None)
     if detach and not cmd:
         console.print(sb.id)
         return
@@ -475,4 +484,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from .cli_fast import main as entry  # `python -m shoal.cli` behaves as the `shoal` command
+
+    entry()

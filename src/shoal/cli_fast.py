@@ -1,0 +1,367 @@
+"""The `shoal` entry point, and the CLI's hot path: `shoal run` / `shoal exec` through a running shoald.
+
+Why a separate, stdlib-only module: a process that starts, runs `true` in a sandbox and exits is
+dominated by imports. The full CLI (typer, rich, pydantic, the layer store, the SDK) costs about
+200 ms to import; this module imports only `os`, `sys`, `socket` and `json` and talks to the
+daemon with a few lines of HTTP/1.1 over its Unix socket (`http.client` alone costs ~30 ms to
+import, through the `email` package, so it is not used here).
+
+What runs where:
+  * `shoal run IMAGE [opts] -- CMD...` and `shoal exec ID [opts] -- CMD...`: if a shoald answers on
+    this root's socket (`<root>/shoald.sock`, or `$SHOAL_URL` when it is `local` / `unix://PATH`),
+    the sandbox is created, the command streamed and the sandbox removed through the daemon.
+  * With no daemon (no socket, or nothing listening on it) the full CLI runs the sandbox in-process,
+    as before; so do `--in-process`, `SHOAL_URL=embedded`, a remote `SHOAL_URL=http(s)://...`, any
+    option this parser does not know (including `--help`) and every other command.
+
+The wire schema has one source of truth, the daemon's models (`shoal.daemon.app.CreateRequest`,
+`ExecBody`, `shoal.runtime.abstract.ExecResult`): the bodies below are checked against them, and
+this module's output against the SDK's, in tests/functional/test_cli.py.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+
+DEFAULT_ROOT = "/var/lib/shoal"  # = shoal.config.DEFAULT_ROOT (a test keeps them equal)
+DEFAULT_CONFIG = "/etc/shoal/config.toml"  # = shoal.config.DEFAULT_CONFIG
+SOCKET_NAME = "shoald.sock"  # = shoal.daemon.server.default_socket(root).name
+RUN_TIMEOUT_S = 600.0  # `shoal run/exec --timeout` default (same as the typer commands)
+HTTP_TIMEOUT_S = 120.0  # create / delete; exec waits for timeout + 30 s
+
+
+class Fallback(Exception):
+    """This invocation is not for the fast path: hand it to the full CLI."""
+
+
+class DaemonError(Exception):
+    """shoald answered with an error (`{"error": {"type", "message"}}`) or went away mid-request."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+# ------------------------------------------------------------------------------------------ argv
+# option name -> (key, kind); kind: "flag", "str", "list", "int", "float"
+_RUN_OPTS = {"--layer": ("layers", "list"), "-l": ("layers", "list"), "--memory-mb": ("memory_mb", "int"),
+             "--cpu": ("cpu", "float"), "--disk-mb": ("disk_mb", "int"), "--timeout": ("timeout", "float"),
+             "--detach": ("detach", "flag"), "-d": ("detach", "flag"), "--ttl": ("ttl", "float"),
+             "--root": ("root", "str")}
+_EXEC_OPTS = {"--timeout": ("timeout", "float"), "--root": ("root", "str")}
+
+
+def parse(argv: list[str]) -> tuple[str, dict]:
+    """argv (without the program name) -> (command, options). Raises Fallback for anything the
+    full CLI should handle: other commands, unknown options, --help, values that do not parse,
+    or a command not separated by `--` (click's rules for those are the full CLI's business)."""
+    if not argv or argv[0] not in ("run", "exec"):
+        raise Fallback
+    command, rest = argv[0], argv[1:]
+    table = _RUN_OPTS if command == "run" else _EXEC_OPTS
+    opts: dict = {"layers": [], "timeout": RUN_TIMEOUT_S, "detach": False}
+    positional: list[str] = []
+    i = 0
+    while i < len(rest):
+        tok = rest[i]
+        if tok == "--":
+            opts["cmd"] = rest[i + 1:]
+            break
+        if tok.startswith("-") and tok != "-":
+            name, eq, value = tok.partition("=")
+            if name not in table:
+                raise Fallback
+            key, kind = table[name]
+            if kind == "flag":
+                if eq:
+                    raise Fallback
+                opts[key] = True
+            else:
+                if not eq:
+                    i += 1
+                    if i >= len(rest):
+                        raise Fallback
+                    value = rest[i]
+                try:
+                    v: object = int(value) if kind == "int" else float(value) if kind == "float" else value
+                except ValueError:
+                    raise Fallback from None
+                if kind == "list":
+                    opts[key].append(v)
+                else:
+                    opts[key] = v
+        else:
+            positional.append(tok)
+        i += 1
+    if len(positional) != 1:
+        raise Fallback
+    opts["target"] = positional[0]
+    opts.setdefault("cmd", [])
+    if command == "exec" and not opts["cmd"]:
+        raise Fallback  # the full CLI names the error
+    return command, opts
+
+
+def socket_path(root: str | None) -> str | None:
+    """The daemon socket to use, or None for in-process. Mirrors shoal.config.load_settings' root
+    resolution (argument > $SHOAL_ROOT > config file > default); reads the config file through it
+    only when one exists, so the common cases import nothing more."""
+    url = os.environ.get("SHOAL_URL")
+    if url and url.startswith("unix://"):
+        return url[len("unix://"):]
+    if url and url != "local":
+        return None  # "embedded" (in-process) or a remote http(s) daemon: the SDK's business
+    chosen = root or os.environ.get("SHOAL_ROOT")
+    if not chosen:
+        if os.path.isfile(os.environ.get("SHOAL_CONFIG", DEFAULT_CONFIG)):
+            from .config import load_settings
+
+            return str(load_settings(None).root / SOCKET_NAME)
+        chosen = DEFAULT_ROOT
+    return os.path.join(os.path.abspath(chosen), SOCKET_NAME)
+
+
+def create_body(opts: dict) -> dict:
+    """POST /v1/sandboxes body (daemon model: CreateRequest)."""
+    body: dict = {"image": opts["target"]}
+    for key in ("layers", "cpu", "memory_mb", "disk_mb", "ttl"):
+        if opts.get(key):
+            body[key] = opts[key]
+    return body
+
+
+def exec_body(opts: dict) -> dict:
+    """POST /v1/sandboxes/{id}/exec body (daemon model: ExecBody)."""
+    return {"cmd": opts["cmd"] or ["/bin/sh", "-c", "true"], "timeout": opts["timeout"]}
+
+
+# ------------------------------------------------------------------------------------------ HTTP
+class Connection:
+    """HTTP/1.1 over a Unix socket, one request at a time, kept alive between requests."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.sock: socket.socket | None = None
+        self.buf = b""
+        self.headers = {"host": "shoald", "accept": "application/json"}
+        key = os.environ.get("SHOAL_API_KEY")
+        if key:
+            self.headers["authorization"] = f"Bearer {key}"
+
+    def connect(self) -> None:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect(self.path)
+        except OSError:
+            s.close()
+            raise
+        self.sock, self.buf = s, b""
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+    # -- reading
+    def _fill(self) -> None:
+        assert self.sock is not None
+        data = self.sock.recv(65536)
+        if not data:
+            raise DaemonError("SandboxError", f"shoald at {self.path} closed the connection")
+        self.buf += data
+
+    def _line(self) -> bytes:
+        while (i := self.buf.find(b"\r\n")) < 0:
+            self._fill()
+        line, self.buf = self.buf[:i], self.buf[i + 2:]
+        return line
+
+    def _exact(self, n: int) -> bytes:
+        while len(self.buf) < n:
+            self._fill()
+        data, self.buf = self.buf[:n], self.buf[n:]
+        return data
+
+    def _body(self, headers: dict):
+        """Yield the response body in pieces as they arrive (chunked or Content-Length)."""
+        if headers.get("transfer-encoding", "").lower() == "chunked":
+            while True:
+                size = int(self._line().split(b";")[0], 16)
+                if size == 0:
+                    while self._line():  # trailers, then the blank line
+                        pass
+                    return
+                yield self._exact(size)
+                self._line()
+        else:
+            n = int(headers.get("content-length", "0"))
+            while n > 0:
+                if not self.buf:
+                    self._fill()
+                piece, self.buf = self.buf[:n], self.buf[n:]
+                n -= len(piece)
+                yield piece
+
+    # -- a request
+    def request(self, method: str, target: str, body: dict | None = None, timeout: float | None = HTTP_TIMEOUT_S):
+        """Send a request; returns (status, headers, body iterator). The body must be consumed
+        before the next request on this connection."""
+        if self.sock is None:
+            self.connect()
+        assert self.sock is not None
+        self.sock.settimeout(timeout)
+        payload = json.dumps(body).encode() if body is not None else b""
+        head = f"{method} {target} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in self.headers.items())
+        if body is not None:
+            head += "content-type: application/json\r\n"
+        head += f"content-length: {len(payload)}\r\n\r\n"
+        try:
+            self.sock.sendall(head.encode() + payload)
+            status_line = self._line()
+            headers: dict[str, str] = {}
+            while line := self._line():
+                k, _, v = line.decode("latin-1").partition(":")
+                headers[k.strip().lower()] = v.strip()
+        except OSError as e:
+            self.close()
+            raise DaemonError("SandboxError", f"shoald at {self.path} is unreachable: {e}") from None
+        status = int(status_line.split()[1])
+        return status, headers, self._body(headers)
+
+    def call(self, method: str, target: str, body: dict | None = None, timeout: float | None = HTTP_TIMEOUT_S):
+        """A whole request: the JSON answer, or DaemonError with the daemon's error type and message."""
+        status, headers, chunks = self.request(method, target, body, timeout)
+        data = b"".join(chunks)
+        if headers.get("connection", "").lower() == "close":
+            self.close()
+        if status >= 400:
+            raise _error(status, data)
+        return json.loads(data) if data else None
+
+
+def _error(status: int, data: bytes) -> DaemonError:
+    try:
+        err = json.loads(data)["error"]
+        return DaemonError(err.get("type") or "ShoalError", err.get("message") or f"HTTP {status}")
+    except (ValueError, KeyError, TypeError):
+        return DaemonError("ShoalError", f"HTTP {status}: {data[:500].decode(errors='replace')}")
+
+
+def sse_events(chunks):
+    """Server-Sent Events from a body iterator: (event, decoded JSON data), in order."""
+    pending = b""
+    for chunk in chunks:
+        pending += chunk
+        while (i := pending.find(b"\n\n")) >= 0:
+            raw, pending = pending[:i], pending[i + 2:]
+            event, data = "message", ""
+            for line in raw.decode("utf-8").split("\n"):
+                if line.startswith("event: "):
+                    event = line[7:]
+                elif line.startswith("data: "):
+                    data = line[6:]
+            yield event, json.loads(data) if data else None
+
+
+def stream_exec(conn: Connection, sandbox_id: str, body: dict, on_stdout, on_stderr) -> dict:
+    """POST …/exec?stream=true: output to the callbacks as it comes; returns the result (ExecResult JSON)."""
+    timeout = body.get("timeout")
+    status, headers, chunks = conn.request("POST", f"/v1/sandboxes/{sandbox_id}/exec?stream=true", body,
+                                           timeout=None if timeout is None else timeout + 30)
+    if status >= 400:
+        raise _error(status, b"".join(chunks))
+    result = None
+    for event, data in sse_events(chunks):
+        if event == "stdout":
+            on_stdout(data)
+        elif event == "stderr":
+            on_stderr(data)
+        elif event == "result":
+            result = data
+        elif event == "error":
+            raise DaemonError(data.get("type", "ShoalError"), data.get("message", "exec failed"))
+    if headers.get("connection", "").lower() == "close":
+        conn.close()
+    if result is None:
+        raise DaemonError("SandboxError", "shoald ended the exec stream without a result")
+    return result
+
+
+# ------------------------------------------------------------------------------------------ commands
+def _write(stream):
+    def out(text: str) -> None:
+        stream.write(text)
+        stream.flush()
+    return out
+
+
+def run_fast(command: str, opts: dict, conn: Connection) -> int:
+    """`shoal run` / `shoal exec` through the daemon; returns the exit status."""
+    on_out, on_err = _write(sys.stdout), _write(sys.stderr)
+    if command == "exec":
+        return stream_exec(conn, opts["target"], exec_body(opts), on_out, on_err)["exit_code"]
+    sandbox_id = conn.call("POST", "/v1/sandboxes", create_body(opts))["id"]
+    if opts["detach"] and not opts["cmd"]:
+        print(sandbox_id)
+        return 0
+    done = False
+    try:
+        code = stream_exec(conn, sandbox_id, exec_body(opts), on_out, on_err)["exit_code"]
+        done = True
+        return code
+    finally:
+        if opts["detach"]:
+            print(sandbox_id)
+        else:
+            if not done:  # an interrupted stream leaves unread bytes: remove it on a fresh connection
+                conn.close()
+            conn.call("DELETE", f"/v1/sandboxes/{sandbox_id}")
+
+
+def try_fast(argv: list[str]) -> int:
+    """Run argv through the daemon, or raise Fallback when the full CLI should handle it."""
+    if "--in-process" in argv[: argv.index("--") if "--" in argv else len(argv)]:
+        raise Fallback
+    command, opts = parse(argv)
+    path = socket_path(opts.get("root"))
+    if path is None or not os.path.exists(path):
+        raise Fallback
+    conn = Connection(path)
+    try:
+        conn.connect()
+    except OSError:
+        raise Fallback from None  # a stale socket (daemon gone): run in-process
+    try:
+        return run_fast(command, opts, conn)
+    finally:
+        conn.close()
+
+
+def _print_error(kind: str, message: str) -> None:
+    red = sys.stderr.isatty() and not os.environ.get("NO_COLOR")
+    label = "\x1b[31merror:\x1b[0m" if red else "error:"
+    sys.stderr.write(f"{label} {message}\n")
+
+
+def main() -> None:
+    """Entry point of `shoal`: the fast path when it applies, else the full (typer) CLI."""
+    try:
+        code = try_fast(sys.argv[1:])
+    except Fallback:
+        from .cli import main as full_main
+
+        full_main()
+        return
+    except DaemonError as e:
+        _print_error(e.kind, str(e))
+        sys.exit(2)  # as the full CLI does for Shoal's typed errors
+    except KeyboardInterrupt:
+        sys.exit(130)
+    sys.stdout.flush()
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()
