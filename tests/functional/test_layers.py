@@ -4,7 +4,9 @@ from __future__ import annotations
 import io
 import json
 import os
+import subprocess
 import tarfile
+import time
 
 import pytest
 
@@ -33,16 +35,77 @@ def test_same_content_is_stored_once(host, tmp_path):
     assert host.store.build_from_dir(b).digest != la.digest
 
 
-def test_layer_is_mounted_once_and_shared(host, base_image, root):
-    digest = host.store.get_image(base_image).layers[0]
-    with Sandbox.create(base_image, root=root) as s1, Sandbox.create(base_image, root=root) as s2:
-        mnt = str(host.store.mount_path(digest))
-        mounts = [l.split()[4] for l in open("/proc/self/mountinfo")]
-        assert mounts.count(mnt) == 1
+def _kernel_has_file_backed_erofs() -> bool:
+    """File-backed EROFS mounts arrived in Linux 6.12 (CONFIG_EROFS_FS_BACKED_BY_FILE); older kernels,
+    Debian 12's 6.1 among them, only mount EROFS from a block device, i.e. a loop device."""
+    release = os.uname().release
+    major, minor = (int(x) for x in release.split(".")[:2])
+    if (major, minor) < (6, 12):
+        return False
+    config = f"/boot/config-{release}"
+    if os.path.exists(config):
+        return "CONFIG_EROFS_FS_BACKED_BY_FILE=y" in open(config).read()
+    return True
+
+
+# "auto" is what every host does (file-backed where the kernel has it, else loop); "loop" forces the
+# pre-6.12 path (SHOAL_EROFS_MOUNT=loop) so it runs on every host, this one included
+@pytest.mark.parametrize("mode", ["auto", "loop"])
+def test_layer_is_mounted_once_and_shared(host, base_image, root, make_layer, monkeypatch, mode):
+    from shoal.layers import erofs
+
+    monkeypatch.setenv("SHOAL_EROFS_MOUNT", mode)
+    expected = "file-backed" if mode == "auto" and _kernel_has_file_backed_erofs() else "loop"
+    d = make_layer({"mode.txt": f"mounted {mode}"})  # a fresh layer: mounted by this test, by `mode`
+    mnt = str(host.store.mount_path(d))
+    with Sandbox.create(base_image, layers=[d], root=root) as s1, \
+            Sandbox.create(base_image, layers=[d], root=root) as s2:
+        assert _mountpoints().count(mnt) == 1
+        assert s1.files.read("/mode.txt") == s2.files.read("/mode.txt") == f"mounted {mode}"
         assert s1.commands.run("echo ok").stdout == "ok\n" and s2.commands.run("echo ok").stdout == "ok\n"
-    # file-backed (new mount API): the source is the image file, no loop device
-    line = next(l for l in open("/proc/self/mountinfo") if l.split()[4] == mnt)
-    assert " erofs " in line and "/dev/loop" not in line
+    line = next(l for l in _mountinfo() if l.split()[4] == mnt)
+    assert " erofs " in line
+    assert erofs.mount_method(host.store.mount_path(d)) == expected
+    image = host.store.image_path(d)
+    loops = erofs.loop_devices_for(image)
+    if expected == "loop":
+        assert "/dev/loop" in line and len(loops) == 1
+        assert _losetup_files(loops) == [str(image)]
+    else:  # file-backed (new mount API): the source is the image file, no loop device
+        assert "/dev/loop" not in line and loops == []
+    # gc unmounts the unused layer; its loop device goes with the mount (autoclear): no leak
+    host.remove_layer(d)
+    assert not os.path.ismount(mnt)
+    _wait_no_loop(image)
+
+
+def _mountinfo() -> list[str]:
+    with open("/proc/self/mountinfo") as f:
+        return f.readlines()
+
+
+def _mountpoints() -> list[str]:
+    return [l.split()[4] for l in _mountinfo()]
+
+
+def _losetup_files(devices: list[str]) -> list[str]:
+    """The backing files `losetup` reports for `devices` (util-linux's view, not just sysfs)."""
+    out = subprocess.run(["losetup", "--list", "--noheadings", "--output", "BACK-FILE", *devices],
+                         capture_output=True, text=True, check=True).stdout
+    return [l.strip() for l in out.splitlines() if l.strip()]
+
+
+def _wait_no_loop(image) -> None:
+    """The kernel releases an autoclear loop device when its last user goes; that is asynchronous."""
+    from shoal.layers import erofs
+
+    deadline = time.monotonic() + 5
+    while erofs.loop_devices_for(image) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert erofs.loop_devices_for(image) == []
+    out = subprocess.run(["losetup", "--associated", str(image)], check=True, capture_output=True,
+                         text=True).stdout
+    assert out.strip() == "", f"loop device left attached to {image}: {out}"
 
 
 def test_top_layer_wins_and_whiteouts_hide(host, base_image, root, make_layer):
@@ -158,22 +221,46 @@ def test_rm_refuses_layers_in_use_and_gc_collects(host, base_image, root, make_l
     assert not os.path.ismount(host.store.mount_path(d))
 
 
-def test_loop_mount_fallback_serves_the_same_tree(host, make_layer, tmp_path):
-    """Kernels before 6.12 cannot mount EROFS from a file; the loop-device path must work too."""
-    import shutil as _sh
-
+def test_loop_mount_fallback_serves_the_same_tree(host, make_layer, tmp_path, monkeypatch):
+    """Kernels before 6.12 cannot mount EROFS from a file; the loop-device path must serve the same tree,
+    and unmounting must detach the loop device."""
     from shoal.layers import erofs
 
     if not os.path.exists("/dev/loop-control"):
-        pytest.skip("no loop devices on this host")
-    digest = make_layer({"a/b.txt": "loop-ok"})
-    target = tmp_path / "loopmnt"
-    target.mkdir()
-    erofs.mount_loop(host.store.image_path(digest), target)
+        pytest.fail("no /dev/loop-control: the loop path (every pre-6.12 kernel's) cannot be tested")
+    digest = make_layer({"a/b.txt": "loop-ok", "c/d": "x"})
+    image = host.store.image_path(digest)
+    targets = {m: tmp_path / m for m in ("loop", "auto")}
+    for mode, target in targets.items():
+        target.mkdir()
+        monkeypatch.setenv("SHOAL_EROFS_MOUNT", mode)
+        used = erofs.mount_image(image, target)
+        assert used == erofs.mount_method(target)
+        assert used == ("loop" if mode == "loop" or not _kernel_has_file_backed_erofs() else "file-backed")
     try:
-        assert (target / "a/b.txt").read_text() == "loop-ok"
-        line = next(l for l in open("/proc/self/mountinfo") if l.split()[4] == str(target))
-        assert "/dev/loop" in line
+        trees = {m: sorted((str(p.relative_to(t)), p.read_text() if p.is_file() else None)
+                           for p in t.rglob("*")) for m, t in targets.items()}
+        assert trees["loop"] == trees["auto"] and ("a/b.txt", "loop-ok") in trees["loop"]
+        assert erofs.loop_devices_for(image)
     finally:
-        erofs.unmount(target)
-    assert _sh.which("mkfs.erofs")
+        for target in targets.values():
+            erofs.unmount(target)
+    _wait_no_loop(image)
+
+
+def test_forced_mount_mode_is_checked(host, make_layer, tmp_path, monkeypatch):
+    from shoal.errors import InvalidArgument
+    from shoal.layers import erofs
+
+    digest = make_layer({"x": "1"})
+    (tmp_path / "m").mkdir()
+    monkeypatch.setenv("SHOAL_EROFS_MOUNT", "blockdev")
+    with pytest.raises(InvalidArgument, match="SHOAL_EROFS_MOUNT"):
+        erofs.mount_image(host.store.image_path(digest), tmp_path / "m")
+    monkeypatch.setenv("SHOAL_EROFS_MOUNT", "file-backed")
+    if _kernel_has_file_backed_erofs():
+        assert erofs.mount_image(host.store.image_path(digest), tmp_path / "m") == "file-backed"
+        erofs.unmount(tmp_path / "m")
+    else:  # no silent fallback when file-backed is demanded
+        with pytest.raises(OSError, match="file-backed EROFS mount"):
+            erofs.mount_image(host.store.image_path(digest), tmp_path / "m")

@@ -1,18 +1,23 @@
 """Building EROFS images (mkfs.erofs) and mounting them once per host.
 
 Mounting prefers a file-backed EROFS mount through the new mount API (fsopen / fsconfig /
-fsmount / move_mount, Linux >= 6.12) so no loop device is involved; older kernels fall back to
-`mount -o loop`.
+fsmount / move_mount, Linux >= 6.12) so no loop device is involved; older kernels (Debian 12's 6.1,
+Ubuntu 22.04's 5.15) fall back to `mount -o loop`, whose loop device the kernel detaches by itself
+(autoclear) when the mount goes away.
+
+$SHOAL_EROFS_MOUNT forces one path: `loop` (what a pre-6.12 host does, testable on any host) or
+`file-backed` (fail instead of falling back); unset or `auto` = try file-backed, then loop.
 """
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import shutil
 import subprocess
 from pathlib import Path
 
-from ..errors import BuildError
+from ..errors import BuildError, InvalidArgument
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
@@ -42,7 +47,7 @@ def build_image(src_dir: Path, out: Path, compression: str | None = None, exclud
         cmd.append(f"-z{compression}")
     cmd += [f"--exclude-path={p}" for p in exclude]
     cmd += [str(out), str(src_dir)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, check=False, capture_output=True, text=True)
     if proc.returncode != 0:
         raise BuildError(f"mkfs.erofs failed for {src_dir}: {proc.stderr.strip() or proc.stdout.strip()}")
 
@@ -72,22 +77,67 @@ def mount_file_backed(image: Path, target: Path) -> None:
 
 
 def mount_loop(image: Path, target: Path) -> None:
+    # util-linux sets LO_FLAGS_AUTOCLEAR on the loop device it attaches: unmounting frees it
     proc = subprocess.run(["mount", "-t", "erofs", "-o", "ro,nodev,loop", str(image), str(target)],
-                          capture_output=True, text=True)
+                          check=False, capture_output=True, text=True)
     if proc.returncode != 0:
         raise OSError(f"loop mount of {image} failed: {proc.stderr.strip()}")
 
 
+MOUNT_METHODS = ("auto", "file-backed", "loop")
+# what a kernel without file-backed EROFS answers: it takes `source` for a block device path and
+# fails with ENOTBLK (6.1's get_tree_bdev), EINVAL, or ENOSYS/ENODEV without the new API or erofs
+_NO_FILE_BACKED = (errno.ENOTBLK, errno.EINVAL, errno.ENOSYS, errno.ENODEV)
+
+
+def mount_mode() -> str:
+    mode = os.environ.get("SHOAL_EROFS_MOUNT", "").strip().lower() or "auto"
+    if mode not in MOUNT_METHODS:
+        raise InvalidArgument(f"SHOAL_EROFS_MOUNT={mode!r}: expected one of {', '.join(MOUNT_METHODS)}")
+    return mode
+
+
 def mount_image(image: Path, target: Path) -> str:
     """Mount an EROFS image; returns the method used ("file-backed" or "loop")."""
-    try:
-        mount_file_backed(image, target)
-        return "file-backed"
-    except OSError as e:
-        if e.errno not in (22, 38, 19):  # EINVAL (no file source support), ENOSYS, ENODEV
-            raise
+    mode = mount_mode()
+    if mode != "loop":
+        try:
+            mount_file_backed(image, target)
+            return "file-backed"
+        except OSError as e:
+            if mode == "file-backed":
+                raise OSError(e.errno, f"file-backed EROFS mount of {image} failed (SHOAL_EROFS_MOUNT="
+                                       f"file-backed; this kernel may predate 6.12): {e.strerror}") from e
+            if e.errno not in _NO_FILE_BACKED:
+                raise
     mount_loop(image, target)
     return "loop"
+
+
+def mount_method(target: Path) -> str | None:
+    """How `target` is mounted: "loop" (source is a loop device), "file-backed", or None (no EROFS)."""
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            if left.split(" ")[4] == str(target):
+                fstype, source = right.split(" ")[:2]
+                if fstype == "erofs":
+                    return "loop" if source.startswith("/dev/loop") else "file-backed"
+    return None
+
+
+def loop_devices_for(image: Path) -> list[str]:
+    """Loop devices backed by `image` (from sysfs): after unmount and gc there must be none."""
+    out = []
+    want = os.path.realpath(image)
+    for dev in Path("/sys/block").glob("loop*"):
+        try:
+            backing = (dev / "loop/backing_file").read_text().strip()
+        except OSError:
+            continue
+        if backing.removesuffix(" (deleted)") == want:
+            out.append(f"/dev/{dev.name}")
+    return sorted(out)
 
 
 def mounted_targets() -> set[str]:
