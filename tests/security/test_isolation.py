@@ -12,27 +12,11 @@ import pytest
 from shoal import Sandbox
 from shoal.errors import FileOpError, PathOutsideSandbox
 
-HERE = os.path.dirname(__file__)
-
-
-@pytest.fixture(scope="module")
-def probe_layer(host, tmp_path_factory):
-    d = tmp_path_factory.mktemp("probe")
-    (d / "usr/local/bin").mkdir(parents=True)
-    subprocess.run(["gcc", "-static", "-O1", "-o", str(d / "usr/local/bin/probe"), os.path.join(HERE, "probe.c")],
-                   check=True)
-    return host.store.build_from_dir(d, name="security-probe").digest  # named: survives `shoal gc`
-
-
-@pytest.fixture
-def probed(root, base_image, probe_layer):
-    with Sandbox.create(base_image, layers=[probe_layer], root=root, memory_mb=128, pids=64, disk_mb=16) as sb:
-        yield sb
+from .conftest import probe_results
 
 
 def _probe(sb) -> dict[str, str]:
-    out = sb.commands.run(["probe"], timeout=20).stdout
-    return dict(line.split("=", 1) for line in out.splitlines())
+    return probe_results(sb)
 
 
 DENIED = ["mount", "umount", "unshare_user", "unshare_mnt", "clone_newuser", "ptrace_init", "kexec_load",

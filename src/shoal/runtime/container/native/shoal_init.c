@@ -277,23 +277,106 @@ static void drop_capabilities(void) {
 #error "unsupported architecture"
 #endif
 
-/* Syscalls no sandboxed process may make: they reach host-global kernel state. */
-static const int denied_syscalls[] = {
-    SYS_mount, SYS_umount2, SYS_pivot_root, SYS_move_mount, SYS_open_tree, SYS_fsopen, SYS_fsconfig,
-    SYS_fsmount, SYS_fspick, SYS_mount_setattr, SYS_kexec_load, SYS_kexec_file_load, SYS_init_module,
-    SYS_finit_module, SYS_delete_module, SYS_bpf, SYS_keyctl, SYS_add_key, SYS_request_key,
-    SYS_perf_event_open, SYS_setns, SYS_swapon, SYS_swapoff, SYS_reboot, SYS_syslog, SYS_acct,
-    SYS_settimeofday, SYS_clock_settime, SYS_clock_adjtime, SYS_adjtimex, SYS_quotactl,
-    SYS_open_by_handle_at, SYS_name_to_handle_at, SYS_userfaultfd, SYS_fanotify_init,
-    SYS_process_vm_writev, SYS_lookup_dcookie, SYS_personality, SYS_vhangup, SYS_pidfd_getfd,
-#ifdef SYS_iopl
-    SYS_iopl, SYS_ioperm,
+/* Calls added after the oldest headers Shoal builds with. From 424 on, every architecture uses
+ * the same number (the kernel unified the tables), so one definition serves x86_64 and aarch64. */
+#ifndef SYS_cachestat
+#define SYS_cachestat 451
 #endif
-#ifdef SYS_uselib
-    SYS_uselib, SYS_sysfs, SYS__sysctl, SYS_ustat, SYS_nfsservctl,
+#ifndef SYS_fchmodat2
+#define SYS_fchmodat2 452
+#endif
+#ifndef SYS_map_shadow_stack
+#define SYS_map_shadow_stack 453
+#endif
+#ifndef SYS_futex_wake
+#define SYS_futex_wake 454
+#endif
+#ifndef SYS_futex_wait
+#define SYS_futex_wait 455
+#endif
+#ifndef SYS_futex_requeue
+#define SYS_futex_requeue 456
+#endif
+
+/* The seccomp allowlist: the calls ordinary workloads make (glibc, musl, Python, git, gcc, Node,
+ * Go, apt/dpkg, pip, pytest). A call on neither list, including any the kernel adds later, answers
+ * ENOSYS. Kept sorted; the filter sorts by number itself. Calls that still need a capability the
+ * sandbox lacks (sethostname, chroot of a non-dir, ...) are left to the kernel's own checks. */
+static const int allowed_syscalls[] = {
+    SYS_accept, SYS_accept4, SYS_bind, SYS_brk, SYS_cachestat, SYS_capget, SYS_capset, SYS_chdir,
+    SYS_chroot, SYS_clock_getres, SYS_clock_gettime, SYS_clock_nanosleep, SYS_close, SYS_close_range,
+    SYS_connect, SYS_copy_file_range, SYS_dup, SYS_dup3, SYS_epoll_create1, SYS_epoll_ctl,
+    SYS_epoll_pwait, SYS_epoll_pwait2, SYS_eventfd2, SYS_execve, SYS_execveat, SYS_exit,
+    SYS_exit_group, SYS_faccessat, SYS_faccessat2, SYS_fadvise64, SYS_fallocate, SYS_fchdir,
+    SYS_fchmod, SYS_fchmodat, SYS_fchmodat2, SYS_fchown, SYS_fchownat, SYS_fcntl, SYS_fdatasync,
+    SYS_fgetxattr, SYS_flistxattr, SYS_flock, SYS_fremovexattr, SYS_fsetxattr, SYS_fstat,
+    SYS_fstatfs, SYS_fsync, SYS_ftruncate, SYS_futex, SYS_futex_requeue, SYS_futex_wait,
+    SYS_futex_waitv, SYS_futex_wake, SYS_get_mempolicy, SYS_get_robust_list, SYS_getcpu,
+    SYS_getcwd, SYS_getdents64, SYS_getegid, SYS_geteuid, SYS_getgid, SYS_getgroups, SYS_getitimer,
+    SYS_getpeername, SYS_getpgid, SYS_getpid, SYS_getppid, SYS_getpriority, SYS_getrandom,
+    SYS_getresgid, SYS_getresuid, SYS_getrlimit, SYS_getrusage, SYS_getsid, SYS_getsockname,
+    SYS_getsockopt, SYS_gettid, SYS_gettimeofday, SYS_getuid, SYS_getxattr, SYS_inotify_add_watch,
+    SYS_inotify_init1, SYS_inotify_rm_watch, SYS_io_cancel, SYS_io_destroy, SYS_io_getevents,
+    SYS_io_pgetevents, SYS_io_setup, SYS_io_submit, SYS_ioprio_get, SYS_ioprio_set, SYS_kill,
+    SYS_landlock_add_rule, SYS_landlock_create_ruleset, SYS_landlock_restrict_self, SYS_lgetxattr,
+    SYS_linkat, SYS_listen, SYS_listxattr, SYS_llistxattr, SYS_lremovexattr, SYS_lseek,
+    SYS_lsetxattr, SYS_madvise, SYS_map_shadow_stack, SYS_mbind, SYS_membarrier, SYS_memfd_create,
+    SYS_mincore, SYS_mkdirat, SYS_mknodat, SYS_mlock, SYS_mlock2, SYS_mlockall, SYS_mmap,
+    SYS_mprotect, SYS_mq_getsetattr, SYS_mq_notify, SYS_mq_open, SYS_mq_timedreceive,
+    SYS_mq_timedsend, SYS_mq_unlink, SYS_mremap, SYS_msgctl, SYS_msgget, SYS_msgrcv, SYS_msgsnd,
+    SYS_msync, SYS_munlock, SYS_munlockall, SYS_munmap, SYS_nanosleep, SYS_newfstatat, SYS_openat,
+    SYS_openat2, SYS_pidfd_open, SYS_pidfd_send_signal, SYS_pipe2, SYS_pkey_alloc, SYS_pkey_free,
+    SYS_pkey_mprotect, SYS_ppoll, SYS_prctl, SYS_pread64, SYS_preadv, SYS_preadv2, SYS_prlimit64,
+    SYS_pselect6, SYS_pwrite64, SYS_pwritev, SYS_pwritev2, SYS_read, SYS_readahead, SYS_readlinkat,
+    SYS_readv, SYS_recvfrom, SYS_recvmmsg, SYS_recvmsg, SYS_remap_file_pages, SYS_removexattr,
+    SYS_renameat, SYS_renameat2, SYS_restart_syscall, SYS_rseq, SYS_rt_sigaction,
+    SYS_rt_sigpending, SYS_rt_sigprocmask, SYS_rt_sigqueueinfo, SYS_rt_sigreturn,
+    SYS_rt_sigsuspend, SYS_rt_sigtimedwait, SYS_rt_tgsigqueueinfo, SYS_sched_get_priority_max,
+    SYS_sched_get_priority_min, SYS_sched_getaffinity, SYS_sched_getattr, SYS_sched_getparam,
+    SYS_sched_getscheduler, SYS_sched_rr_get_interval, SYS_sched_setaffinity, SYS_sched_setattr,
+    SYS_sched_setparam, SYS_sched_setscheduler, SYS_sched_yield, SYS_seccomp, SYS_semctl,
+    SYS_semget, SYS_semop, SYS_semtimedop, SYS_sendfile, SYS_sendmmsg, SYS_sendmsg, SYS_sendto,
+    SYS_set_mempolicy, SYS_set_robust_list, SYS_set_tid_address, SYS_setdomainname, SYS_setfsgid,
+    SYS_setfsuid, SYS_setgid, SYS_setgroups, SYS_sethostname, SYS_setitimer, SYS_setpgid,
+    SYS_setpriority, SYS_setregid, SYS_setresgid, SYS_setresuid, SYS_setreuid, SYS_setrlimit,
+    SYS_setsid, SYS_setsockopt, SYS_setuid, SYS_setxattr, SYS_shmat, SYS_shmctl, SYS_shmdt,
+    SYS_shmget, SYS_shutdown, SYS_sigaltstack, SYS_signalfd4, SYS_socket, SYS_socketpair,
+    SYS_splice, SYS_statfs, SYS_statx, SYS_symlinkat, SYS_sync, SYS_sync_file_range, SYS_syncfs,
+    SYS_sysinfo, SYS_tee, SYS_tgkill, SYS_timer_create, SYS_timer_delete, SYS_timer_getoverrun,
+    SYS_timer_gettime, SYS_timer_settime, SYS_timerfd_create, SYS_timerfd_gettime,
+    SYS_timerfd_settime, SYS_times, SYS_tkill, SYS_truncate, SYS_umask, SYS_uname, SYS_unlinkat,
+    SYS_utimensat, SYS_vmsplice, SYS_wait4, SYS_waitid, SYS_write, SYS_writev,
+#if defined(__x86_64__) /* the pre-*at calls and x86 specifics that aarch64 never had */
+    SYS_access, SYS_alarm, SYS_arch_prctl, SYS_chmod, SYS_chown, SYS_creat, SYS_dup2,
+    SYS_epoll_create, SYS_epoll_wait, SYS_eventfd, SYS_fork, SYS_futimesat, SYS_get_thread_area,
+    SYS_getdents, SYS_getpgrp, SYS_inotify_init, SYS_lchown, SYS_link, SYS_lstat, SYS_mkdir,
+    SYS_mknod, SYS_open, SYS_pause, SYS_pipe, SYS_poll, SYS_readlink, SYS_rename, SYS_rmdir,
+    SYS_select, SYS_set_thread_area, SYS_signalfd, SYS_stat, SYS_symlink, SYS_time, SYS_unlink,
+    SYS_utime, SYS_utimes, SYS_vfork,
+#endif
+};
+
+/* Calls that exist but no sandboxed process may make (EPERM, "not permitted", rather than the
+ * ENOSYS of an unknown call): they reach host-global kernel state, other processes' memory, or
+ * kernel code with a long record of exploitable bugs (io_uring, bpf, userfaultfd). */
+static const int denied_syscalls[] = {
+    SYS_acct, SYS_add_key, SYS_adjtimex, SYS_bpf, SYS_clock_adjtime, SYS_clock_settime,
+    SYS_delete_module, SYS_fanotify_init, SYS_finit_module, SYS_fsconfig, SYS_fsmount, SYS_fsopen,
+    SYS_fspick, SYS_init_module, SYS_io_uring_enter, SYS_io_uring_register, SYS_io_uring_setup,
+    SYS_kcmp, SYS_kexec_file_load, SYS_kexec_load, SYS_keyctl, SYS_migrate_pages, SYS_mount,
+    SYS_mount_setattr, SYS_move_mount, SYS_move_pages, SYS_name_to_handle_at, SYS_open_by_handle_at,
+    SYS_open_tree, SYS_perf_event_open, SYS_personality, SYS_pidfd_getfd, SYS_pivot_root,
+    SYS_process_madvise, SYS_process_vm_readv, SYS_process_vm_writev, SYS_ptrace, SYS_quotactl,
+    SYS_reboot, SYS_request_key, SYS_setns, SYS_settimeofday, SYS_swapoff, SYS_swapon, SYS_syslog,
+    SYS_umount2, SYS_userfaultfd, SYS_vhangup,
+#ifdef SYS_lookup_dcookie
+    SYS_lookup_dcookie,
 #endif
 #ifdef SYS_quotactl_fd
     SYS_quotactl_fd,
+#endif
+#if defined(__x86_64__)
+    SYS__sysctl, SYS_ioperm, SYS_iopl, SYS_modify_ldt, SYS_sysfs, SYS_uselib, SYS_ustat,
 #endif
 };
 
@@ -302,29 +385,83 @@ static const int denied_syscalls[] = {
  * FIDEDUPERANGE, TIOCSTI, TIOCLINUX. */
 static const uint32_t denied_ioctls[] = {0x586d, 0x660f, 0x9409, 0x940d, 0x9436, 0x5412, 0x541c};
 
-#define EMIT(code, k, jt, jf) (prog[n++] = (struct sock_filter)BPF_JUMP(code, k, jt, jf))
 #define RET_ERRNO(e) (SECCOMP_RET_ERRNO | ((e) & SECCOMP_RET_DATA))
+/* Unknown calls answer ENOSYS, not EPERM: every libc reads ENOSYS as "this kernel is older" and
+ * falls back (clone3 -> clone, faccessat2 -> faccessat, fchmodat2 -> fchmodat, statx -> fstatat,
+ * close_range -> a loop), where EPERM makes programs fail outright on calls newer than this list. */
+#define RET_UNKNOWN RET_ERRNO(ENOSYS)
+#define RET_DENIED RET_ERRNO(EPERM)
 
-static void install_seccomp(void) {
-    struct sock_filter prog[256];
-    int n = 0;
-    const size_t n_denied = sizeof denied_syscalls / sizeof denied_syscalls[0];
+struct seccomp_rule {
+    uint32_t nr, action;
+};
+
+static int rule_cmp(const void *a, const void *b) {
+    uint32_t x = ((const struct seccomp_rule *)a)->nr, y = ((const struct seccomp_rule *)b)->nr;
+    return x < y ? -1 : x > y;
+}
+
+#define N_ALLOWED (sizeof allowed_syscalls / sizeof allowed_syscalls[0])
+#define N_DENIED (sizeof denied_syscalls / sizeof denied_syscalls[0])
+#define N_RULES (N_ALLOWED + N_DENIED)
+
+/* Both lists as (number, action), sorted by number. A call on both lists is a bug in this file. */
+static size_t seccomp_rules(struct seccomp_rule *rules) {
+    size_t n = 0;
+    for (size_t i = 0; i < N_ALLOWED; i++) rules[n++] = (struct seccomp_rule){(uint32_t)allowed_syscalls[i], SECCOMP_RET_ALLOW};
+    for (size_t i = 0; i < N_DENIED; i++) rules[n++] = (struct seccomp_rule){(uint32_t)denied_syscalls[i], RET_DENIED};
+    qsort(rules, n, sizeof *rules, rule_cmp);
+    for (size_t i = 1; i < n; i++) {
+        if (rules[i].nr == rules[i - 1].nr) { errno = 0; die("seccomp: syscall %u listed twice", rules[i].nr); }
+    }
+    return n;
+}
+
+#define MAX_INSNS 4096 /* BPF_MAXINSNS */
+#define LEAF_RULES 4
+#define EMIT(code, k, jt, jf)                                                                   \
+    do {                                                                                        \
+        if (*n >= MAX_INSNS) { errno = 0; die("seccomp: program too long"); }                   \
+        prog[(*n)++] = (struct sock_filter)BPF_JUMP(code, k, jt, jf);                           \
+    } while (0)
+
+/* A binary search over the sorted rules: ~log2(N) comparisons per call instead of a linear
+ * scan. Each inner node is "JGE pivot ? JA(right) : left"; BPF_JA takes a 32-bit offset, so no
+ * jump ever needs more than the 8 bits jt/jf hold, however long the left subtree grows. */
+static void emit_search(struct sock_filter *prog, int *n, const struct seccomp_rule *r, size_t lo, size_t hi) {
+    if (hi - lo <= LEAF_RULES) {
+        for (size_t i = lo; i < hi; i++) {
+            EMIT(BPF_JMP | BPF_JEQ | BPF_K, r[i].nr, 0, 1);
+            EMIT(BPF_RET | BPF_K, r[i].action, 0, 0);
+        }
+        EMIT(BPF_RET | BPF_K, RET_UNKNOWN, 0, 0);
+        return;
+    }
+    size_t mid = lo + (hi - lo) / 2;
+    EMIT(BPF_JMP | BPF_JGE | BPF_K, r[mid].nr, 0, 1);
+    int ja = *n;
+    EMIT(BPF_JMP | BPF_JA, 0, 0, 0);
+    emit_search(prog, n, r, lo, mid);
+    prog[ja].k = (uint32_t)(*n - ja - 1);
+    emit_search(prog, n, r, mid, hi);
+}
+
+static int build_seccomp(struct sock_filter *prog) {
+    int count = 0, *n = &count;
     const size_t n_ioctl = sizeof denied_ioctls / sizeof denied_ioctls[0];
+    static struct seccomp_rule rules[N_RULES];
+    size_t n_rules = seccomp_rules(rules);
 
-    /* 0: a foreign ABI (e.g. 32-bit int 0x80 on x86_64) is not allowed at all */
+    /* a foreign ABI (32-bit int 0x80 on x86_64, AArch32 on arm64) kills the process */
     EMIT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch), 0, 0);
     EMIT(BPF_JMP | BPF_JEQ | BPF_K, SHOAL_AUDIT_ARCH, 1, 0);
     EMIT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS, 0, 0);
     EMIT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr), 0, 0);
 #if defined(__x86_64__)
-    /* x32 syscall numbers have bit 30 set */
+    /* x32 calls share AUDIT_ARCH_X86_64 and set bit 30 of the number: none is allowed */
     EMIT(BPF_JMP | BPF_JGE | BPF_K, 0x40000000, 0, 1);
-    EMIT(BPF_RET | BPF_K, RET_ERRNO(EPERM), 0, 0);
+    EMIT(BPF_RET | BPF_K, RET_DENIED, 0, 0);
 #endif
-    for (size_t i = 0; i < n_denied; i++) {
-        EMIT(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)denied_syscalls[i], 0, 1);
-        EMIT(BPF_RET | BPF_K, RET_ERRNO(EPERM), 0, 0);
-    }
     /* clone3 passes flags in memory that seccomp cannot read: ENOSYS makes libc fall back to clone */
     EMIT(BPF_JMP | BPF_JEQ | BPF_K, SYS_clone3, 0, 1);
     EMIT(BPF_RET | BPF_K, RET_ERRNO(ENOSYS), 0, 0);
@@ -333,7 +470,7 @@ static void install_seccomp(void) {
     EMIT(BPF_JMP | BPF_JEQ | BPF_K, SYS_unshare, 0, 4);
     EMIT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[0]), 0, 0);
     EMIT(BPF_JMP | BPF_JSET | BPF_K, CLONE_NEWUSER, 0, 1);
-    EMIT(BPF_RET | BPF_K, RET_ERRNO(EPERM), 0, 0);
+    EMIT(BPF_RET | BPF_K, RET_DENIED, 0, 0);
     EMIT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW, 0, 0);
     /* ioctl: compare the low 16 bits (type << 8 | nr) of the request */
     EMIT(BPF_JMP | BPF_JEQ | BPF_K, SYS_ioctl, 0, (uint8_t)(3 + 2 * n_ioctl));
@@ -341,14 +478,34 @@ static void install_seccomp(void) {
     EMIT(BPF_ALU | BPF_AND | BPF_K, 0xffff, 0, 0);
     for (size_t i = 0; i < n_ioctl; i++) {
         EMIT(BPF_JMP | BPF_JEQ | BPF_K, denied_ioctls[i], 0, 1);
-        EMIT(BPF_RET | BPF_K, RET_ERRNO(EPERM), 0, 0);
+        EMIT(BPF_RET | BPF_K, RET_DENIED, 0, 0);
     }
     EMIT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW, 0, 0);
-    EMIT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW, 0, 0);
+    /* everything else: the allow/deny table, unknown -> ENOSYS */
+    emit_search(prog, n, rules, 0, n_rules);
+    return count;
+}
 
+static void install_seccomp(void) {
+    static struct sock_filter prog[MAX_INSNS];
+    int n = build_seccomp(prog);
     struct sock_fprog fprog = {.len = (unsigned short)n, .filter = prog};
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) die("no_new_privs");
     if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &fprog) < 0) die("seccomp");
+}
+
+/* `shoal-init seccomp-table`: the table as "<nr> allow|deny" lines, for tests that probe every
+ * call the filter refuses (the numbers are this build's architecture's). */
+static int print_seccomp_table(void) {
+    static struct seccomp_rule rules[N_RULES];
+    static struct sock_filter prog[MAX_INSNS];
+    size_t n = seccomp_rules(rules);
+    for (size_t i = 0; i < n; i++) printf("%u %s\n", rules[i].nr, rules[i].action == SECCOMP_RET_ALLOW ? "allow" : "deny");
+    /* checked before the table: clone3 always ENOSYS, the others by their arguments */
+    printf("%u special\n%u special\n%u special\n%u special\n", (unsigned)SYS_clone3, (unsigned)SYS_clone,
+           (unsigned)SYS_unshare, (unsigned)SYS_ioctl);
+    printf("insns %d\n", build_seccomp(prog));
+    return 0;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -815,6 +972,7 @@ static void usage(void) {
 }
 
 int main(int argc, char **argv) {
+    if (argc == 2 && strcmp(argv[1], "seccomp-table") == 0) return print_seccomp_table();
     if (argc < 2 || strcmp(argv[1], "launch") != 0) usage();
     static char rootfs[4096], disk[4096], sock[4096];
     cfg.shm_mb = 64;
