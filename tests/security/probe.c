@@ -279,12 +279,16 @@ static int sockets(int n, char **paths) {
         DIR *fdd = opendir(p);
         if (!fdd) { printf("fds:%s=%s\n", de->d_name, strerrorname_np(errno)); continue; }
         struct dirent *fe;
+        int link_err = 0;
         while ((fe = readdir(fdd))) {
             if (fe->d_name[0] == '.') continue;
             char fp[4300], target[256];
             snprintf(fp, sizeof fp, "%s/%s", p, fe->d_name);
             ssize_t r = readlink(fp, target, sizeof target - 1);
-            if (r <= 0) continue;
+            if (r <= 0) {
+                if (!link_err++) printf("fdlink:%s=%s\n", de->d_name, strerrorname_np(errno));
+                continue;
+            }
             target[r] = 0;
             if (strncmp(target, "socket:", 7) == 0) {
                 printf("socketfd:%s=%s\n", fp, target);

@@ -207,3 +207,39 @@ def test_files_api_is_not_trapped_by_fifos_devices_or_sparse_files(sandbox):
     with pytest.raises(FileOpError, match="max_bytes"):
         sandbox.files.download("/tmp/d")
     assert time.monotonic() - t0 < 5
+
+
+def test_files_api_list_stat_and_download_do_not_follow_planted_symlinks_out(sandbox, tmp_path):
+    """read and write are covered above; these are the calls that walk directories or tar them."""
+    import io
+    import tarfile
+
+    (tmp_path / "host-only.txt").write_text("host data 5e1a")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "deeper.txt").write_text("host data 5e1a")
+    f = sandbox.files
+    sandbox.commands.run(f"mkdir -p /tmp/t; ln -s {tmp_path} /tmp/t/abs; ln -s ../../../../../../..{tmp_path} /tmp/t/rel; "
+                         f"ln -s {tmp_path}/host-only.txt /tmp/t/file; ln -s /etc /tmp/t/etc; "
+                         "ln -s /proc/1/root /tmp/t/magic")
+    for p in ("/tmp/t/abs", "/tmp/t/rel", f"/tmp/t/abs/sub", "/tmp/t/magic"):
+        with pytest.raises(FileOpError):
+            f.list(p)
+    for p in ("/tmp/t/abs/host-only.txt", "/tmp/t/rel/host-only.txt", "/tmp/t/abs/sub/deeper.txt",
+              "/tmp/t/magic/etc"):
+        with pytest.raises(FileOpError):
+            f.stat(p)
+        with pytest.raises(FileOpError):
+            f.download(p)
+    # the links themselves are reported as links, never as what they point at on the host
+    for name in ("abs", "rel", "file", "etc", "magic"):
+        assert f.stat(f"/tmp/t/{name}").type == "symlink"
+    # a link to /etc lists the sandbox's /etc
+    assert [e.name for e in f.list("/tmp/t/etc")] == [e.name for e in f.list("/etc")]
+    # downloading the directory keeps the links as links: no host byte is in the archive
+    for p in ("/tmp/t", "/tmp/t/abs", "/tmp/t/file"):
+        data = f.download(p)
+        assert b"host data 5e1a" not in data and b"deeper" not in data
+        with tarfile.open(fileobj=io.BytesIO(data)) as tf:
+            members = {m.name: m for m in tf}
+        assert all(m.issym() or m.isdir() for m in members.values()), members
+    assert {e.name for e in f.list("/tmp/t")} == {"abs", "rel", "file", "etc", "magic"}

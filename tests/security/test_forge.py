@@ -1,0 +1,49 @@
+"""Forging control-plane requests from inside a sandbox: every Unix socket a sandboxed process can
+name (its own control socket's host path, another sandbox's, shoald's, the same through each
+/proc/N/root, abstract names, every socket file it can find and any fd it holds) must refuse it."""
+from __future__ import annotations
+
+import os
+import socket
+
+from shoal import Host, Sandbox
+
+from .conftest import probe_results
+
+
+def test_no_unix_socket_reaches_the_host_or_another_sandbox(daemon, root, base_image, probe_layer):
+    abstract_name = f"shoal-test-host-{os.getpid()}"
+    host_abstract = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    host_abstract.bind("\0" + abstract_name)
+    host_abstract.listen(4)
+    try:
+        with Sandbox.create(base_image, root=root) as other, \
+                Sandbox.create(base_image, layers=[probe_layer], root=root) as sb:
+            runtime = Host.get(root).runtime
+            targets = {"own control socket": runtime.sock_path(sb.id),
+                       "other sandbox's control socket": runtime.sock_path(other.id),
+                       "shoald": str(daemon["sock"])}
+            # every target is live: from the host each one accepts a connection
+            for kind, path in targets.items():
+                stype = socket.SOCK_STREAM if kind == "shoald" else socket.SOCK_SEQPACKET
+                with socket.socket(socket.AF_UNIX, stype) as c:
+                    c.connect(path)
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
+                c.connect("\0" + abstract_name)
+
+            res = probe_results(sb, "sockets", *targets.values(), abstract_name, timeout=60)
+            assert res["connect:stream:control-abstract"] == "OK"  # control: the probe can connect
+            attempts = {k: v for k, v in res.items() if k.startswith("connect:") and "control-abstract" not in k}
+            connected = {k: v for k, v in attempts.items() if v == "OK"}
+            assert not connected, connected
+            for path in targets.values():  # tried directly, through /proc/N/root and as an abstract name
+                assert res[f"connect:seqpacket:{path}"] in ("ENOENT", "ECONNREFUSED")
+                assert res[f"connect:stream:abstract:{path}"] == "ECONNREFUSED"
+                assert any(k.startswith("connect:seqpacket:/proc/") and k.endswith(path) for k in attempts)
+            assert res[f"connect:stream:abstract:{abstract_name}"] == "ECONNREFUSED"  # own network namespace
+            # no inherited socket, and init's fds (its listening socket) are out of reach
+            assert not any(k.startswith("inherited_socket:") for k in res), res
+            assert res.get("fdlink:1") == "EACCES"  # init is non-dumpable: its fd links stay hidden
+            assert int(res["tried"]) >= 3 * (3 * len(targets) + 2)
+    finally:
+        host_abstract.close()

@@ -1,0 +1,60 @@
+"""What an agent must never read from inside its task sandbox: the trajectory log, the episode
+queue, the suite's gold patches and FAIL_TO_PASS lists, Shoal's own database and keys, and other
+sandboxes' writable uppers. Each is tried by its host path and through every /proc/N/root."""
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+import shoal.envs.swe as swe_pkg
+from shoal import Sandbox
+from shoal.envs.swe.suite import TASK_LIMITS, ensure_task_image
+from shoal.rollout.episode import run_episode
+from shoal.rollout.policy import make_policy
+from shoal.rollout.queue import EpisodeQueue
+from shoal.trajlog import TrajectoryLog
+
+from .conftest import probe_results
+
+pytestmark = pytest.mark.slow
+
+
+def test_task_sandbox_cannot_read_logs_queue_answers_or_other_uppers(host, few_tasks, probe_layer, tmp_path):
+    task = few_tasks[0]
+    # a real episode: the log then holds the oracle's patch, i.e. the answer
+    log = TrajectoryLog(tmp_path / "traj.db")
+    out = asyncio.run(run_episode(task, make_policy({"kind": "oracle"}, task), log, host, "secret-ep"))
+    assert out.resolved and out.patch.strip()
+    queue = EpisodeQueue(tmp_path / "queue.db")
+    queue.submit([task.instance_id], {"kind": "oracle"})
+    suite = Path(swe_pkg.__file__).parent / "suite.jsonl"
+    assert task.FAIL_TO_PASS[0] in suite.read_text() and json.dumps(task.patch)[1:40] in suite.read_text()
+    settings = host.settings
+    ensure_task_image(host, task)
+    with Sandbox.create(task.base_image, layers=[task.base_commit, task.image], root=settings.root,
+                        **TASK_LIMITS) as other:
+        other.files.write("/tmp/other-upper-secret", "not yours")
+        other_upper = settings.sandboxes_dir / other.id / "disk" / "upper" / "tmp" / "other-upper-secret"
+        assert other_upper.read_text() == "not yours"  # the path is right: the host can read it
+        targets = [tmp_path / "traj.db", tmp_path / "queue.db", suite, settings.db_path, other_upper,
+                   settings.sandboxes_dir / other.id / "meta.json", settings.root / "admin.key"]
+        targets = [str(t) for t in targets if Path(t).exists()]
+        assert len(targets) >= 6
+        with Sandbox.create(task.base_image, layers=[task.base_commit, task.image, probe_layer], root=settings.root,
+                            **TASK_LIMITS) as sb:
+            sb.files.write("/tmp/own", "mine")
+            res = probe_results(sb, "read", "/tmp/own", *targets, timeout=60)
+            assert res["read:/tmp/own"] == "OK"  # control: the probe does read what it may
+            tried = {k: v for k, v in res.items() if k.startswith("read:") and not k.endswith("/tmp/own")}
+            for t in targets:
+                assert res[f"read:{t}"] in ("ENOENT", "EACCES"), (t, res[f"read:{t}"])
+            leaked = {k: v for k, v in tried.items() if v == "OK"}
+            assert not leaked, leaked
+            assert sum(1 for k in tried if k.startswith("read:/proc/")) >= len(targets)  # via /proc/N/root too
+            # nor is the episode's record anywhere in the sandbox's own files
+            r = sb.commands.run(["sh", "-c", "grep -rlF -- \"$1\" /tmp /root /var /etc 2>/dev/null; true", "sh",
+                                 "secret-ep"])
+            assert r.stdout == ""
