@@ -1,22 +1,41 @@
 #!/usr/bin/env python3
-"""Startup benchmark: Shoal vs `docker run --rm` (and podman+runc when present) on this machine.
+"""Startup benchmark: Shoal against Docker and runc, each pair paying the same costs.
 
-Measures, with medians and p99 (these machines are shared and noisy):
-  * cold create -> first exec (`true`) latency
-  * warm-pool acquire -> exec latency
-  * sustained creations per second for a batch (sequential and with 2 threads)
-  * exec overhead (fork+exec of `true` in a live sandbox) and persistent-session command overhead
-  * the same `true` through `docker run --rm` (Debian docker.io; the script starts dockerd if needed
-    and stops what it started), bare `runc run` of an OCI bundle, and `podman --runtime runc run --rm`
-    if podman is installed.
+Three comparisons, every sample running `true` in a fresh sandbox/container made from the same
+busybox rootfs (shoal.layers.busybox), network off, removed afterwards:
 
-Writes bench/results/startup.json and bench/results/startup.png, prints a table.
+  CLI vs CLI (a fresh process from the shell, process start and teardown included)
+    cli_shoal           `shoal run IMG -- true` with a warm shoald: Python start, the stdlib fast
+                        path (shoal.cli_fast), create + streamed exec + delete over the Unix socket
+    cli_docker          `docker run --rm --network=none IMG true` (Debian docker.io CLI + dockerd)
+    cli_shoal_no_daemon `shoal run --in-process IMG -- true`: no daemon, the full CLI imports the
+                        host, SDK, typer and rich, then creates, execs and kills in-process
+  SDK vs SDK (inside one long-lived Python process, client reused)
+    sdk_shoal           Sandbox.create(IMG, url="unix://…/shoald.sock") + commands.run(["true"]) + kill()
+    sdk_docker          docker SDK: containers.run(IMG, ["sleep", "3600"], detach=True,
+                        network_mode="none") + exec_run(["true"]) + remove(force=True)
+    sdk_shoal_in_process  Sandbox.create(IMG, root=…) + commands.run(["true"]) + kill(), no daemon
+                        (no daemon hop, so it favours Shoal: shown, not used for the headline)
+  runtime vs runtime (a fresh process from the shell, no engine daemon on either side)
+    runtime_shoal       = cli_shoal_no_daemon (Shoal's runtime driven by a fresh process: Python
+                        start + imports + shoal-init launch + exec + kill and teardown)
+    runtime_runc        `runc run --bundle B ID` of an unpacked OCI bundle (create, start, wait,
+                        delete: runc removes the container when it exits)
+
+All sides run interleaved in the same run (one sample of each row per round, the row order rotated
+each round), `--runs` times; each row reports p50/p99 over all samples and the min/median/max of
+the per-run p50. It also keeps Shoal's own in-process figures (cold create -> exec, warm pool,
+exec, session command, creations/s) under "shoal".
+
+Writes bench/results/startup.json and startup.png; `--readme README.md` rewrites the README's
+"Startup" section from the JSON (readme_section()).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import platform
 import shutil
 import statistics
 import subprocess
@@ -26,10 +45,9 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 from rich.console import Console
-from rich.progress import track
-from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from shoal import Host, Sandbox, WarmPool  # noqa: E402
@@ -37,6 +55,10 @@ from shoal.layers.busybox import make_busybox_tree  # noqa: E402
 
 console = Console()
 RESULTS = Path(__file__).parent / "results"
+REPO = Path(__file__).resolve().parents[1]
+IMAGE = "bench:busybox"
+GOAL_CLI_P50_MS = 60.0
+GOAL_CLI_SPEEDUP = 2.0
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -50,22 +72,17 @@ def summary(xs_s: list[float]) -> dict:
             "mean_ms": round(statistics.fmean(ms), 3)}
 
 
-# ------------------------------------------------------------------------------------------ shoal
+# ------------------------------------------------------------------------------------------ Shoal's own figures
 def bench_shoal(root: Path, n: int, batch: int) -> dict:
-    host = Host.get(root)
-    with tempfile.TemporaryDirectory() as d:
-        tree = make_busybox_tree(Path(d))
-        host.store.build_from_dir(tree, source="busybox", name="busybox")
-    host.store.create_image("bench:busybox", ["busybox"])
-    image = "bench:busybox"
+    """Shoal in-process (no CLI, no daemon): the runtime's own latencies, one run."""
+    image = IMAGE
     out: dict = {}
-
     for _ in range(5):  # warm caches (helper binary, layer mount, page cache)
         with Sandbox.create(image, root=root) as sb:
             sb.commands.run(["true"])
 
     cold = []
-    for _ in track(range(n), description="shoal cold create->exec", console=console):
+    for _ in range(n):
         t0 = time.perf_counter()
         sb = Sandbox.create(image, root=root)
         sb.commands.run(["true"])
@@ -91,7 +108,7 @@ def bench_shoal(root: Path, n: int, batch: int) -> dict:
     warm = []
     with WarmPool(image, size=8, root=root) as pool:
         pool.wait_ready(60)
-        for _ in track(range(n), description="shoal warm acquire->exec", console=console):
+        for _ in range(n):
             pool.wait_ready(60)  # measure acquisition, not the refill racing us on 2 cores
             t0 = time.perf_counter()
             sb = pool.acquire()
@@ -124,29 +141,56 @@ def bench_shoal(root: Path, n: int, batch: int) -> dict:
     return out
 
 
-# ------------------------------------------------------------------------------------------ docker
-class Dockerd:
-    """Starts Debian's dockerd if no engine answers; stops only what it started."""
+def shoal_runs(root: Path, n: int, batch: int, runs: int) -> dict:
+    """bench_shoal `runs` times: each latency keeps the pooled-run layout of one run (the median run
+    by p50) plus the min/median/max of its p50 over the runs."""
+    per = [bench_shoal(root, n, batch) for _ in range(runs)]
+    out: dict = {}
+    for key, first in per[0].items():
+        if isinstance(first, dict):
+            p50s = [r[key]["p50_ms"] for r in per]
+            mid = sorted(per, key=lambda r: r[key]["p50_ms"])[len(per) // 2]
+            out[key] = {**mid[key], "p50_runs_ms": p50s, "p50_min_ms": min(p50s),
+                        "p50_median_ms": round(statistics.median(p50s), 3), "p50_max_ms": max(p50s)}
+        else:
+            vals = [r[key] for r in per]
+            out[key] = round(statistics.median(vals), 1)
+            out[f"{key}_runs"] = vals
+    return out
 
-    def __init__(self):
-        self.proc = None
-        self.tmp = None
+
+# ------------------------------------------------------------------------------------------ engines
+class Dockerd:
+    """Starts Debian's dockerd if no engine answers; stops only what it started.
+
+    host=None: the default socket (and an engine already answering there is reused, as burst.py
+    expects); host="unix:///path": always a private engine on that socket, so a benchmark does not
+    share (or stop) someone else's."""
+
+    def __init__(self, host: str | None = None):
+        self.proc: subprocess.Popen | None = None
+        self.tmp: str | None = None
+        self.host = host
+
+    def env(self) -> dict:
+        return dict(os.environ, DOCKER_HOST=self.host) if self.host else dict(os.environ)
 
     def up(self) -> bool:
         if not shutil.which("docker"):
             return False
-        if subprocess.run(["docker", "info"], capture_output=True).returncode == 0:
+        if not self.host and subprocess.run(["docker", "info"], capture_output=True).returncode == 0:
             return True
         if not shutil.which("dockerd"):
             return False
         self.tmp = tempfile.mkdtemp(prefix="shoal-dockerd-")
         log = open(os.path.join(self.tmp, "dockerd.log"), "w")
-        self.proc = subprocess.Popen(["dockerd", "--iptables=false", "--bridge=none", "--data-root",
-                                      os.path.join(self.tmp, "data"), "--exec-root", os.path.join(self.tmp, "exec"),
-                                      "--pidfile", os.path.join(self.tmp, "docker.pid")],
-                                     stdout=log, stderr=log)
+        cmd = ["dockerd", "--iptables=false", "--bridge=none", "--data-root", os.path.join(self.tmp, "data"),
+               "--exec-root", os.path.join(self.tmp, "exec"), "--pidfile", os.path.join(self.tmp, "docker.pid")]
+        if self.host:
+            cmd += ["-H", self.host]
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=log)
         for _ in range(300):
-            if subprocess.run(["docker", "info"], capture_output=True).returncode == 0:
+            if subprocess.run(["docker", "info"], capture_output=True, env=self.env()).returncode == 0:
                 return True
             if self.proc.poll() is not None:
                 break
@@ -165,8 +209,36 @@ class Dockerd:
             shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-def rootfs_tar() -> str:
-    d = tempfile.mkdtemp()
+class Shoald:
+    """`shoal serve` on a root of its own, stopped at the end."""
+
+    def __init__(self, root: Path):
+        self.root, self.sock = root, root / "shoald.sock"
+        env = dict(os.environ, SHOAL_ROOT=str(root))
+        env.pop("SHOAL_URL", None)
+        self.log = open(root / "shoald.log", "ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "shoal.cli", "serve", "--creates-per-s", "10000"],
+                                     env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            if self.sock.exists():
+                try:
+                    Sandbox.list(url=f"unix://{self.sock}")
+                    return
+                except Exception:
+                    pass
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        raise SystemExit(f"shoald did not start; see {root}/shoald.log")
+
+    def down(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
+        self.log.close()
+
+
+def rootfs_tar(d: str) -> str:
     make_busybox_tree(Path(d) / "root")
     tar = os.path.join(d, "rootfs.tar")
     with tarfile.open(tar, "w") as tf:
@@ -174,157 +246,364 @@ def rootfs_tar() -> str:
     return tar
 
 
-def bench_cli(name: str, argv_prefix: list[str], image: str, n: int) -> dict:
-    times = []
-    for _ in range(3):
-        subprocess.run(argv_prefix + [image, "true"], capture_output=True)
-    for _ in track(range(n), description=f"{name} run --rm", console=console):
-        t0 = time.perf_counter()
-        r = subprocess.run(argv_prefix + [image, "true"], capture_output=True, text=True)
-        times.append(time.perf_counter() - t0)
-        if r.returncode != 0:
-            return {"error": r.stderr.strip()[-300:]}
-    return summary(times)
+def shoal_image(root: Path) -> None:
+    host = Host.get(root)
+    with tempfile.TemporaryDirectory() as d:
+        host.store.build_from_dir(make_busybox_tree(Path(d)), source="busybox", name="busybox")
+    host.store.create_image(IMAGE, ["busybox"])
 
 
-def bench_docker(n: int) -> dict | None:
-    d = Dockerd()
+def runc_bundle(d: Path) -> Path:
+    make_busybox_tree(d / "rootfs")
+    subprocess.run(["runc", "spec"], cwd=d, check=True, capture_output=True)
+    spec = json.loads((d / "config.json").read_text())
+    spec["process"]["args"] = ["true"]
+    spec["process"]["terminal"] = False
+    (d / "config.json").write_text(json.dumps(spec))
+    return d
+
+
+def version(cmd: list[str], env: dict | None = None) -> str:
     try:
-        if not d.up():
-            return None
-        tar = rootfs_tar()
-        subprocess.run(["docker", "import", tar, "shoal-bench-busybox:latest"], check=True, capture_output=True)
-        res = bench_cli("docker", ["docker", "run", "--rm", "--network=none"], "shoal-bench-busybox:latest", n)
-        res["version"] = subprocess.run(["docker", "version", "--format", "{{.Server.Version}}"],
-                                        capture_output=True, text=True).stdout.strip()
-        return res
-    finally:
-        d.down()
+        return subprocess.run(cmd, capture_output=True, text=True, env=env).stdout.strip().splitlines()[0]
+    except (OSError, IndexError):
+        return ""
 
 
-def bench_runc(n: int) -> dict | None:
-    """`runc run` of an OCI bundle with the same busybox rootfs: the OCI runtime alone, no engine."""
-    if not shutil.which("runc"):
-        return None
-    bundle = Path(tempfile.mkdtemp(prefix="shoal-runc-"))
-    try:
-        make_busybox_tree(bundle / "rootfs")
-        subprocess.run(["runc", "spec"], cwd=bundle, check=True, capture_output=True)
-        spec = json.loads((bundle / "config.json").read_text())
-        spec["process"]["args"] = ["true"]
-        spec["process"]["terminal"] = False
-        (bundle / "config.json").write_text(json.dumps(spec))
-        times = []
-        for i in track(range(n + 3), description="runc run", console=console):
-            t0 = time.perf_counter()
-            r = subprocess.run(["runc", "run", "--bundle", str(bundle), f"shoal-bench-{os.getpid()}-{i}"],
-                               capture_output=True, text=True)
-            if i >= 3:
-                times.append(time.perf_counter() - t0)
+# ------------------------------------------------------------------------------------------ rows
+ROWS = {  # key -> (comparison, side, label, what one sample includes)
+    "cli_shoal": ("cli", "shoal", "`shoal run IMG -- true`, warm shoald",
+                  "fresh process: Python start, shoal.cli_fast, create + streamed exec + delete over shoald's "
+                  "Unix socket, exit"),
+    "cli_docker": ("cli", "peer", "`docker run --rm --network=none IMG true`",
+                   "fresh process: docker CLI start, dockerd create + start + attach + wait + remove, exit"),
+    "cli_shoal_no_daemon": ("cli_no_daemon", "shoal", "`shoal run --in-process IMG -- true`, no daemon",
+                            "fresh process: Python start, full CLI + SDK + host imports, in-process create + "
+                            "exec + kill, exit"),
+    "sdk_shoal": ("sdk", "shoal", "Shoal SDK via shoald: create + exec `true` + kill",
+                  "in a running Python process: Sandbox.create(url=unix socket) + commands.run + kill, "
+                  "client reused"),
+    "sdk_docker": ("sdk", "peer", "Docker SDK: run detached + exec_run `true` + remove(force)",
+                   "in a running Python process: containers.run(sleep, detach, network none) + exec_run + "
+                   "remove(force=True), client reused"),
+    "sdk_shoal_in_process": ("sdk_in_process", "shoal", "Shoal SDK in-process: create + exec `true` + kill",
+                             "in a running Python process, no daemon hop: Sandbox.create(root=) + commands.run + kill"),
+    "runtime_runc": ("runtime", "peer", "`runc run` of an OCI bundle (+ its delete)",
+                     "fresh process: runc create + start + wait + delete, rootfs already unpacked, no engine"),
+}
+COMPARISONS = {  # comparison -> (Shoal row, peer row, title)
+    "cli": ("cli_shoal", "cli_docker", "CLI vs CLI"),
+    "cli_no_daemon": ("cli_shoal_no_daemon", "cli_docker", "CLI, no daemon, vs docker run"),
+    "sdk": ("sdk_shoal", "sdk_docker", "SDK vs SDK (both through their daemon)"),
+    "sdk_in_process": ("sdk_shoal_in_process", "sdk_docker", "Shoal SDK in-process vs Docker SDK"),
+    "runtime": ("cli_shoal_no_daemon", "runtime_runc", "runtime vs runtime (fresh process, no engine daemon)"),
+}
+
+
+def make_samplers(shoal_sock: Path, proc_root: Path, docker_env: dict | None, docker_cli: str,
+                  bundle: Path | None) -> dict[str, Callable[[], None]]:
+    """Each sampler does one full unit of work and raises on failure."""
+    env_d = dict(os.environ, SHOAL_ROOT=str(shoal_sock.parent))
+    env_d.pop("SHOAL_URL", None)
+    env_p = dict(env_d, SHOAL_ROOT=str(proc_root))
+    shoal = str(Path(sys.executable).with_name("shoal"))
+    if not os.path.exists(shoal):
+        raise SystemExit(f"{shoal} missing: install the package (make setup)")
+
+    def sh(argv: list[str], env: dict | None) -> Callable[[], None]:
+        def run() -> None:
+            r = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             if r.returncode != 0:
-                return {"error": r.stderr.strip()[-300:]}
-        res = summary(times)
-        res["version"] = subprocess.run(["runc", "--version"], capture_output=True, text=True).stdout.split("\n")[0]
-        return res
-    finally:
-        shutil.rmtree(bundle, ignore_errors=True)
+                raise RuntimeError(f"{argv}: exit {r.returncode}: {r.stderr.decode(errors='replace')[-300:]}")
+        return run
+
+    url = f"unix://{shoal_sock}"
+
+    def sdk_shoal() -> None:
+        sb = Sandbox.create(IMAGE, url=url)
+        assert sb.commands.run(["true"]).exit_code == 0
+        sb.kill()
+
+    def sdk_in_process() -> None:
+        sb = Sandbox.create(IMAGE, root=proc_root)
+        assert sb.commands.run(["true"]).exit_code == 0
+        sb.kill()
+
+    out: dict[str, Callable[[], None]] = {
+        "cli_shoal": sh([shoal, "run", IMAGE, "--", "true"], env_d),
+        "cli_shoal_no_daemon": sh([shoal, "run", "--in-process", IMAGE, "--", "true"], env_p),
+        "sdk_shoal": sdk_shoal,
+        "sdk_shoal_in_process": sdk_in_process,
+    }
+    if docker_env is not None:
+        import docker
+
+        client = docker.DockerClient(base_url=docker_env.get("DOCKER_HOST", "unix:///var/run/docker.sock"))
+
+        def sdk_docker() -> None:
+            c = client.containers.run("shoal-bench-busybox:latest", ["sleep", "3600"], detach=True,
+                                      network_mode="none")
+            code, _ = c.exec_run(["true"])
+            assert code == 0
+            c.remove(force=True)
+
+        out["cli_docker"] = sh([docker_cli, "run", "--rm", "--network=none", "shoal-bench-busybox:latest", "true"],
+                               docker_env)
+        out["sdk_docker"] = sdk_docker
+    if bundle is not None:
+        counter = [0]
+
+        def runc() -> None:
+            counter[0] += 1
+            sh(["runc", "run", "--bundle", str(bundle), f"shoal-bench-{os.getpid()}-{counter[0]}"], None)()
+
+        out["runtime_runc"] = runc
+    return out
 
 
-def bench_podman(n: int) -> dict | None:
-    if not shutil.which("podman"):
-        return None
-    tar = rootfs_tar()
-    base = ["podman", "--runtime", "runc", "--cgroup-manager=cgroupfs"]
-    if subprocess.run(base + ["import", tar, "shoal-bench-busybox"], capture_output=True).returncode != 0:
-        return None
-    return bench_cli("podman", base + ["run", "--rm", "--network=none", "--ulimit", "nofile=1024:1024",
-                                       "--ulimit", "nproc=1024:1024"], "shoal-bench-busybox", n)
+def interleaved(samplers: dict[str, Callable[[], None]], n: int, runs: int, warmup: int = 5) -> dict:
+    """One sample of every row per round, the order rotated each round; `runs` runs of n rounds."""
+    keys = list(samplers)
+    for _ in range(warmup):
+        for k in keys:
+            samplers[k]()
+    per_run: dict[str, list[list[float]]] = {k: [] for k in keys}
+    for run in range(runs):
+        times: dict[str, list[float]] = {k: [] for k in keys}
+        for i in range(n):
+            order = keys[i % len(keys):] + keys[:i % len(keys)]
+            for k in order:
+                t0 = time.perf_counter()
+                samplers[k]()
+                times[k].append(time.perf_counter() - t0)
+        for k in keys:
+            per_run[k].append(times[k])
+        console.print(f"run {run + 1}/{runs}: " + ", ".join(
+            f"{k} {statistics.median(times[k]) * 1000:.1f}" for k in keys) + " (p50 ms)")
+    out = {}
+    for k in keys:
+        every = [x for r in per_run[k] for x in r]
+        p50s = [round(statistics.median(r) * 1000, 3) for r in per_run[k]]
+        out[k] = {**summary(every), "p50_runs_ms": p50s, "p50_min_ms": min(p50s),
+                  "p50_median_ms": round(statistics.median(p50s), 3), "p50_max_ms": max(p50s)}
+    return out
+
+
+def compare(rows: dict) -> dict:
+    out = {}
+    for name, (mine, peer, title) in COMPARISONS.items():
+        a, b = rows.get(mine), rows.get(peer)
+        if not (a and b):
+            continue
+        ratios = [y / x for x, y in zip(a["p50_runs_ms"], b["p50_runs_ms"])]
+        out[name] = {"title": title, "shoal": mine, "peer": peer, "speedup_p50": round(b["p50_ms"] / a["p50_ms"], 2),
+                     "speedup_p50_min": round(min(ratios), 2), "speedup_p50_max": round(max(ratios), 2)}
+    return out
+
+
+def goal(rows: dict, comps: dict) -> dict:
+    cli = rows.get("cli_shoal")
+    g: dict = {"cli_p50_ms_max": GOAL_CLI_P50_MS, "cli_speedup_min": GOAL_CLI_SPEEDUP}
+    if not cli:
+        return g
+    g["cli_p50_ms"] = cli["p50_ms"]
+    g["cli_speedup"] = comps.get("cli", {}).get("speedup_p50")
+    gaps = []
+    if cli["p50_ms"] > GOAL_CLI_P50_MS:
+        over = cli["p50_ms"] - GOAL_CLI_P50_MS
+        gaps.append(f"p50 {cli['p50_ms']:.1f} ms is {over:.1f} ms over {GOAL_CLI_P50_MS:g} ms")
+    if g["cli_speedup"] is None:
+        gaps.append("no docker run to compare against")
+    elif g["cli_speedup"] < GOAL_CLI_SPEEDUP:
+        gaps.append(f"{g['cli_speedup']:.2f}x faster than docker run, goal {GOAL_CLI_SPEEDUP:g}x")
+    g["met"] = not gaps
+    g["gap"] = "; ".join(gaps) or None
+    return g
 
 
 # ------------------------------------------------------------------------------------------ report
+def _ms(v: float) -> str:
+    return f"{v:.2f} ms" if v < 10 else f"{v:.1f} ms" if v < 100 else f"{v:.0f} ms"
+
+
+def readme_section(res: dict) -> str:
+    """The README's "Startup" section, rendered from startup.json alone."""
+    rows, comps, s = res["rows"], res["comparisons"], res["shoal"]
+    h, v = res["host"], res["versions"]
+    lines = [f"## Startup, measured on this machine ({res['date']}, {h['cores']} cores, Linux "
+             f"{'.'.join(h['kernel'].split('.')[:2])}, cgroup {h['cgroup']})", "",
+             f"`{res['command']}` (JSON in `bench/results/startup.json`). Every sample runs `true` in a new "
+             "sandbox or container made from the same busybox rootfs, network off, and removes it; "
+             f"the sides run interleaved in the same run, {res['config']['runs']} runs of "
+             f"{res['config']['n']} samples each. p50 and p99 are over all samples; \"p50 over runs\" is "
+             "the min–max of the per-run p50 (this 2-core machine is shared, so expect spread).", "",
+             "| comparison | Shoal | p50 | p99 | p50 over runs | peer | p50 | p99 | p50 over runs | Shoal faster by |",
+             "|---|---|---:|---:|---:|---|---:|---:|---:|---:|"]
+    for name, c in comps.items():
+        a, b = rows[c["shoal"]], rows[c["peer"]]
+        sp = c["speedup_p50"]
+        fast = f"**{sp:.2f}×**" if sp >= 1 else f"{sp:.2f}× (Shoal is {1 / sp:.1f}× slower)"
+        lines.append(f"| {c['title']} | {a['label']} | {_ms(a['p50_ms'])} | {_ms(a['p99_ms'])} | "
+                     f"{_ms(a['p50_min_ms'])}–{_ms(a['p50_max_ms'])} | {b['label']} | {_ms(b['p50_ms'])} | "
+                     f"{_ms(b['p99_ms'])} | {_ms(b['p50_min_ms'])}–{_ms(b['p50_max_ms'])} | {fast} "
+                     f"({c['speedup_p50_min']:.2f}–{c['speedup_p50_max']:.2f}) |")
+    g = res["goal"]
+    verdict = "**met**" if g.get("met") else f"**missed**: {g.get('gap')}"
+    lines += ["", f"Goal for the CLI: `shoal run IMG -- true` with a warm daemon at p50 ≤ {g['cli_p50_ms_max']:g} ms "
+              f"and ≥ {g['cli_speedup_min']:g}× faster than `docker run --rm`, in one run: {verdict} "
+              f"(p50 {_ms(g['cli_p50_ms'])}, {g['cli_speedup']:.2f}×).", "", "What each row includes:", ""]
+    for key, r in rows.items():
+        lines.append(f"- `{key}`: {r['includes']}.")
+    lines += ["", f"Versions: Shoal {v['shoal']}, Python {v['python']}, "
+              f"Docker engine {v.get('docker_server') or 'n/a'} "
+              f"(CLI {v.get('docker_cli') or 'n/a'}, Python SDK `docker` {v.get('docker_sdk') or 'n/a'}), "
+              f"{v.get('runc') or 'runc n/a'}.", "",
+              "`shoal run` uses the daemon when one answers on the root's socket (`<root>/shoald.sock`, or "
+              "`SHOAL_URL=local|unix://…`) and otherwise runs the sandbox in-process, as `--in-process` "
+              "forces; the daemon path is `shoal.cli_fast`, stdlib only. The no-daemon rows pay Python's "
+              "imports of the full CLI (`python -X importtime -m shoal.cli` shows where).", "",
+              "Shoal's own figures, in-process (no CLI, no daemon; "
+              f"{s['cold_create_exec']['n']} samples per run, {res['config']['runs']} runs):", "",
+              "| measurement | p50 | p99 | p50 over runs | goal |", "|---|---:|---:|---:|---|"]
+    for key, label, goal_txt in (("cold_create_exec", "Shoal cold create → first exec", "≤ 25 ms p50"),
+                                 ("warm_acquire_exec", "Shoal warm-pool acquire → exec", "≤ 5 ms p50"),
+                                 ("exec_true", "Shoal exec of `true` in a live sandbox", ""),
+                                 ("session_cmd", "Shoal persistent-session command overhead", "≤ 1 ms p50")):
+        r = s[key]
+        lines.append(f"| {label} | {_ms(r['p50_ms'])} | {_ms(r['p99_ms'])} | {_ms(r['p50_min_ms'])}–"
+                     f"{_ms(r['p50_max_ms'])} | {goal_txt} |")
+    lines.append(f"| Shoal sustained creations/s | {s['creations_per_s_1t']:.0f}/s (1 thread), "
+                 f"{s['creations_per_s_2t']:.0f}/s (2 threads) | | {min(s['creations_per_s_1t_runs']):.0f}–"
+                 f"{max(s['creations_per_s_1t_runs']):.0f}/s, {min(s['creations_per_s_2t_runs']):.0f}–"
+                 f"{max(s['creations_per_s_2t_runs']):.0f}/s | ≥ 100/s |")
+    lines += ["", "![startup latency](bench/results/startup.png)", ""]
+    return "\n".join(lines)
+
+
+def write_readme(path: Path, section: str) -> None:
+    text = path.read_text()
+    start = text.index("## Startup")
+    end = text.index("\n## ", start + 1) + 1
+    path.write_text(text[:start] + section + text[end:])
+
+
 def plot(res: dict, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels, vals = [], []
-    for label, key in (("Shoal warm pool\nacquire+exec", ("shoal", "warm_acquire_exec")),
-                       ("Shoal cold\ncreate+exec", ("shoal", "cold_create_exec")),
-                       ("runc run\n(runtime only)", ("runc", None)),
-                       ("podman+runc\nrun --rm", ("podman", None)), ("docker\nrun --rm", ("docker", None))):
-        r = res.get(key[0])
-        r = r.get(key[1]) if (r and key[1]) else r
-        if r and "p50_ms" in r:
-            labels.append(label)
-            vals.append(r["p50_ms"])
-    fig, ax = plt.subplots(figsize=(7, 3.6))
-    colors = ["#2a9d8f" if l.startswith("Shoal") else "#e76f51" for l in labels]
-    bars = ax.barh(labels, vals, color=colors)
+    rows, comps = res["rows"], res["comparisons"]
+    names = [n for n in ("cli", "sdk", "runtime", "sdk_in_process", "cli_no_daemon") if n in comps]
+    fig, ax = plt.subplots(figsize=(9, 0.9 + 0.75 * len(names)))
+    y = 0.0
+    ticks, ticklabels = [], []
+    for name in names:
+        c = comps[name]
+        for side, color, dy in (("shoal", "#2a9d8f", 0.2), ("peer", "#e76f51", -0.2)):
+            r = rows[c[side]]
+            med = r["p50_median_ms"]
+            err = [[med - r["p50_min_ms"]], [r["p50_max_ms"] - med]]
+            ax.barh(y + dy, med, height=0.38, color=color, xerr=err, capsize=3)
+            ax.text(r["p50_max_ms"] * 1.08, y + dy, f"{med:.1f} ms  {r['label'][:52]}", va="center", fontsize=7)
+        ticks.append(y)
+        ticklabels.append(f"{c['title'][:34]}\n{c['speedup_p50']:.2f}x")
+        y -= 1.2
+    ax.set_yticks(ticks, ticklabels, fontsize=8)
     ax.set_xscale("log")
-    ax.set_xlim(min(vals) / 2, max(vals) * 4)  # room for the value labels
-    ax.set_xlabel("p50 latency to run `true` (ms, log scale)")
-    ax.bar_label(bars, labels=[f"{v:.1f} ms" for v in vals], padding=3)
-    ax.set_title(f"Sandbox start latency on this machine ({res['date']})")
+    lo = min(rows[comps[n][s]]["p50_min_ms"] for n in names for s in ("shoal", "peer"))
+    hi = max(rows[comps[n][s]]["p50_max_ms"] for n in names for s in ("shoal", "peer"))
+    ax.set_xlim(lo / 2, hi * 60)
+    ax.axvline(GOAL_CLI_P50_MS, color="grey", lw=0.8, ls="--")
+    ax.set_xlabel("median of per-run p50 (ms, log); bars: min–max over runs; green Shoal, orange peer; "
+                  "dashed: CLI goal")
+    ax.set_title(f"Start `true` in a fresh sandbox, remove it ({res['date']}, {res['host']['cores']} cores)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--n", type=int, default=200, help="iterations per Shoal latency measurement")
+    ap.add_argument("--n", type=int, default=100, help="rounds per run (one sample of every row per round)")
+    ap.add_argument("--runs", type=int, default=3, help="runs (min/median/max of the p50 over them)")
+    ap.add_argument("--shoal-n", type=int, default=200, help="iterations of Shoal's own in-process latencies")
     ap.add_argument("--batch", type=int, default=200, help="sandboxes per creations/s batch")
-    ap.add_argument("--docker-n", type=int, default=30, help="iterations of docker/podman run")
     ap.add_argument("--no-docker", action="store_true")
-    ap.add_argument("--root", default=None, help="Shoal root for the benchmark (default: a temp dir)")
     ap.add_argument("--out", default=str(RESULTS / "startup.json"), help="JSON path (the PNG goes beside it)")
+    ap.add_argument("--readme", default=None, help="rewrite this README's Startup section from the JSON")
+    ap.add_argument("--render-only", action="store_true", help="no measuring: redraw PNG/README from --out")
     args = ap.parse_args()
-
-    root = Path(args.root) if args.root else Path(tempfile.mkdtemp(prefix="shoal-bench-", dir="/tmp"))
-    res: dict = {"date": time.strftime("%Y-%m-%d"), "host": {"cores": os.cpu_count(), "kernel": os.uname().release}}
-    res["shoal"] = bench_shoal(root, args.n, args.batch)
-    Host.get(root).gc()
-    if not args.no_docker:
-        res["docker"] = bench_docker(args.docker_n)
-        res["podman"] = bench_podman(args.docker_n)
-        res["runc"] = bench_runc(args.docker_n)
-
-    s = res["shoal"]
-    t = Table(title=f"Startup, this machine, {res['date']} ({os.cpu_count()} cores)")
-    t.add_column("measurement")
-    t.add_column("p50 ms", justify="right")
-    t.add_column("p99 ms", justify="right")
-    t.add_column("goal")
-    t.add_row("Shoal cold create -> first exec", f"{s['cold_create_exec']['p50_ms']:.2f}",
-              f"{s['cold_create_exec']['p99_ms']:.2f}", "p50 <= 25 ms")
-    t.add_row("Shoal warm-pool acquire -> exec", f"{s['warm_acquire_exec']['p50_ms']:.2f}",
-              f"{s['warm_acquire_exec']['p99_ms']:.2f}", "p50 <= 5 ms")
-    t.add_row("Shoal exec `true` in live sandbox", f"{s['exec_true']['p50_ms']:.2f}", f"{s['exec_true']['p99_ms']:.2f}", "")
-    t.add_row("Shoal session command overhead", f"{s['session_cmd']['p50_ms']:.3f}", f"{s['session_cmd']['p99_ms']:.3f}",
-              "p50 <= 1 ms")
-    for peer in ("docker", "podman", "runc"):
-        r = res.get(peer)
-        if r and "p50_ms" in r:
-            ratio = r["p50_ms"] / s["cold_create_exec"]["p50_ms"]
-            res[f"{peer}_over_shoal_cold_p50"] = round(ratio, 1)
-            what = "runc run (OCI runtime only)" if peer == "runc" else f"{peer} run --rm"
-            t.add_row(f"{what} `true`", f"{r['p50_ms']:.1f}", f"{r['p99_ms']:.1f}",
-                      f"Shoal cold is {ratio:.1f}x faster (goal >= 10x)" if peer == "docker" else f"{ratio:.1f}x")
-        elif r and "error" in r:
-            t.add_row(f"{peer} run --rm", "error", "", r["error"][:60])
-        else:
-            t.add_row(f"{peer} run --rm", "n/a", "", "not available on this host")
-    t.add_row("Shoal creations/s, 1 thread", f"{s['creations_per_s_1t']:.0f}/s", "", ">= 100/s")
-    t.add_row("Shoal creations/s, 2 threads", f"{s['creations_per_s_2t']:.0f}/s", "", ">= 100/s")
-    console.print(t)
-
     out = Path(args.out)
+    if args.render_only:
+        res = json.loads(out.read_text())
+        plot(res, out.with_suffix(".png"))
+        if args.readme:
+            write_readme(Path(args.readme), readme_section(res))
+        return
+
+    cg = "2" if os.path.exists("/sys/fs/cgroup/cgroup.controllers") else "1"
+    res: dict = {"date": time.strftime("%Y-%m-%d"), "command": "bench/startup.py " + " ".join(sys.argv[1:]),
+                 "host": {"cores": os.cpu_count(), "kernel": os.uname().release, "cgroup": cg},
+                 "config": {"n": args.n, "runs": args.runs, "shoal_n": args.shoal_n, "batch": args.batch,
+                            "image": "busybox rootfs (shoal.layers.busybox)", "workload": "true"}}
+    from shoal import __version__
+
+    res["versions"] = {"shoal": __version__, "python": platform.python_version()}
+    tmp = Path(tempfile.mkdtemp(prefix="shoal-bench-", dir="/tmp"))
+    root_d, root_p = tmp / "d", tmp / "p"  # the daemon's root and the in-process one: no shared sweeps
+    root_d.mkdir()
+    root_p.mkdir()
+    dockerd = shoald = None
+    try:
+        for r in (root_d, root_p):
+            shoal_image(r)
+        shoald = Shoald(root_d)
+        docker_env = None
+        docker_cli = "/usr/bin/docker" if os.path.exists("/usr/bin/docker") else (shutil.which("docker") or "docker")
+        if not args.no_docker:
+            dockerd = Dockerd(host=f"unix://{tmp}/docker.sock")
+            if dockerd.up():
+                docker_env = dockerd.env()
+                tar = rootfs_tar(str(tmp / "dockerimg"))
+                subprocess.run([docker_cli, "import", tar, "shoal-bench-busybox:latest"], check=True,
+                               capture_output=True, env=docker_env)
+                import docker
+
+                res["versions"].update(
+                    docker_server=version([docker_cli, "version", "--format", "{{.Server.Version}}"], docker_env),
+                    docker_cli=version([docker_cli, "version", "--format", "{{.Client.Version}}"], docker_env),
+                    docker_sdk=docker.__version__)
+        bundle = None
+        if shutil.which("runc"):
+            bundle = runc_bundle(tmp / "bundle")
+            res["versions"]["runc"] = version(["runc", "--version"])
+        samplers = make_samplers(shoald.sock, root_p, docker_env, docker_cli, bundle)
+        rows = interleaved(samplers, args.n, args.runs)
+        for key, r in rows.items():
+            r.update(label=ROWS[key][2], includes=ROWS[key][3], workload="true in a busybox rootfs")
+        res["rows"] = {k: rows[k] for k in ROWS if k in rows}
+        res["comparisons"] = compare(res["rows"])
+        res["goal"] = goal(res["rows"], res["comparisons"])
+        shoald.down()
+        shoald = None
+        res["shoal"] = shoal_runs(root_p, args.shoal_n, args.batch, args.runs)
+        Host.get(root_p).gc()
+    finally:
+        if shoald:
+            shoald.down()
+        if dockerd:
+            dockerd.down()
+
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=2))
+    out.write_text(json.dumps(res, indent=2) + "\n")
     plot(res, out.with_suffix(".png"))
+    section = readme_section(res)
+    console.print(section, markup=False, highlight=False)
+    if args.readme:
+        write_readme(Path(args.readme), section)
     console.print(f"wrote {out} and {out.with_suffix('.png')}")
-    if not args.root:
-        shutil.rmtree(root, ignore_errors=True)
+    Host.get(root_d).gc()  # unmount the daemon root's layers before removing the folder
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -81,7 +81,8 @@ def layer_build(src: Optional[Path] = typer.Argument(None, help="directory to tu
 
 @layer_app.command("import")
 def layer_import(path: Path = typer.Argument(..., help="a layer tar (.tar/.tar.gz) or a docker-save/OCI archive"),
-                 name: Optional[str] = typer.Option(None, "--name", "-n", help="layer name (tar) or image ref (archive)"),
+                 name: Optional[str] = typer.Option(None, "--name", "-n",
+                                                    help="layer name (tar) or image ref (archive)"),
                  root: Optional[str] = RootOpt):
     """Import a tar stream as one layer, or a docker save / OCI archive as one layer per image layer."""
     host = _host(root)
@@ -111,11 +112,11 @@ def layer_ls(root: Optional[str] = RootOpt, as_json: bool = typer.Option(False, 
     """List layers."""
     layers = _host(root).store.list()
     if as_json:
-        console.print_json(json.dumps([l.__dict__ for l in layers]))
+        console.print_json(json.dumps([x.__dict__ for x in layers]))
         return
     t = Table("DIGEST", "NAMES", "CONTENT", "IMAGE", "ENTRIES", "SOURCE")
-    for l in layers:
-        t.add_row(l.short, ",".join(l.names), _size(l.size), _size(l.image_bytes), str(l.entries), l.source)
+    for x in layers:
+        t.add_row(x.short, ",".join(x.names), _size(x.size), _size(x.image_bytes), str(x.entries), x.source)
     console.print(t)
 
 
@@ -148,7 +149,8 @@ def image_ls(root: Optional[str] = RootOpt):
     """List images."""
     t = Table("IMAGE", "LAYERS (bottom -> top)", "CREATED")
     for img in _host(root).store.list_images():
-        t.add_row(img.ref, " ".join(d.split(":")[1][:12] for d in img.layers), time.strftime("%F %T", time.localtime(img.created)))
+        t.add_row(img.ref, " ".join(d.split(":")[1][:12] for d in img.layers),
+                  time.strftime("%F %T", time.localtime(img.created)))
     console.print(t)
 
 
@@ -246,7 +248,8 @@ def env_workspaces(verify: bool = typer.Option(False, "--verify", help="run each
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def run(ctx: typer.Context, image: str = typer.Argument(..., help="image name[:tag]"),
         layer: Optional[list[str]] = typer.Option(None, "--layer", "-l", help="extra layer on top (repeatable)"),
-        memory_mb: Optional[int] = typer.Option(None, "--memory-mb"), cpu: Optional[float] = typer.Option(None, "--cpu"),
+        memory_mb: Optional[int] = typer.Option(None, "--memory-mb"),
+        cpu: Optional[float] = typer.Option(None, "--cpu"),
         disk_mb: Optional[int] = typer.Option(None, "--disk-mb"), timeout: float = typer.Option(600, "--timeout"),
         detach: bool = typer.Option(False, "--detach", "-d", help="keep the sandbox and print its id"),
         ttl: Optional[float] = typer.Option(None, "--ttl", help="absolute TTL in seconds (with --detach)"),

@@ -2,9 +2,10 @@
 
 Why a separate, stdlib-only module: a process that starts, runs `true` in a sandbox and exits is
 dominated by imports. The full CLI (typer, rich, pydantic, the layer store, the SDK) costs about
-200 ms to import; this module imports only `os`, `sys`, `socket` and `json` and talks to the
-daemon with a few lines of HTTP/1.1 over its Unix socket (`http.client` alone costs ~30 ms to
-import, through the `email` package, so it is not used here).
+200 ms to import; this module imports only `os`, `sys` and the C modules under `socket` and `json`,
+and talks to the daemon with a few lines of HTTP/1.1 over its Unix socket (`http.client` alone
+costs ~30 ms to import, through the `email` package, so it is not used here; `socket` and `json`
+add ~15 ms through `enum` and `re`, and their C parts do the same work).
 
 What runs where:
   * `shoal run IMAGE [opts] -- CMD...` and `shoal exec ID [opts] -- CMD...`: if a shoald answers on
@@ -20,16 +21,64 @@ this module's output against the SDK's, in tests/functional/test_cli.py.
 """
 from __future__ import annotations
 
-import json
 import os
-import socket
 import sys
+
+TYPE_CHECKING = False  # not typing's: importing typing costs ~5 ms here
+if TYPE_CHECKING:
+    from typing import Any
+
+try:  # the C halves of `socket` and `json`: the Python wrappers cost ~15 ms of imports (enum, re)
+    import _json
+    import _socket as socket
+except ImportError:  # another Python implementation: the ordinary modules
+    import json as _json  # type: ignore[no-redef]
+    import socket  # type: ignore[no-redef]
 
 DEFAULT_ROOT = "/var/lib/shoal"  # = shoal.config.DEFAULT_ROOT (a test keeps them equal)
 DEFAULT_CONFIG = "/etc/shoal/config.toml"  # = shoal.config.DEFAULT_CONFIG
 SOCKET_NAME = "shoald.sock"  # = shoal.daemon.server.default_socket(root).name
 RUN_TIMEOUT_S = 600.0  # `shoal run/exec --timeout` default (same as the typer commands)
 HTTP_TIMEOUT_S = 120.0  # create / delete; exec waits for timeout + 30 s
+
+
+# ------------------------------------------------------------------------------------------ JSON
+class _Decoding:
+    """What the C scanner reads from json.JSONDecoder (strict, standard hooks)."""
+
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+    parse_constant = float  # NaN / Infinity, as json.loads
+
+
+def _no_default(o: object) -> object:
+    raise TypeError(f"{type(o).__name__} is not JSON serializable")
+
+
+if hasattr(_json, "make_scanner") and hasattr(_json, "make_encoder"):
+    _scan = _json.make_scanner(_Decoding)  # type: ignore[arg-type]  # duck-typed: reads the attributes
+    _encode = _json.make_encoder(None, _no_default, _json.encode_basestring_ascii, None, ": ", ", ",
+                                 False, False, True)
+
+    def loads(text: str) -> Any:
+        """= json.loads for one JSON value (tests/functional/test_cli.py checks them equal)."""
+        text = text.strip()
+        try:
+            value, end = _scan(text, 0)
+        except StopIteration:  # the scanner's way of saying "no JSON value here"
+            raise ValueError(f"not JSON: {text[:80]!r}") from None
+        if end != len(text):
+            raise ValueError(f"extra data after JSON value at {end}")
+        return value
+
+    def dumps(obj: object) -> str:
+        """= json.dumps(obj) (default separators, ASCII)."""
+        return "".join(_encode(obj, 0))
+else:  # pragma: no cover - the pure-Python json module was imported instead
+    loads, dumps = _json.loads, _json.dumps  # type: ignore[attr-defined]
 
 
 class Fallback(Exception):
@@ -143,7 +192,7 @@ class Connection:
 
     def __init__(self, path: str):
         self.path = path
-        self.sock: socket.socket | None = None
+        self.sock: Any = None  # a connected socket.socket (or _socket.socket)
         self.buf = b""
         self.headers = {"host": "shoald", "accept": "application/json"}
         key = os.environ.get("SHOAL_API_KEY")
@@ -212,7 +261,7 @@ class Connection:
             self.connect()
         assert self.sock is not None
         self.sock.settimeout(timeout)
-        payload = json.dumps(body).encode() if body is not None else b""
+        payload = dumps(body).encode() if body is not None else b""
         head = f"{method} {target} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in self.headers.items())
         if body is not None:
             head += "content-type: application/json\r\n"
@@ -238,12 +287,12 @@ class Connection:
             self.close()
         if status >= 400:
             raise _error(status, data)
-        return json.loads(data) if data else None
+        return loads(data.decode()) if data else None
 
 
 def _error(status: int, data: bytes) -> DaemonError:
     try:
-        err = json.loads(data)["error"]
+        err = loads(data.decode(errors="replace"))["error"]
         return DaemonError(err.get("type") or "ShoalError", err.get("message") or f"HTTP {status}")
     except (ValueError, KeyError, TypeError):
         return DaemonError("ShoalError", f"HTTP {status}: {data[:500].decode(errors='replace')}")
@@ -262,7 +311,7 @@ def sse_events(chunks):
                     event = line[7:]
                 elif line.startswith("data: "):
                     data = line[6:]
-            yield event, json.loads(data) if data else None
+            yield event, loads(data) if data else None
 
 
 def stream_exec(conn: Connection, sandbox_id: str, body: dict, on_stdout, on_stderr) -> dict:

@@ -31,7 +31,7 @@ def _env(root) -> dict:
 
 def _creates(client: Client) -> int:
     text = client.call("GET", "/metrics").text
-    return int(next(l.split()[1] for l in text.splitlines() if l.startswith("shoal_creates_total ")))
+    return int(next(x.split()[1] for x in text.splitlines() if x.startswith("shoal_creates_total ")))
 
 
 # ------------------------------------------------------------------------------------------ argv
@@ -88,6 +88,26 @@ def test_stale_socket_falls_back(tmp_path):
     s.close()
     with pytest.raises(cli_fast.Fallback):
         cli_fast.try_fast(["run", "--root", str(tmp_path), "img", "--", "true"])
+
+
+@pytest.mark.parametrize("value", [
+    {"id": "sb-x", "limits": {"cpu": 0.5, "memory_mb": 64}, "layers": [], "ttl": None, "ok": True},
+    "caf\u00e9 \u20ac \ud83d\ude00 \\ \"q\" \n\t\x00", [1, -2, 3.25, 1e300, -0.0, 10**20, False], {},
+    {"error": {"type": "ImageNotFound", "message": "image x:1 not found", "retryable": False}},
+])
+def test_json_matches_the_json_module(value):
+    """cli_fast's JSON (the C scanner/encoder without `re`) is json.loads / json.dumps."""
+    assert cli_fast.dumps(value) == json.dumps(value)
+    for text in (json.dumps(value), json.dumps(value, indent=2, ensure_ascii=False) + "\n"):
+        assert cli_fast.loads(text) == json.loads(text)
+
+
+@pytest.mark.parametrize("text", ["", "nope", "{\"a\": 1} x", "{\"a\": }"])
+def test_json_rejects_what_json_rejects(text):
+    with pytest.raises(ValueError):
+        json.loads(text)
+    with pytest.raises(ValueError):
+        cli_fast.loads(text)
 
 
 # ------------------------------------------------------------------------------------------ schema
@@ -192,7 +212,8 @@ def test_hot_path_imports_no_heavy_modules(daemon, base_image, root):
     mods = {line.split("|")[-1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")}
     assert "shoal.cli_fast" in mods or "shoal" in mods
     heavy = {m for m in mods if m.split(".")[0] in ("typer", "rich", "pydantic", "httpx", "fastapi", "click",
-                                                    "http", "email", "typing")
+                                                    "http", "email", "typing", "json", "socket", "re",
+                                                    "enum")
              or m == "shoal.cli" or m.startswith(("shoal.host", "shoal.sdk", "shoal.runtime", "shoal.layers"))}
     assert not heavy, sorted(heavy)
 
