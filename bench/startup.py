@@ -290,13 +290,20 @@ ROWS = {  # key -> (comparison, side, label, what one sample includes)
                              "in a running Python process, no daemon hop: Sandbox.create(root=) + commands.run + kill"),
     "runtime_runc": ("runtime", "peer", "`runc run` of an OCI bundle (+ its delete)",
                      "fresh process: runc create + start + wait + delete, rootfs already unpacked, no engine"),
+    # context, no peer: where a fresh Shoal process spends its time before any sandbox exists
+    "python_start": (None, None, "`python -c pass` (the venv's interpreter)",
+                     "fresh process: the interpreter's start and exit, the floor of any Python CLI"),
+    "import_full_cli": (None, None, "`python -c 'import shoal.cli, shoal.sdk.sandbox'`",
+                        "fresh process: the imports the in-process path pays (typer, rich, pydantic, host, SDK)"),
 }
-COMPARISONS = {  # comparison -> (Shoal row, peer row, title)
-    "cli": ("cli_shoal", "cli_docker", "CLI vs CLI"),
-    "cli_no_daemon": ("cli_shoal_no_daemon", "cli_docker", "CLI, no daemon, vs docker run"),
-    "sdk": ("sdk_shoal", "sdk_docker", "SDK vs SDK (both through their daemon)"),
-    "sdk_in_process": ("sdk_shoal_in_process", "sdk_docker", "Shoal SDK in-process vs Docker SDK"),
-    "runtime": ("cli_shoal_no_daemon", "runtime_runc", "runtime vs runtime (fresh process, no engine daemon)"),
+COMPARISONS = {  # comparison -> (Shoal row, peer row, title, short title for the plot)
+    "cli": ("cli_shoal", "cli_docker", "CLI vs CLI", "CLI vs CLI"),
+    "cli_no_daemon": ("cli_shoal_no_daemon", "cli_docker", "CLI, no daemon, vs docker run", "CLI, no daemon"),
+    "sdk": ("sdk_shoal", "sdk_docker", "SDK vs SDK (both through their daemon)", "SDK vs SDK"),
+    "sdk_in_process": ("sdk_shoal_in_process", "sdk_docker", "Shoal SDK in-process vs Docker SDK",
+                       "SDK in-process\nvs Docker SDK"),
+    "runtime": ("cli_shoal_no_daemon", "runtime_runc", "runtime vs runtime (fresh process, no engine daemon)",
+                "runtime vs runtime"),
 }
 
 
@@ -330,6 +337,8 @@ def make_samplers(shoal_sock: Path, proc_root: Path, docker_env: dict | None, do
         sb.kill()
 
     out: dict[str, Callable[[], None]] = {
+        "python_start": sh([sys.executable, "-c", "pass"], env_p),
+        "import_full_cli": sh([sys.executable, "-c", "import shoal.cli, shoal.sdk.sandbox"], env_p),
         "cli_shoal": sh([shoal, "run", IMAGE, "--", "true"], env_d),
         "cli_shoal_no_daemon": sh([shoal, "run", "--in-process", IMAGE, "--", "true"], env_p),
         "sdk_shoal": sdk_shoal,
@@ -391,7 +400,7 @@ def interleaved(samplers: dict[str, Callable[[], None]], n: int, runs: int, warm
 
 def compare(rows: dict) -> dict:
     out = {}
-    for name, (mine, peer, title) in COMPARISONS.items():
+    for name, (mine, peer, title, _) in COMPARISONS.items():
         a, b = rows.get(mine), rows.get(peer)
         if not (a and b):
             continue
@@ -454,6 +463,11 @@ def readme_section(res: dict) -> str:
               f"(p50 {_ms(g['cli_p50_ms'])}, {g['cli_speedup']:.2f}×).", "", "What each row includes:", ""]
     for key, r in rows.items():
         lines.append(f"- `{key}`: {r['includes']}.")
+    ctx = [k for k in ("python_start", "import_full_cli") if k in rows]
+    if ctx:
+        lines += ["", "Context (fresh processes, same runs): " + "; ".join(
+            f"{rows[k]['label']} p50 {_ms(rows[k]['p50_ms'])} ({_ms(rows[k]['p50_min_ms'])}–"
+            f"{_ms(rows[k]['p50_max_ms'])})" for k in ctx) + "."]
     lines += ["", f"Versions: Shoal {v['shoal']}, Python {v['python']}, "
               f"Docker engine {v.get('docker_server') or 'n/a'} "
               f"(CLI {v.get('docker_cli') or 'n/a'}, Python SDK `docker` {v.get('docker_sdk') or 'n/a'}), "
@@ -505,18 +519,22 @@ def plot(res: dict, path: Path) -> None:
             med = r["p50_median_ms"]
             err = [[med - r["p50_min_ms"]], [r["p50_max_ms"] - med]]
             ax.barh(y + dy, med, height=0.38, color=color, xerr=err, capsize=3)
-            ax.text(r["p50_max_ms"] * 1.08, y + dy, f"{med:.1f} ms  {r['label'][:52]}", va="center", fontsize=7)
+            ax.text(r["p50_max_ms"] * 1.08, y + dy, f"{med:.1f} ms  {r['label'][:60]}", va="center", fontsize=7)
         ticks.append(y)
-        ticklabels.append(f"{c['title'][:34]}\n{c['speedup_p50']:.2f}x")
+        ticklabels.append(f"{COMPARISONS[name][3]}\nShoal {c['speedup_p50']:.2f}x")
         y -= 1.2
     ax.set_yticks(ticks, ticklabels, fontsize=8)
     ax.set_xscale("log")
     lo = min(rows[comps[n][s]]["p50_min_ms"] for n in names for s in ("shoal", "peer"))
     hi = max(rows[comps[n][s]]["p50_max_ms"] for n in names for s in ("shoal", "peer"))
-    ax.set_xlim(lo / 2, hi * 60)
+    ax.set_xlim(lo / 2, hi * 40)
     ax.axvline(GOAL_CLI_P50_MS, color="grey", lw=0.8, ls="--")
-    ax.set_xlabel("median of per-run p50 (ms, log); bars: min–max over runs; green Shoal, orange peer; "
-                  "dashed: CLI goal")
+    ax.set_xlabel("ms, log scale: median of the per-run p50, whiskers min–max over runs")
+    from matplotlib.patches import Patch
+
+    ax.legend(handles=[Patch(color="#2a9d8f", label="Shoal"), Patch(color="#e76f51", label="peer"),
+                       plt.Line2D([], [], color="grey", lw=0.8, ls="--", label=f"CLI goal {GOAL_CLI_P50_MS:g} ms")],
+              loc="upper right", fontsize=7)
     ax.set_title(f"Start `true` in a fresh sandbox, remove it ({res['date']}, {res['host']['cores']} cores)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -524,7 +542,7 @@ def plot(res: dict, path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--n", type=int, default=100, help="rounds per run (one sample of every row per round)")
+    ap.add_argument("--n", type=int, default=60, help="rounds per run (one sample of every row per round)")
     ap.add_argument("--runs", type=int, default=3, help="runs (min/median/max of the p50 over them)")
     ap.add_argument("--shoal-n", type=int, default=200, help="iterations of Shoal's own in-process latencies")
     ap.add_argument("--batch", type=int, default=200, help="sandboxes per creations/s batch")
@@ -580,7 +598,8 @@ def main() -> None:
         samplers = make_samplers(shoald.sock, root_p, docker_env, docker_cli, bundle)
         rows = interleaved(samplers, args.n, args.runs)
         for key, r in rows.items():
-            r.update(label=ROWS[key][2], includes=ROWS[key][3], workload="true in a busybox rootfs")
+            r.update(label=ROWS[key][2], includes=ROWS[key][3],
+                     workload="no sandbox" if ROWS[key][0] is None else "`true` in a busybox rootfs, removed after")
         res["rows"] = {k: rows[k] for k in ROWS if k in rows}
         res["comparisons"] = compare(res["rows"])
         res["goal"] = goal(res["rows"], res["comparisons"])
