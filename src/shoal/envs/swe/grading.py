@@ -8,6 +8,12 @@ an empty status map without evidence that the suite ran is invalid.
 
 The agent's patch is untrusted: changes to test files and test configuration are dropped before it
 is applied (SWE-bench gets the same effect by applying its test_patch last).
+
+`grade` reads a log alone (SWE-bench's way). `grade_run` is what Shoal's grader uses: per-test
+statuses come from the trusted runner's HMAC-chained record (trusted.py), and the log is only a
+cross-check. A Report's `reason` says why a run was not believed, in a machine-readable form:
+`patch-not-applied`, `tamper-suspect: <rule>`, `tampered`, `forged-output`, `incomplete`, `timeout`,
+`unconfirmed`, `no-tests-ran` (see docs/swe.md).
 """
 from __future__ import annotations
 
@@ -19,10 +25,11 @@ PASS_STATES = ("PASSED", "XFAIL")
 _LINE = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS|SKIPPED)\s+(\S+::.+?)(?:\s+-\s+(.*))?$")
 _COUNT = re.compile(r"(\d+) (passed|failed|errors?)\b")
 _SUITE_RAN = re.compile(r"^(?:=+ )?(?:.*\b\d+ (?:passed|failed|errors?|skipped|xfailed|xpassed|deselected)\b.*|"
-                        r"no tests ran.*) in [\d.]+s", re.M)
+                        r"no tests ran.*) in [\d.]+s", re.MULTILINE)
 # files an agent's patch may not touch: tests and what configures them
 _PROTECTED = re.compile(r"(^|/)(tests?|testing)/|(^|/)test_[^/]*\.py$|_test\.py$|(^|/)conftest\.py$|"
-                        r"(^|/)(pytest\.ini|tox\.ini|setup\.cfg|pyproject\.toml)$")
+                        r"(^|/)(\.?pytest\.ini|\.?pytest\.toml|tox\.ini|setup\.cfg|pyproject\.toml)$")
+PROTECTED_PATTERN = _PROTECTED.pattern
 
 
 def eval_script(repo_dir: str, test_cmd: str) -> str:
@@ -90,6 +97,16 @@ class Report:
     invalid: str = ""  # why the log could not be graded, if it could not
     dropped_files: list[str] = field(default_factory=list)  # protected files the patch tried to change
     tests_status: dict[str, list[str]] = field(default_factory=dict)
+    reason: str = ""  # machine-readable: "" or tampered, tamper-suspect: <rule>, forged-output, ...
+    flags: list[str] = field(default_factory=list)  # static screen findings, "<rule>: <path>: <detail>"
+    tampered: list[str] = field(default_factory=list)  # what the trusted runner found changed
+    confirmation: dict = field(default_factory=dict)  # the independent re-run of the flipped tests
+
+    def reject(self, reason: str, invalid: str) -> Report:
+        """Not resolved, for a reason that makes the run untrustworthy."""
+        self.resolved, self.status, self.reason = False, "RESOLVED_NO", reason
+        self.invalid = self.invalid or invalid
+        return self
 
     @property
     def f2p_rate(self) -> float:
@@ -142,6 +159,88 @@ def grade(log: str, fail_to_pass: list[str], pass_to_pass: list[str], *, patch_a
                   exit_code=exit_code, patch_exists=patch_exists, patch_applied=patch_applied, invalid=invalid,
                   tests_status={"FAIL_TO_PASS_failed": [t for t in fail_to_pass if t not in f2p_ok],
                                 "PASS_TO_PASS_failed": [t for t in pass_to_pass if t not in p2p_ok]})
+
+
+def log_id(nodeid: str) -> str:
+    """A test id as `parse_log` reads it back from a -rA line (ids with a newline or " - " in a
+    parameter are cut there; the suite's F2P / P2P lists hold them cut the same way)."""
+    m = _LINE.match(f"PASSED {nodeid.splitlines()[0] if nodeid else nodeid}".strip())
+    return m.group(2) if m else nodeid
+
+
+_WORST = {"pass": 0, "skip": 1, "fail": 2}
+
+
+def record_statuses(record) -> tuple[dict[str, str], set[str], dict[str, str]]:
+    """(log id -> status, log ids that several tests share, log id -> a real node id) from a record.
+    Where tests share a log id the worst status counts."""
+    out: dict[str, str] = {}
+    shared: set[str] = set()
+    raw: dict[str, str] = {}
+    for nodeid, st in record.status.items():
+        k = log_id(nodeid)
+        if k in out:
+            shared.add(k)
+            if _WORST[_category(st)] <= _WORST[_category(out[k])]:
+                continue
+        out[k] = st
+        raw.setdefault(k, nodeid)
+    return out, shared, raw
+
+
+def _category(status: str | None) -> str:
+    return "pass" if status in PASS_STATES else "skip" if status == "SKIPPED" else "fail"
+
+
+def grade_run(log: str, record, fail_to_pass: list[str], pass_to_pass: list[str], *, patch_applied: bool = True,
+              patch_exists: bool = True, changed: tuple[str, ...] | list[str] = (), repo_dir: str = "/work/repo",
+              timed_out: bool = False) -> Report:
+    """Grade a trusted run: statuses from the verified `record` (trusted.RunRecord), the log as a
+    cross-check. `changed`: the repository paths the patch changed (config files among them that
+    pytest read mean the configuration was injected)."""
+    if not patch_applied:
+        return grade("", fail_to_pass, pass_to_pass, patch_applied=False).reject("patch-not-applied",
+                                                                                   "patch did not apply")
+    log_rep = grade(log, fail_to_pass, pass_to_pass, patch_exists=patch_exists)
+    status, shared, _ = record_statuses(record)
+    f2p_ok = [t for t in fail_to_pass if status.get(t) in PASS_STATES]
+    p2p_ok = [t for t in pass_to_pass if status.get(t) in PASS_STATES + ("SKIPPED",)]
+    full_f2p, full_p2p = len(f2p_ok) == len(fail_to_pass), len(p2p_ok) == len(pass_to_pass)
+    verdict = ("RESOLVED_FULL" if full_f2p and full_p2p else "RESOLVED_PARTIAL" if f2p_ok and full_p2p
+               else "RESOLVED_NO")
+    rep = Report(resolved=verdict == "RESOLVED_FULL", status=verdict, f2p_passed=len(f2p_ok),
+                 f2p_total=len(fail_to_pass), p2p_passed=len(p2p_ok), p2p_total=len(pass_to_pass),
+                 exit_code=record.exit_code, patch_exists=patch_exists, patch_applied=True,
+                 tests_status={"FAIL_TO_PASS_failed": [t for t in fail_to_pass if t not in f2p_ok],
+                               "PASS_TO_PASS_failed": [t for t in pass_to_pass if t not in p2p_ok]})
+    injected = sorted({p for p in [(record.config or {}).get("inipath"), *record.conftests]
+                       if p and p.startswith(repo_dir.rstrip("/") + "/") and p[len(repo_dir) + 1:] in set(changed)})
+    log_status, log_exit, _ = parse_log(log)
+    disagree = [t for t in fail_to_pass + pass_to_pass
+                if t not in shared and _category(status.get(t)) != _category(log_status.get(t))]
+    if record.problem:
+        return rep.reject("tampered", record.problem)
+    if record.tampered:
+        rep.tampered = list(record.tampered)
+        return rep.reject("tampered", "the runner found its machinery changed: " + "; ".join(record.tampered[:5]))
+    if injected:
+        rep.tampered = [f"pytest read configuration the patch wrote: {p}" for p in injected]
+        return rep.reject("tampered", rep.tampered[0])
+    if record.end is None:
+        if timed_out:
+            return rep.reject("timeout", "the test run timed out")
+        return rep.reject("incomplete", "the run ended before pytest finished its session (exit, crash or kill)")
+    if log_rep.invalid:
+        return rep.reject("forged-output", log_rep.invalid)
+    if log_exit != record.exit_code:
+        return rep.reject("forged-output", f"the log says pytest exited {log_exit}, the runner saw {record.exit_code}")
+    if disagree:
+        t = disagree[0]
+        return rep.reject("forged-output", f"the log and the runner's record disagree on {len(disagree)} test(s), "
+                                           f"e.g. {t}: log {log_status.get(t)}, record {status.get(t)}")
+    if not status and fail_to_pass:
+        return rep.reject("no-tests-ran", "the runner recorded no test")
+    return rep
 
 
 def split_patch(patch: str) -> list[tuple[str, str]]:

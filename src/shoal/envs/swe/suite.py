@@ -7,15 +7,38 @@ only the changed source file plus a fresh one-commit git history.
 from __future__ import annotations
 
 import os
+import secrets
 from pathlib import Path
 
-from ...errors import BuildError, ImageNotFound, InvalidArgument
+from ...errors import BuildError, ImageNotFound, InvalidArgument, ShoalError
 from ...host import Host
 from ...sdk.sandbox import Sandbox
 from ..builder import DEFAULT_EXCLUDE
 from ..workspaces import CATALOG, WorkspaceSpec
-from .grading import Report, eval_script, filter_patch, grade
+from .grading import (
+    END,
+    EXIT,
+    PASS_STATES,
+    PROTECTED_PATTERN,
+    START,
+    Report,
+    filter_patch,
+    grade,
+    grade_run,
+    record_statuses,
+    split_patch,
+)
+from .screen import screen_patch
 from .task import SWETask
+from .trusted import (
+    RUN,
+    RunConfig,
+    RunRecord,
+    ensure_grader_image,
+    pytest_config,
+    trusted_eval_script,
+    verify_record,
+)
 
 SUITE_PATH = Path(__file__).with_name("suite.jsonl")
 TASK_LIMITS = {"memory_mb": 1024, "disk_mb": 512}
@@ -82,29 +105,126 @@ def task_sandbox(host: Host, task: SWETask, **kw) -> Sandbox:
                           **{**TASK_LIMITS, **kw})
 
 
-def evaluate(host: Host, task: SWETask, patch: str | None, timeout: float = 60) -> tuple[Report, str]:
-    """Grade a patch the SWE-bench way, in a fresh sandbox of the task (the agent's sandbox may have
-    been tampered with). Returns (report, test log)."""
+def grader_sandbox(host: Host, task: SWETask, **kw) -> Sandbox:
+    """A fresh sandbox of the task with the trusted grader layer on top (never the agent's)."""
+    ensure_task_image(host, task)
+    grader = ensure_grader_image(host)
+    return Sandbox.create(task.base_image, layers=[task.base_commit, task.image, grader], root=host.settings.root,
+                          **{**TASK_LIMITS, **kw})
+
+
+CONFIRM_MAX = 3  # flipped tests re-run one by one per evaluation (a secret random sample beyond that)
+RECORD_MAX = 16 << 20
+
+
+def _apply(sb: Sandbox, task: SWETask, patch_text: str) -> tuple[bool, str]:
+    if not patch_text:
+        return True, ""
+    sb.files.write("/tmp/model.patch", patch_text)
+    r = sb.commands.run(["git", "apply", "--whitespace=nowarn", "/tmp/model.patch"], cwd=task.repo_dir, timeout=60)
+    return r.exit_code == 0, r.stderr
+
+
+def _sources(sb: Sandbox, task: SWETask, path: str) -> tuple[str | None, str | None]:
+    """(original, patched) text of a file; read after `git apply`, before any code of the repo runs."""
+    r = sb.commands.run(["git", "show", f"HEAD:{path}"], cwd=task.repo_dir, timeout=30)
+    before = r.stdout if r.exit_code == 0 else ""
+    try:
+        after = sb.files.read(f"{task.repo_dir}/{path}")
+    except (ShoalError, OSError):  # deleted by the patch, or not a regular file
+        after = None
+    return before, after
+
+
+def _read_record(sb: Sandbox, path: str) -> str:
+    try:
+        return sb.files.read_bytes(path, max_bytes=RECORD_MAX).decode("utf-8", "replace")
+    except (ShoalError, OSError):  # removed, replaced or too big: an unusable record
+        return ""
+
+
+def _run_trusted(sb: Sandbox, task: SWETask, cfg: RunConfig, timeout: float, script: str = RUN):
+    r = sb.commands.run(script, cwd=task.repo_dir, stdin=cfg.stdin(), timeout=timeout)
+    return r, verify_record(_read_record(sb, cfg.record), cfg.key)
+
+
+def _suspect(task: SWETask, flags, dropped: list[str]) -> Report:
+    rep = grade("", task.FAIL_TO_PASS, task.PASS_TO_PASS)
+    rep.flags, rep.dropped_files = [str(f) for f in flags], dropped
+    return rep.reject(f"tamper-suspect: {flags[0].rule}", f"static screen: {flags[0]}")
+
+
+def evaluate(host: Host, task: SWETask, patch: str | None, timeout: float = 60, *, screen: bool = True,
+             confirm: bool = True, confirm_max: int = CONFIRM_MAX) -> tuple[Report, str]:
+    """Grade a patch in a fresh sandbox of the task (the agent's sandbox may have been tampered
+    with), with the trusted runner; returns (report, test log).
+
+    Layers, in order: the patch filter (tests and test configuration dropped); the static screen
+    (paths, then the added code, read from the sandbox before anything runs); the trusted runner
+    (`python3 -I -S`, pytest from the grader layer) whose HMAC-chained record gives the statuses,
+    cross-checked against the log; then each FAIL_TO_PASS test that flipped is re-run on its own
+    in another fresh sandbox (under unittest for TestCase tests) and must pass there too.
+    `screen=False` / `confirm=False` switch a layer off (to measure the others)."""
     if not patch or not patch.strip():
         patch_text, dropped = "", []
     else:
         patch_text, dropped = filter_patch(patch)
+    if screen and patch_text and (flags := screen_patch(patch_text, content=False)):
+        return _suspect(task, flags, dropped), ""
+    changed = [p for p, _ in split_patch(patch_text)]
     # a TTL: if the grading process dies (a worker killed mid-grade), the sandbox does not outlive it
-    with task_sandbox(host, task, ttl=timeout + 120) as sb:
-        applied = True
-        if patch_text:
-            sb.files.write("/tmp/model.patch", patch_text)
-            r = sb.commands.run(f"cd {task.repo_dir} && git apply --whitespace=nowarn /tmp/model.patch", timeout=60)
-            applied = r.exit_code == 0
+    with grader_sandbox(host, task, ttl=timeout + 120) as sb:
+        applied, err = _apply(sb, task, patch_text)
         if not applied:
-            rep = grade("", task.FAIL_TO_PASS, task.PASS_TO_PASS, patch_applied=False)
+            rep = grade_run("", RunRecord(), task.FAIL_TO_PASS, task.PASS_TO_PASS, patch_applied=False)
             rep.dropped_files = dropped
-            return rep, r.stderr
-        r = sb.commands.run(eval_script(task.repo_dir, task.test_cmd), timeout=timeout)
+            return rep, err
+        if screen and patch_text and (flags := screen_patch(patch_text, lambda p: _sources(sb, task, p),
+                                                            paths=False)):
+            return _suspect(task, flags, dropped), ""
+        cfg = pytest_config(task.repo_dir, task.test_cmd, PROTECTED_PATTERN)
+        r, record = _run_trusted(sb, task, cfg, timeout, trusted_eval_script(START, END, EXIT))
         log = r.stdout + r.stderr
-    rep = grade(log, task.FAIL_TO_PASS, task.PASS_TO_PASS, patch_exists=bool(patch_text))
+    rep = grade_run(log, record, task.FAIL_TO_PASS, task.PASS_TO_PASS, patch_exists=bool(patch_text),
+                    changed=changed, repo_dir=task.repo_dir, timed_out=r.timed_out)
     rep.dropped_files = dropped
+    if confirm and rep.status != "RESOLVED_NO" and not rep.reason:
+        _confirm(host, task, patch_text, record, rep, confirm_max)
     return rep, log
+
+
+def _confirm(host: Host, task: SWETask, patch_text: str, record: RunRecord, rep: Report, confirm_max: int,
+             timeout: float = 60) -> None:
+    """Independent confirmation: each FAIL_TO_PASS test that flipped to pass runs again alone, in its
+    own fresh sandbox and process, under the stdlib unittest runner when it is a TestCase test (else
+    the trusted pytest runner on that one test id). The sample is drawn with the grader's secret
+    randomness, so a patch cannot know which tests will be re-run."""
+    status, _, raw = record_statuses(record)
+    flipped = [t for t in task.FAIL_TO_PASS if status.get(t) in PASS_STATES]
+    chosen = flipped if len(flipped) <= confirm_max else secrets.SystemRandom().sample(flipped, confirm_max)
+    failed, runners = [], {"pytest": 0, "unittest": 0}
+    for t in chosen:
+        nodeid = raw[t]
+        mode = "unittest" if nodeid in record.unittest else "pytest"
+        runners[mode] += 1
+        cfg = RunConfig(repo=task.repo_dir, protected=PROTECTED_PATTERN, mode=mode, nodeid=nodeid,
+                        args=["-q", nodeid])
+        with grader_sandbox(host, task, ttl=timeout + 120) as sb:
+            applied, _ = _apply(sb, task, patch_text)
+            if not applied:
+                failed.append((t, "patch did not apply"))
+                continue
+            _, rec = _run_trusted(sb, task, cfg, timeout)
+        st = rec.status.get(nodeid)
+        why = rec.problem or "; ".join(rec.tampered[:2]) or ("" if rec.end else "the run did not finish") or \
+            ("" if st in PASS_STATES else f"status {st or 'missing'}")
+        if why:
+            failed.append((t, why))
+    rep.confirmation = {"flipped": len(flipped), "checked": len(chosen), "confirmed": len(chosen) - len(failed),
+                        "runners": runners, "failed": [f"{t}: {w}" for t, w in failed]}
+    if failed:
+        rep.reject("unconfirmed", f"{len(failed)} of {len(chosen)} flipped tests did not pass when re-run alone: "
+                                  f"{failed[0][0]}: {failed[0][1]}")
 
 
 def validate(host: Host, task: SWETask, unpatched_runs: int = 1) -> dict:

@@ -1,0 +1,428 @@
+"""Shoal's trusted SWE test runner. It runs inside the grading sandbox, from the read-only grader
+layer (/opt/shoal-grader), as `python3 -I -S /opt/shoal-grader/run.py` with a JSON config on stdin.
+
+It is not imported on the host: it needs only the standard library and the pytest copy next to it.
+
+- `-I` (isolated: -E -s -P): PYTHON* variables are ignored, there is no user site, and neither the
+  script's directory nor the working directory (the repository) goes first on sys.path.
+- `-S`: no `site` at start-up, so no `sitecustomize` / `usercustomize` and no `.pth` file runs
+  before this file. pytest and its dependencies are imported from the grader layer first, with
+  every `_pytest` submodule; only then are the system site directories added (test dependencies
+  and the project's editable install, both baked into layers before the patch existed).
+- Plugins registered through package metadata (`pytest11`) are not auto-loaded; only those of
+  distributions installed outside the repository are passed to pytest with `-p`.
+- The result channel: the config carries a per-run random key and the path of a record file.
+  Both are read from stdin (then closed) before any code under test runs; the file is opened
+  O_EXCL before pytest starts. Every line of the record is chained with HMAC-SHA256 under the key
+  and checked on the host; the key never appears in argv, the environment or on disk.
+- At session end the plugin compares pytest's runner, report, capture, terminal and hook-calling
+  objects (module functions, class attributes, plugin objects, hook implementations) with those
+  it saw at start, and checks where every hook implementation, import hook and test function
+  comes from. Findings go into the record's `end` line as `tampered`.
+
+Code under test runs in this process, so it can still reach the key (e.g. through the garbage
+collector) and forge a record: see docs/swe.md, "Threat model".
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SITE = os.path.join(HERE, "site")
+# bound now, before any code under test can replace them
+_dumps = json.dumps
+_write = os.write
+_stat = os.stat
+_realpath = os.path.realpath
+_time = time.time
+
+WATCHED_MODULES = (
+    "_pytest.runner", "_pytest.reports", "_pytest.python", "_pytest.capture", "_pytest.terminal", "_pytest.main",
+    "_pytest.outcomes", "_pytest.skipping", "_pytest.unittest", "_pytest.fixtures", "_pytest.nodes",
+    "_pytest.config", "_pytest.logging", "_pytest.assertion.rewrite", "pluggy._hooks", "pluggy._callers",
+    "pluggy._manager", "pluggy._result", "builtins", "os", "sys", "json", "hmac", "unittest.case", "unittest.result",
+    "unittest.runner", "unittest.suite")
+WATCHED_PLUGINS = ("capturemanager", "terminalreporter", "runner", "python", "main", "skipping", "unittest",
+                   "session", "funcmanage", "logging-plugin", "assertion")
+# hooks whose implementations decide or report a test's outcome
+OUTCOME_HOOKS = ("pytest_runtest_protocol", "pytest_runtest_setup", "pytest_runtest_call", "pytest_runtest_teardown",
+                 "pytest_runtest_makereport", "pytest_runtest_logreport", "pytest_report_teststatus",
+                 "pytest_pyfunc_call", "pytest_runtestloop", "pytest_sessionfinish", "pytest_terminal_summary",
+                 "pytest_collection_modifyitems", "pytest_collectreport", "pytest_make_collect_report",
+                 "pytest_exception_interact", "pytest_unconfigure")
+
+
+def _channel(key: bytes, fd: int):
+    """emit(kind, **data): one HMAC-chained JSON line to the record file."""
+    from _hashlib import hmac_digest  # a C function: not patchable in place
+
+    chain = [b"shoal-record-v1"]
+
+    def emit(kind: str, **data) -> None:
+        line = _dumps({"seq": len(chain), "kind": kind, **data}, sort_keys=True, default=str)
+        mac = hmac_digest(key, chain[-1] + line.encode(), "sha256")
+        chain.append(mac)
+        _write(fd, (line + "\t" + mac.hex() + "\n").encode())
+
+    return emit
+
+
+class Provenance:
+    """Which files may supply hooks, import hooks and test functions: the grader layer, the
+    standard library and site directories (unchanged since the run started), and the files in
+    the repository that the patch filter protects (tests, conftest.py)."""
+
+    def __init__(self, repo: str, protected: str, trusted_dirs: list[str], started: float):
+        import re
+
+        self.repo = _realpath(repo) + "/"
+        self.protected = re.compile(protected)
+        self.trusted = tuple(_realpath(d) + "/" for d in trusted_dirs if d)
+        self.started = started
+
+    def ok(self, filename: str | None) -> bool:
+        if not filename:
+            return False
+        if filename.startswith("<frozen "):
+            return True
+        if filename.startswith("<"):
+            return False  # exec'd or generated code
+        path = _realpath(filename)
+        try:
+            if _stat(path).st_mtime > self.started:
+                return False  # written while the run was going on
+        except OSError:
+            return False
+        if path.startswith(self.repo):
+            return bool(self.protected.search(path[len(self.repo):]))
+        return path.startswith(self.trusted)
+
+
+def _code_file(obj) -> str | None:
+    import functools
+    import inspect
+
+    fn = obj
+    for _ in range(10):
+        if isinstance(fn, functools.partial):
+            fn = fn.func
+        elif inspect.ismethod(fn) or isinstance(fn, (classmethod, staticmethod)):
+            fn = fn.__func__
+        elif isinstance(fn, property):
+            fn = fn.fget
+        else:
+            break
+    code = getattr(fn, "__code__", None)
+    if code is not None:
+        return code.co_filename
+    mod = sys.modules.get(getattr(fn, "__module__", "") or "")
+    return getattr(mod, "__file__", None) if mod else None
+
+
+def _class_file(cls) -> str | None:
+    mod = sys.modules.get(getattr(cls, "__module__", "") or "")
+    return getattr(mod, "__file__", None) if mod else None
+
+
+def _snapshot_module(mod) -> dict:
+    """name -> object for the module's functions and classes, and class attributes that are code."""
+    import inspect
+
+    out = {}
+    for name, value in list(vars(mod).items()):
+        if callable(value) or inspect.ismodule(value):
+            out[name] = value
+        if inspect.isclass(value) and getattr(value, "__module__", None) == mod.__name__:
+            for attr, v in list(vars(value).items()):
+                if callable(v) or isinstance(v, (property, classmethod, staticmethod)):
+                    out[f"{name}.{attr}"] = v
+    return out
+
+
+def _lookup(mod, dotted: str):
+    obj = mod
+    for part in dotted.split("."):
+        d = vars(obj) if hasattr(obj, "__dict__") else {}
+        if part not in d:
+            return _MISSING
+        obj = d[part]
+    return obj
+
+
+_MISSING = object()
+
+
+class Integrity:
+    """What the run depends on, captured before code under test runs, checked at the end."""
+
+    def __init__(self, prov: Provenance):
+        self.prov = prov
+        self.modules = {name: sys.modules[name] for name in WATCHED_MODULES if name in sys.modules}
+        self.snap = {name: _snapshot_module(m) for name, m in self.modules.items()}
+        self.plugins: dict = {}
+
+    def capture_plugins(self, config) -> None:
+        pm = config.pluginmanager
+        self.pm, self.hook, self.hookexec = pm, pm.hook, pm._inner_hookexec
+        self.plugins = {n: pm.get_plugin(n) for n in WATCHED_PLUGINS if pm.get_plugin(n) is not None}
+        self.callers = {h: getattr(config.hook, h) for h in OUTCOME_HOOKS}
+
+    def check(self, items=(), codes=None) -> list[str]:
+        found: list[str] = []
+        for name, mod in self.modules.items():
+            if sys.modules.get(name) is not mod:
+                found.append(f"sys.modules[{name!r}] replaced")
+            for attr, obj in self.snap[name].items():
+                now = _lookup(mod, attr)
+                # pytest's own plugins patch a few of these at configure time (legacypath): a change
+                # counts when the new object is not from the grader layer or the standard library
+                if now is not obj and (now is _MISSING or not self.prov.ok(_code_file(now))):
+                    found.append(f"{name}.{attr} replaced")
+        if self.plugins:
+            pm = self.pm
+            for n, p in self.plugins.items():
+                if pm.get_plugin(n) is not p:
+                    found.append(f"plugin {n!r} replaced or unregistered")
+            if self.hook is not pm.hook or pm._inner_hookexec is not self.hookexec:
+                found.append("the plugin manager's hook relay or hook executor replaced")
+            for h, caller in self.callers.items():
+                if getattr(pm.hook, h) is not caller:
+                    found.append(f"hook caller {h} replaced")
+                    continue
+                for impl in caller.get_hookimpls():
+                    f = _code_file(impl.function)
+                    if not self.prov.ok(f):
+                        found.append(f"hook {h} implemented in {f} ({impl.plugin_name})")
+        # import hooks of the library are fine (six installs one); what loaded the test modules is not
+        seen_mods: set[int] = set()
+        for item in items:
+            mod = getattr(item, "module", None)
+            if mod is None or id(mod) in seen_mods:
+                continue
+            seen_mods.add(id(mod))
+            spec = getattr(mod, "__spec__", None)
+            loader = getattr(spec, "loader", None) or getattr(mod, "__loader__", None)
+            f = _class_file(type(loader)) if loader is not None else None
+            if not self.prov.ok(f):
+                found.append(f"test module {mod.__name__} loaded by {type(loader).__name__} from {f}")
+        for hookname, getter in (("trace", sys.gettrace), ("profile", sys.getprofile)):
+            fn = getter()
+            if fn is not None and not self.prov.ok(_code_file(fn)):
+                found.append(f"sys.set{hookname} hook from {_code_file(fn)}")
+        for item in items:
+            fn = getattr(item, "obj", None)
+            code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+            if codes is not None and item.nodeid in codes and codes[item.nodeid] is not code:
+                found.append(f"test function of {item.nodeid} replaced")
+            if code is not None and not self.prov.ok(code.co_filename):
+                found.append(f"test function of {item.nodeid} comes from {code.co_filename}")
+        return sorted(set(found))[:50]
+
+
+def _status(report, prev: str | None) -> str | None:
+    """The per-test status pytest -rA would show, from the setup / call / teardown reports."""
+    xfail = hasattr(report, "wasxfail")
+    if report.when == "setup":
+        if report.failed:
+            return "ERROR"
+        if report.skipped:
+            return "XFAIL" if xfail else "SKIPPED"
+        return prev
+    if report.when == "call":
+        if report.passed:
+            return "XPASS" if xfail else "PASSED"
+        if report.failed:
+            return "FAILED"
+        return "XFAIL" if xfail else "SKIPPED"
+    if report.failed:  # teardown
+        return "ERROR"
+    return prev
+
+
+class GraderPlugin:
+    def __init__(self, emit, integrity: Integrity):
+        self.emit, self.integrity = emit, integrity
+        self.status: dict[str, str] = {}
+        self.unittest: set[str] = set()
+        self.items: list = []
+        self.codes: dict = {}
+        self.collect_errors = 0
+        self.finished = False
+
+    def pytest_configure(self, config):
+        self.integrity.capture_plugins(config)
+        self.config = config
+        ini = config.inipath
+        self.emit("config", inipath=str(ini) if ini else None, rootpath=str(config.rootpath),
+                  pytest=sys.modules["pytest"].__file__, plugins=sorted(
+                      str(getattr(p, "__file__", type(p).__module__)) for p in config.pluginmanager.get_plugins()))
+
+    def pytest_plugin_registered(self, plugin, manager):
+        f = getattr(plugin, "__file__", None)
+        if f and os.path.basename(f) == "conftest.py":
+            self.emit("conftest", path=f)
+
+    def pytest_collectreport(self, report):
+        if report.failed:
+            self.collect_errors += 1
+            self.emit("collect-error", nodeid=report.nodeid)
+
+    def pytest_collection_finish(self, session):
+        self.items = list(session.items)
+        for item in self.items:
+            fn = getattr(item, "obj", None)
+            self.codes[item.nodeid] = getattr(getattr(fn, "__func__", fn), "__code__", None)
+            if type(item).__name__ == "TestCaseFunction":
+                self.unittest.add(item.nodeid)
+        self.emit("collected", n=len(self.items))
+
+    def pytest_runtest_logreport(self, report):
+        st = _status(report, self.status.get(report.nodeid))
+        if st is not None:
+            self.status[report.nodeid] = st
+        if report.when == "teardown":
+            self.emit("test", nodeid=report.nodeid, status=self.status.get(report.nodeid, "ERROR"),
+                      unittest=report.nodeid in self.unittest)
+
+    def pytest_sessionfinish(self, session, exitstatus):
+        self.finished = True
+        tampered = self.integrity.check(self.items, self.codes)
+        self.emit("end", exitstatus=int(exitstatus), tests=len(self.status), collect_errors=self.collect_errors,
+                  tampered=tampered)
+
+
+def _preimport_pytest() -> None:
+    sys.path.insert(0, SITE)
+    import pkgutil
+
+    import _pytest
+    import pluggy  # noqa: F401
+    import pytest  # noqa: F401
+
+    for info in pkgutil.walk_packages(_pytest.__path__, "_pytest."):
+        __import__(info.name)
+    for name in ("unittest", "unittest.mock", "doctest", "pdb", "json", "hmac", "inspect", "functools", "re",
+                 "importlib.metadata", "pkgutil", "traceback", "warnings", "tempfile", "shlex", "argparse"):
+        __import__(name)
+
+
+def _add_site_dirs() -> list[str]:
+    """The system site directories, with their .pth files (test dependencies, editable installs);
+    never sitecustomize / usercustomize."""
+    import site
+
+    dirs = [d for d in site.getsitepackages() if os.path.isdir(d)]
+    for d in dirs:
+        site.addsitedir(d)
+    return dirs
+
+
+def _trusted_entry_points(repo: str) -> list[str]:
+    """`-p` arguments for pytest11 plugins of distributions installed outside the repository."""
+    import importlib.metadata as md
+
+    out = []
+    repo = _realpath(repo) + "/"
+    for dist in md.distributions():
+        where = _realpath(str(getattr(dist, "_path", "")))
+        if not where or where.startswith(repo) or not where.startswith("/usr/"):
+            continue
+        for ep in dist.entry_points:
+            if ep.group == "pytest11" and ep.module not in out:
+                out += [ep.module]
+    return [a for m in out for a in ("-p", m)]
+
+
+def _unittest_target(repo: str, nodeid: str):
+    """Import a TestCase test the way pytest's default import mode would, without pytest."""
+    path, cls_name, method = nodeid.split("::")
+    full = os.path.join(repo, path)
+    base, parts = os.path.dirname(full), [os.path.splitext(os.path.basename(full))[0]]
+    while os.path.isfile(os.path.join(base, "__init__.py")):
+        parts.insert(0, os.path.basename(base))
+        base = os.path.dirname(base)
+    sys.path.insert(0, base)
+    import importlib
+
+    mod = importlib.import_module(".".join(parts))
+    return getattr(mod, cls_name)(method)
+
+
+def run_unittest(cfg: dict, emit, integrity: Integrity) -> int:
+    """Confirmation under a different runner: one TestCase test through the stdlib unittest runner."""
+    import unittest
+
+    nodeid = cfg["nodeid"]
+    emit("config", runner="unittest", nodeid=nodeid)
+    try:
+        test = _unittest_target(cfg["repo"], nodeid)
+    except Exception as e:  # noqa: BLE001 - the test could not be imported: an error, as pytest would report it
+        emit("test", nodeid=nodeid, status="ERROR", unittest=True, why=repr(e)[:300])
+        emit("end", exitstatus=2, tests=1, collect_errors=1, tampered=integrity.check())
+        return 2
+    result = unittest.TestResult()
+    test.run(result)
+    if result.errors:
+        st = "ERROR"
+    elif result.failures or result.unexpectedSuccesses:
+        st = "FAILED"
+    elif result.expectedFailures:
+        st = "XFAIL"
+    elif result.skipped:
+        st = "SKIPPED"
+    else:
+        st = "PASSED" if result.testsRun == 1 else "ERROR"
+    for _, tb in result.errors + result.failures:
+        sys.stderr.write(tb)
+    sys.stdout.write(f"{st} {nodeid}\n")
+    emit("test", nodeid=nodeid, status=st, unittest=True)
+    code = 0 if st in ("PASSED", "XFAIL", "SKIPPED") else 1
+    emit("end", exitstatus=code, tests=1, collect_errors=0, tampered=integrity.check())
+    return code
+
+
+def main() -> int:
+    started = _time()
+    cfg = json.loads(sys.stdin.buffer.read() or b"{}")
+    # stdin is spent: code under test reads /dev/null, never the config
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    key = bytes.fromhex(cfg.pop("key"))
+    fd = os.open(cfg["record"], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    emit = _channel(key, fd)
+    del key
+    mode = cfg.get("mode", "pytest")
+    if mode == "pytest":
+        _preimport_pytest()
+    else:
+        import unittest  # noqa: F401
+    site_dirs = _add_site_dirs()
+    import sysconfig
+
+    trusted = [HERE, sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"], *site_dirs]
+    prov = Provenance(cfg["repo"], cfg["protected"], trusted, started)
+    os.chdir(cfg["repo"])
+    if mode == "unittest":
+        integrity = Integrity(prov)
+        return run_unittest(cfg, emit, integrity)
+    import pytest
+
+    os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    args = ["-p", "no:cacheprovider", "-o", "addopts=", *_trusted_entry_points(cfg["repo"]), *cfg["args"]]
+    integrity = Integrity(prov)
+    plugin = GraderPlugin(emit, integrity)
+    emit("start", args=args, python=sys.version.split()[0])
+    code = pytest.main(args, plugins=[plugin])
+    if not plugin.finished:
+        emit("end", exitstatus=int(code), tests=len(plugin.status), collect_errors=plugin.collect_errors,
+             tampered=["pytest ended without finishing its session"])
+    emit("exit", code=int(code), tampered=integrity.check(plugin.items, plugin.codes))
+    return int(code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
