@@ -276,18 +276,19 @@ class Dockerd:
         self.proc = None
         self.tmp = None
 
+    CGROUP = "shoal-burst-docker"  # containers' cgroup parent: sampled for the cgroup memory column
+
     def up(self) -> bool:
-        if not shutil.which("docker"):
+        """Our own engine on a private socket (others may run one on this host), DOCKER_HOST set."""
+        if not shutil.which("docker") or not shutil.which("dockerd"):
             return False
-        if subprocess.run(["docker", "info"], capture_output=True, check=False).returncode == 0:
-            return True
-        if not shutil.which("dockerd"):
-            return False
-        self.tmp = tempfile.mkdtemp(prefix="shoal-dockerd-")
-        log = open(os.path.join(self.tmp, "dockerd.log"), "w")
+        self.tmp = tempfile.mkdtemp(prefix="shoal-burst-dockerd-")
+        os.environ["DOCKER_HOST"] = f"unix://{self.tmp}/docker.sock"
+        log = open(os.path.join(self.tmp, "dockerd.log"), "w")  # noqa: SIM115 (lives as long as dockerd)
         self.proc = subprocess.Popen(["dockerd", "--iptables=false", "--bridge=none", "--data-root",
                                       os.path.join(self.tmp, "data"), "--exec-root", os.path.join(self.tmp, "exec"),
-                                      "--pidfile", os.path.join(self.tmp, "docker.pid")],
+                                      "--pidfile", os.path.join(self.tmp, "docker.pid"),
+                                      "-H", os.environ["DOCKER_HOST"], f"--cgroup-parent=/{self.CGROUP}"],
                                      stdout=log, stderr=log)
         for _ in range(300):
             if subprocess.run(["docker", "info"], capture_output=True, check=False).returncode == 0:
@@ -307,6 +308,11 @@ class Dockerd:
                 self.proc.kill()
             subprocess.run(["umount", "-R", os.path.join(self.tmp, "data")], capture_output=True, check=False)
             shutil.rmtree(self.tmp, ignore_errors=True)
+            for d in CGROUP_ROOT.glob(f"*/{self.CGROUP}"):  # the empty cgroup parent, per controller
+                try:
+                    d.rmdir()
+                except OSError:
+                    pass
 
 
 def docker_import_workspaces(host: Host, base: str, workspaces: list[dict]) -> list[str]:
@@ -547,7 +553,7 @@ def main() -> None:
         else:
             raise SystemExit("no Docker engine: install docker.io (make docker-engine) "
                              "or pass --sides shoal,shoal-disk")
-    docker_cg = cgroup_mem_dirs("docker")
+    docker_cg = cgroup_mem_dirs(Dockerd.CGROUP)
     runs: dict[int, dict[str, list[dict]]] = {n: {s: [] for s in sides} for n in sweep}
     try:
         for run in range(args.runs):

@@ -8,7 +8,8 @@ figures written to bench/results/flood.json for the README:
   - a loop of blocking execs of `yes` that each run until their 3 s timeout (capped capture).
 
 Measured over the flood (after a 5 s warm-up): bytes produced, the daemon's RSS (start, max, end),
-its open fds, the free space of the file system under the Shoal root, and /v1/health latency.
+its open fds, the bytes it wrote to storage (/proc/<pid>/io), the free space of the file system
+under the Shoal root (host-wide: other processes count too), and /v1/health latency.
 
   python bench/flood.py --seconds 300
 """
@@ -47,6 +48,12 @@ def rss_mib(pid: int) -> float:
     raise RuntimeError("no VmRSS")
 
 
+def write_bytes(pid: int) -> int:
+    """Bytes this process caused to be written to storage (/proc/<pid>/io)."""
+    with open(f"/proc/{pid}/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("write_bytes:"))
+
+
 def free_mib(path: Path) -> float:
     st = os.statvfs(path)
     return st.f_bavail * st.f_frsize / 2**20
@@ -77,7 +84,7 @@ def flood(seconds: float, root: Path) -> dict:
         worker = threading.Thread(target=exec_flood, daemon=True)
         worker.start()
         time.sleep(5)  # warm-up: buffers reach their caps, thread pools are spawned
-        rss0, fds0, free0 = rss_mib(pid), len(os.listdir(f"/proc/{pid}/fd")), free_mib(root)
+        rss0, fds0, free0, wb0 = rss_mib(pid), len(os.listdir(f"/proc/{pid}/fd")), free_mib(root), write_bytes(pid)
         rss, health_ms, cursor, lost, polls = [], [], [0, 0], 0, 0
         t0 = time.monotonic()
         while time.monotonic() - t0 < seconds:
@@ -94,7 +101,7 @@ def flood(seconds: float, root: Path) -> dict:
         stop.set()
         worker.join(10)
         c.call("DELETE", p)
-        fds1, free1, rss1 = len(os.listdir(f"/proc/{pid}/fd")), free_mib(root), rss_mib(pid)
+        fds1, free1, rss1, wb1 = len(os.listdir(f"/proc/{pid}/fd")), free_mib(root), rss_mib(pid), write_bytes(pid)
         exec_bytes = sum(r["stdout_bytes"] for r in execs)
         return {
             "seconds": round(elapsed, 1),
@@ -105,6 +112,8 @@ def flood(seconds: float, root: Path) -> dict:
             "total_bytes": cursor[0] + exec_bytes,
             "rss_mib": {"start": round(rss0, 1), "max": round(max(rss), 1), "end": round(rss1, 1)},
             "fds": {"start": fds0, "end": fds1},
+            "daemon_bytes_written_to_storage": wb1 - wb0,
+            # host-wide: other processes on the machine write to the same file system
             "free_disk_mib": {"start": round(free0), "end": round(free1)},
             "health_ms": {"p50": round(statistics.median(health_ms), 2), "max": round(max(health_ms), 2),
                           "n": len(health_ms)},
