@@ -33,10 +33,12 @@ Writes bench/results/startup.json and startup.png; `--readme README.md` rewrites
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -236,6 +238,22 @@ class Shoald:
         self.proc.terminate()
         self.proc.wait(30)
         self.log.close()
+
+
+def wipe(root: Path) -> None:
+    """Take a Shoal root down: live sandboxes, layer mounts, files."""
+    if not root.exists():
+        return
+    host = Host.get(root)
+    for info in host.runtime.list():
+        try:
+            host.runtime.kill(info.id)
+        except Exception as e:  # keep cleaning up; say what stayed
+            console.print(f"[yellow]could not kill {info.id}: {e}[/yellow]")
+    host.store.gc()
+    for m in (root / "mnt").iterdir() if (root / "mnt").exists() else []:
+        subprocess.run(["umount", "-l", str(m)], capture_output=True)
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def rootfs_tar(d: str) -> str:
@@ -559,11 +577,21 @@ def main() -> None:
             write_readme(Path(args.readme), readme_section(res))
         return
 
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the clean-up (engines, mounts) on kill
+    # bytecode as an install leaves it (pip compiles at install): an environment with
+    # PYTHONDONTWRITEBYTECODE would otherwise recompile Shoal's modules in every CLI process
+    compileall.compile_dir(REPO / "src" / "shoal", quiet=1)
     cg = "2" if os.path.exists("/sys/fs/cgroup/cgroup.controllers") else "1"
-    res: dict = {"date": time.strftime("%Y-%m-%d"), "command": "bench/startup.py " + " ".join(sys.argv[1:]),
+    argv, shown = sys.argv[1:], []
+    for i, a in enumerate(argv):  # the command as README shows it: without where the output went
+        if a.startswith(("--out", "--readme")) or (i and argv[i - 1] in ("--out", "--readme")):
+            continue
+        shown.append(a)
+    res: dict = {"date": time.strftime("%Y-%m-%d"), "command": " ".join(["bench/startup.py", *shown]),
                  "host": {"cores": os.cpu_count(), "kernel": os.uname().release, "cgroup": cg},
                  "config": {"n": args.n, "runs": args.runs, "shoal_n": args.shoal_n, "batch": args.batch,
-                            "image": "busybox rootfs (shoal.layers.busybox)", "workload": "true"}}
+                            "image": "busybox rootfs (shoal.layers.busybox)", "workload": "true",
+                            "bytecode": "src/shoal compiled first (compileall), as an install leaves it"}}
     from shoal import __version__
 
     res["versions"] = {"shoal": __version__, "python": platform.python_version()}
@@ -612,6 +640,9 @@ def main() -> None:
             shoald.down()
         if dockerd:
             dockerd.down()
+        for r in (root_d, root_p):
+            wipe(r)
+        shutil.rmtree(tmp, ignore_errors=True)
 
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=2) + "\n")
@@ -621,8 +652,7 @@ def main() -> None:
     if args.readme:
         write_readme(Path(args.readme), section)
     console.print(f"wrote {out} and {out.with_suffix('.png')}")
-    Host.get(root_d).gc()  # unmount the daemon root's layers before removing the folder
-    shutil.rmtree(tmp, ignore_errors=True)
+
 
 
 if __name__ == "__main__":
