@@ -453,62 +453,96 @@ def _ms(v: float) -> str:
     return f"{v:.2f} ms" if v < 10 else f"{v:.1f} ms" if v < 100 else f"{v:.0f} ms"
 
 
-def readme_section(res: dict) -> str:
-    """The README's "Startup" section, rendered from startup.json alone."""
-    rows, comps, s = res["rows"], res["comparisons"], res["shoal"]
-    h, v = res["host"], res["versions"]
-    lines = [f"## Startup, measured on this machine ({res['date']}, {h['cores']} cores, Linux "
-             f"{'.'.join(h['kernel'].split('.')[:2])}, cgroup {h['cgroup']})", "",
-             f"`{res['command']}` (JSON in `bench/results/startup.json`). Every sample runs `true` in a new "
-             "sandbox or container made from the same busybox rootfs, network off, and removes it; "
-             f"the sides run interleaved in the same run, {res['config']['runs']} runs of "
-             f"{res['config']['n']} samples each. p50 and p99 are over all samples; \"p50 over runs\" is "
-             "the min–max of the per-run p50 (this 2-core machine is shared, so expect spread).", "",
-             "| comparison | Shoal | p50 | p99 | p50 over runs | peer | p50 | p99 | p50 over runs | Shoal faster by |",
-             "|---|---|---:|---:|---:|---|---:|---:|---:|---:|"]
-    for name, c in comps.items():
+ORDER = ("cli", "sdk", "runtime", "cli_no_daemon", "sdk_in_process")  # headline pairs first
+
+
+def _spread(r: dict) -> str:
+    return f"{_ms(r['p50_min_ms'])}–{_ms(r['p50_max_ms'])}"
+
+
+def comparison_rows(res: dict) -> list[list[str]]:
+    """The README's comparison table, one line per side: comparison, side, what runs, p50, p99,
+    p50 min–max over runs, how much faster Shoal is (p50 over all samples; min–max of the per-run ratio)."""
+    rows, comps = res["rows"], res["comparisons"]
+    out = []
+    for name in (n for n in ORDER if n in comps):
+        c = comps[name]
         a, b = rows[c["shoal"]], rows[c["peer"]]
         sp = c["speedup_p50"]
-        fast = f"**{sp:.2f}×**" if sp >= 1 else f"{sp:.2f}× (Shoal is {1 / sp:.1f}× slower)"
-        lines.append(f"| {c['title']} | {a['label']} | {_ms(a['p50_ms'])} | {_ms(a['p99_ms'])} | "
-                     f"{_ms(a['p50_min_ms'])}–{_ms(a['p50_max_ms'])} | {b['label']} | {_ms(b['p50_ms'])} | "
-                     f"{_ms(b['p99_ms'])} | {_ms(b['p50_min_ms'])}–{_ms(b['p50_max_ms'])} | {fast} "
-                     f"({c['speedup_p50_min']:.2f}–{c['speedup_p50_max']:.2f}) |")
+        how = (f"**{sp:.2f}×**" if sp >= 1 else f"{sp:.2f}× (Shoal {1 / sp:.1f}× slower)") + \
+            f" ({c['speedup_p50_min']:.2f}–{c['speedup_p50_max']:.2f})"
+        peer = "Docker" if c["peer"].endswith("docker") else "runc"
+        out.append([c["title"], "Shoal", a["label"], _ms(a["p50_ms"]), _ms(a["p99_ms"]), _spread(a), how])
+        out.append(["", peer, b["label"], _ms(b["p50_ms"]), _ms(b["p99_ms"]), _spread(b), ""])
+    return out
+
+
+SHOAL_ROWS = (("cold_create_exec", "Shoal cold create → first exec", "≤ 25 ms p50"),
+              ("warm_acquire_exec", "Shoal warm-pool acquire → exec", "≤ 5 ms p50"),
+              ("exec_true", "Shoal exec of `true` in a live sandbox", ""),
+              ("session_cmd", "Shoal persistent-session command overhead", "≤ 1 ms p50"))
+
+
+def shoal_rows(res: dict) -> list[list[str]]:
+    """The README's table of Shoal's own in-process figures: measurement, p50, p99, p50 min–max, goal."""
+    s = res["shoal"]
+    out = [[label, _ms(s[k]["p50_ms"]), _ms(s[k]["p99_ms"]), _spread(s[k]), goal_txt]
+           for k, label, goal_txt in SHOAL_ROWS]
+    r1, r2 = s["creations_per_s_1t_runs"], s["creations_per_s_2t_runs"]
+    out.append(["Shoal sustained creations/s", f"{s['creations_per_s_1t']:.0f}/s (1 thread), "
+                f"{s['creations_per_s_2t']:.0f}/s (2 threads)", "",
+                f"{min(r1):.0f}–{max(r1):.0f}/s, {min(r2):.0f}–{max(r2):.0f}/s", "≥ 100/s"])
+    return out
+
+
+def md_table(header: list[str], align: str, rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "|".join("---:" if a == "r" else "---" for a in align) + "|",
+            *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+def readme_section(res: dict) -> str:
+    """The README's "Startup" section, rendered from startup.json alone."""
+    rows, s = res["rows"], res["shoal"]
+    h, v, cfg = res["host"], res["versions"], res["config"]
+    lines = [f"## Startup, measured on this machine ({res['date']}, {h['cores']} cores, Linux "
+             f"{'.'.join(h['kernel'].split('.')[:2])}, cgroup v{h['cgroup']})", "",
+             f"`{res['command']}` (JSON in `bench/results/startup.json`). Every sample runs `true` in a new "
+             "sandbox or container made from the same busybox rootfs, network off, and removes it. All rows "
+             f"run interleaved in the same run (one sample of each per round), {cfg['runs']} runs of {cfg['n']} "
+             "rounds; p50 and p99 are over all samples, the spread is the min–max of the per-run p50. Other "
+             "work shared this 2-core machine during the run, so absolute figures move between runs; the "
+             "ratios, taken from the same rounds, move less.", "",
+             "<!-- numbers: startup (bench/results/startup.json) -->",
+             *md_table(["comparison", "side", "what runs (one sample)", "p50", "p99", "p50, min–max over runs",
+                        "Shoal faster (p50)"], "lllrrrr", comparison_rows(res))]
     g = res["goal"]
     verdict = "**met**" if g.get("met") else f"**missed**: {g.get('gap')}"
     lines += ["", f"Goal for the CLI: `shoal run IMG -- true` with a warm daemon at p50 ≤ {g['cli_p50_ms_max']:g} ms "
               f"and ≥ {g['cli_speedup_min']:g}× faster than `docker run --rm`, in one run: {verdict} "
-              f"(p50 {_ms(g['cli_p50_ms'])}, {g['cli_speedup']:.2f}×).", "", "What each row includes:", ""]
+              f"(p50 {_ms(g['cli_p50_ms'])}, {g['cli_speedup']:.2f}×).", "", "What each row includes "
+              "(`rows.<key>` in the JSON):", ""]
     for key, r in rows.items():
         lines.append(f"- `{key}`: {r['includes']}.")
     ctx = [k for k in ("python_start", "import_full_cli") if k in rows]
     if ctx:
-        lines += ["", "Context (fresh processes, same runs): " + "; ".join(
-            f"{rows[k]['label']} p50 {_ms(rows[k]['p50_ms'])} ({_ms(rows[k]['p50_min_ms'])}–"
-            f"{_ms(rows[k]['p50_max_ms'])})" for k in ctx) + "."]
+        lines += ["", "Context (fresh processes, same rounds): " + "; ".join(
+            f"{rows[k]['label']} p50 {_ms(rows[k]['p50_ms'])} ({_spread(rows[k])})" for k in ctx) + ". "
+            "The runtime row's Shoal side is mostly these imports; Shoal's runtime itself is the in-process "
+            "SDK row."]
     lines += ["", f"Versions: Shoal {v['shoal']}, Python {v['python']}, "
               f"Docker engine {v.get('docker_server') or 'n/a'} "
               f"(CLI {v.get('docker_cli') or 'n/a'}, Python SDK `docker` {v.get('docker_sdk') or 'n/a'}), "
-              f"{v.get('runc') or 'runc n/a'}.", "",
-              "`shoal run` uses the daemon when one answers on the root's socket (`<root>/shoald.sock`, or "
-              "`SHOAL_URL=local|unix://…`) and otherwise runs the sandbox in-process, as `--in-process` "
-              "forces; the daemon path is `shoal.cli_fast`, stdlib only. The no-daemon rows pay Python's "
-              "imports of the full CLI (`python -X importtime -m shoal.cli` shows where).", "",
-              "Shoal's own figures, in-process (no CLI, no daemon; "
-              f"{s['cold_create_exec']['n']} samples per run, {res['config']['runs']} runs):", "",
-              "| measurement | p50 | p99 | p50 over runs | goal |", "|---|---:|---:|---:|---|"]
-    for key, label, goal_txt in (("cold_create_exec", "Shoal cold create → first exec", "≤ 25 ms p50"),
-                                 ("warm_acquire_exec", "Shoal warm-pool acquire → exec", "≤ 5 ms p50"),
-                                 ("exec_true", "Shoal exec of `true` in a live sandbox", ""),
-                                 ("session_cmd", "Shoal persistent-session command overhead", "≤ 1 ms p50")):
-        r = s[key]
-        lines.append(f"| {label} | {_ms(r['p50_ms'])} | {_ms(r['p99_ms'])} | {_ms(r['p50_min_ms'])}–"
-                     f"{_ms(r['p50_max_ms'])} | {goal_txt} |")
-    lines.append(f"| Shoal sustained creations/s | {s['creations_per_s_1t']:.0f}/s (1 thread), "
-                 f"{s['creations_per_s_2t']:.0f}/s (2 threads) | | {min(s['creations_per_s_1t_runs']):.0f}–"
-                 f"{max(s['creations_per_s_1t_runs']):.0f}/s, {min(s['creations_per_s_2t_runs']):.0f}–"
-                 f"{max(s['creations_per_s_2t_runs']):.0f}/s | ≥ 100/s |")
-    lines += ["", "![startup latency](bench/results/startup.png)", ""]
+              f"{v.get('runc') or 'runc n/a'}. Shoal's bytecode is compiled before timing, as an install "
+              "leaves it.", "",
+              "`shoal run` and `shoal exec` use the daemon when one answers on the root's socket "
+              "(`<root>/shoald.sock`, or `SHOAL_URL=local|unix://…`): that path is `shoal.cli_fast`, which "
+              "imports no third-party module. Without a daemon (no socket, or nothing listening on it), with "
+              "`--in-process`, or for any other command, the full CLI runs the sandbox in-process.", "",
+              f"Shoal's own figures, in-process (no CLI, no daemon; {s['cold_create_exec']['n']} samples per run, "
+              f"{cfg['runs']} runs, after the rounds above):", "",
+              "<!-- numbers: startup-shoal (bench/results/startup.json) -->",
+              *md_table(["measurement", "p50", "p99", "p50, min–max over runs", "goal"], "lrrrl", shoal_rows(res)),
+              "", "![startup latency](bench/results/startup.png)", ""]
     return "\n".join(lines)
 
 
@@ -526,7 +560,7 @@ def plot(res: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     rows, comps = res["rows"], res["comparisons"]
-    names = [n for n in ("cli", "sdk", "runtime", "sdk_in_process", "cli_no_daemon") if n in comps]
+    names = [n for n in ORDER if n in comps]
     fig, ax = plt.subplots(figsize=(9, 0.9 + 0.75 * len(names)))
     y = 0.0
     ticks, ticklabels = [], []
