@@ -170,6 +170,67 @@ def test_fuzzed_requests_get_4xx_with_a_message_never_500(operation, mode, tls_d
         pytest.skip(f"{operation}: the schema admits no invalid input")
 
 
+ADMIN_CASES = [(name, mode) for name, mode in CASES if name.split(" ", 1)[1].startswith("/v1/tenants")]
+
+
+@pytest.fixture(scope="module")
+def admin_victim(tls_daemon):
+    """A scratch tenant for the admin routes' {name}, recreated whenever the fuzzer deletes it."""
+    admin = tls_daemon["admin"]
+
+    def live_name() -> str:
+        if not any(t["name"] == "admin-victim" for t in admin.json("GET", "/v1/tenants")):
+            admin.json("POST", "/v1/tenants", json={"name": "admin-victim"})
+        return "admin-victim"
+
+    return live_name
+
+
+@pytest.mark.parametrize(("operation", "mode"), ADMIN_CASES, ids=[f"admin-{n}-{m.value}" for n, m in ADMIN_CASES])
+def test_fuzzed_admin_requests_with_the_admin_key_never_500(operation, mode, root, tls_daemon, admin_victim):
+    """The tenant key above only reaches the admin routes' 401; here the same fuzzing runs with the
+    admin key, so the handlers behind it (tenant create/list/quotas/delete) get the input too."""
+    assert ADMIN_CASES, "no admin operations found in the spec"
+    op = OPERATIONS[operation]
+    auth = f"Bearer {(root / 'admin.key').read_text().strip()}"
+    session = requests.Session()
+    session.verify = tls_daemon["cert"]
+    seen: dict[int, int] = {}
+
+    @given(case=op.as_strategy(generation_mode=mode))
+    @settings(max_examples=MAX_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck),
+              derandomize=True, database=None)
+    def check(case):
+        if case.path_parameters and "name" in case.path_parameters:
+            # never the tenant the other fuzz tests run as; half the time a tenant that exists
+            if next(_flip) % 2 == 0 or case.path_parameters["name"] == "fuzz":
+                case.path_parameters["name"] = admin_victim()
+        resp = case.call(base_url=tls_daemon["url"], session=session, verify=tls_daemon["cert"], timeout=60,
+                         headers={"Authorization": auth})
+        where = (f"{case.method} {case.formatted_path} -> {resp.status_code}: {resp.text[:300]}\n"
+                 f"{case.as_curl_command()[:2000]}")
+        seen[resp.status_code] = seen.get(resp.status_code, 0) + 1
+        assert resp.status_code not in (401, 403), where  # the admin key is accepted: the handler ran
+        assert resp.status_code < 500, where
+        if resp.status_code >= 400:
+            message = resp.json().get("error", {}).get("message")
+            assert isinstance(message, str) and message, where
+        assert tls_daemon["proc"].poll() is None, "shoald died"
+
+    try:
+        with session:
+            check()
+    except Unsatisfiable:
+        assert mode == GenerationMode.NEGATIVE
+        pytest.skip(f"{operation}: the schema admits no invalid input")
+    if mode == GenerationMode.POSITIVE:
+        assert any(code < 300 for code in seen), f"{operation}: no valid request succeeded: {seen}"
+    # the fuzzing tenant still works
+    c = httpx.Client(base_url=tls_daemon["url"], verify=ssl.create_default_context(cafile=tls_daemon["cert"]),
+                     headers={"Authorization": f"Bearer {tls_daemon['api_key']}"})
+    assert c.get("/v1/sandboxes").status_code == 200
+
+
 def test_daemon_survived_the_fuzzing_and_the_sdk_works_over_tls(tls_daemon, base_image, monkeypatch):
     from shoal import Sandbox
 

@@ -119,7 +119,7 @@ class ForkBody(BaseModel):
 
 
 class TenantBody(BaseModel):
-    name: str
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$", description="lowercase letters, digits, _ and -")
     quotas: dict[str, float] | None = None
 
 
@@ -560,7 +560,11 @@ def create_app(daemon: Daemon) -> FastAPI:
     # ---------------------------------------------------------------- tenants (admin)
     @app.post("/v1/tenants", status_code=201)
     def create_tenant(body: TenantBody, _: Tenant = Depends(admin)) -> dict:
-        tnt, key = d.state.create_tenant(body.name, Quotas(**body.quotas) if body.quotas else None)
+        try:
+            quotas = Quotas(**body.quotas) if body.quotas else None
+        except TypeError as e:  # an unknown field name: the caller's error, not a 500
+            raise E.InvalidArgument(f"unknown quota field: {e}") from None
+        tnt, key = d.state.create_tenant(body.name, quotas)
         return {"name": tnt.name, "quotas": tnt.quotas.__dict__, "api_key": key}
 
     @app.get("/v1/tenants")
