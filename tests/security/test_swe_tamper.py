@@ -7,6 +7,7 @@ import textwrap
 import pytest
 
 from shoal.envs.swe import evaluate
+from shoal.envs.swe.grading import EXIT
 from shoal.envs.swe.mutate import unified_diff
 
 pytestmark = pytest.mark.slow
@@ -56,9 +57,15 @@ def test_forged_pass_lines_from_library_code_are_not_graded(host, few_tasks):
                 pass
         _os._exit(0)
         """)
-    rep, log = evaluate(host, task, unified_diff(src, before, evil))
-    assert "PASSED" in log and rep.exit_code == 0  # the forgery happened...
-    assert not rep.resolved and rep.invalid  # ...and was not believed
+    patch = unified_diff(src, before, evil)
+    # the static screen names what it saw...
+    rep, _ = evaluate(host, task, patch)
+    assert not rep.resolved and rep.reason == "tamper-suspect: early-exit"
+    assert any(f.startswith("fd-tamper: ") for f in rep.flags)
+    # ...and without it the forgery happens but is not believed: the runner never finished
+    rep, log = evaluate(host, task, patch, screen=False)
+    assert "PASSED" in log and f"{EXIT} 0" in log
+    assert not rep.resolved and rep.reason == "incomplete" and rep.invalid
 
 
 def test_gold_patch_with_test_edits_still_resolves_on_its_source_part(host, few_tasks):

@@ -104,8 +104,7 @@ class Report:
 
     def reject(self, reason: str, invalid: str) -> Report:
         """Not resolved, for a reason that makes the run untrustworthy."""
-        self.resolved, self.status, self.reason = False, "RESOLVED_NO", reason
-        self.invalid = self.invalid or invalid
+        self.resolved, self.status, self.reason, self.invalid = False, "RESOLVED_NO", reason, invalid
         return self
 
     @property

@@ -94,7 +94,8 @@ class RunRecord:
 
     @property
     def tampered(self) -> list[str]:
-        return [*(self.end or {}).get("tampered", []), *(self.exit or {}).get("tampered", [])]
+        found = [*(self.end or {}).get("tampered", []), *(self.exit or {}).get("tampered", [])]
+        return sorted(set(found), key=found.index)
 
     @property
     def exit_code(self) -> int | None:
