@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from shoal import ImageNotFound, InvalidArgument, QuotaExceeded, Sandbox, SandboxNotFound
-from shoal.errors import Unauthorized
+from shoal.errors import SandboxError, Unauthorized
 from shoal.sdk.remote import Client, RemoteSandbox
 
 from daemonctl import start_daemon
@@ -210,7 +210,7 @@ def test_daemon_restart_reattaches_live_sandboxes(daemon, base_image):
     proc = daemon["proc"]
     proc.send_signal(signal.SIGKILL)
     proc.wait(10)
-    with pytest.raises(Exception) as e:  # clients see a retryable error while it is down
+    with pytest.raises(SandboxError, match="unreachable") as e:  # a retryable error while it is down
         sb.commands.run("true")
     assert getattr(e.value, "retryable", False)
     daemon["proc"] = start_daemon(daemon["root"])

@@ -87,5 +87,7 @@ def test_long_outage_pauses_the_episode_then_it_resumes(server, root, few_tasks,
 
 
 def test_bad_endpoint_url_is_refused():
-    with pytest.raises(Exception, match="http"):
+    from shoal.errors import InvalidArgument
+
+    with pytest.raises(InvalidArgument, match="http"):
         make_policy({"kind": "chat", "url": "localhost:8000", "model": "m"})
