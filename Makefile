@@ -5,7 +5,7 @@ PY    := $(VENV)/bin/python
 APT_PKGS := erofs-utils busybox-static gcc libc6-dev debootstrap nftables iproute2 openssl
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo demo-platform test bench repro clean docker-engine
+.PHONY: setup demo demo-platform test test-vm bench repro clean docker-engine
 
 setup: $(STAMP)
 	@missing=""; \
@@ -42,6 +42,16 @@ docker-engine:
 
 test: setup
 	$(PY) -m pytest -q -p no:cacheprovider tests
+
+# the core functional + security subset inside a Debian 12 VM (stock 6.1 kernel, cgroup v2 only, loop-
+# mounted EROFS) under QEMU; the image is cached in /var/cache/shoal-vm. See docs/platforms.md.
+test-vm: setup
+	@command -v qemu-system-x86_64 >/dev/null && command -v debootstrap >/dev/null && \
+	  command -v debugfs >/dev/null && command -v git >/dev/null || { \
+	  echo "installing Debian packages: qemu-system-x86 debootstrap e2fsprogs git"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq \
+	    --no-install-recommends qemu-system-x86 debootstrap e2fsprogs git >/dev/null; }
+	$(PY) vm/run.py
 
 bench: setup docker-engine
 	$(PY) bench/startup.py

@@ -1,0 +1,33 @@
+#!/bin/bash
+# Runs inside the VM (from the work disk, mounted at /shoal): records the platform's facts, then the
+# test selection that vm/run.py wrote to /shoal/.vm-in/tests. Output goes to the serial console.
+set -u
+OUT=/shoal/.vm-out
+cd /shoal
+cg_fs=$(stat -fc %T /sys/fs/cgroup)
+echo "SHOAL-VM: kernel $(uname -r), /sys/fs/cgroup is $cg_fs, controllers: $(cat /sys/fs/cgroup/cgroup.controllers 2>/dev/null)"
+echo "SHOAL-VM: this process's cgroup: $(cat /proc/self/cgroup)"
+echo "SHOAL-VM: $(systemctl --version | head -1), $(nproc) CPUs, $(awk '/MemTotal/ {print int($2/1024)}' /proc/meminfo) MiB"
+/opt/shoal-venv/bin/python - > "$OUT/facts.json" <<'PY'
+import json, os, platform, subprocess
+cg = open("/proc/self/cgroup").read().strip()
+print(json.dumps({
+    "kernel": platform.release(),
+    "cgroup_fs": subprocess.run(["stat", "-fc", "%T", "/sys/fs/cgroup"], capture_output=True, text=True).stdout.strip(),
+    "cgroup_controllers": open("/sys/fs/cgroup/cgroup.controllers").read().split(),
+    "test_process_cgroup": cg,
+    "init": os.readlink("/proc/1/exe"),
+    "systemd": subprocess.run(["systemctl", "--version"], capture_output=True, text=True).stdout.splitlines()[0],
+    "python": platform.python_version(),
+    "nproc": os.cpu_count(),
+}))
+PY
+if [ "$(cat /shoal/.vm-in/mode)" = smoke ]; then
+  [ "$cg_fs" = cgroup2fs ] || { echo "SHOAL-VM: expected the unified cgroup hierarchy"; exit 1; }
+  echo "SHOAL-VM: smoke check passed"
+  exit 0
+fi
+mapfile -t sel < /shoal/.vm-in/tests
+echo "SHOAL-VM: pytest ${sel[*]}"
+PYTHONPATH=/shoal/src /opt/shoal-venv/bin/python -m pytest -v -p no:cacheprovider --durations=15 \
+  --junitxml="$OUT/junit.xml" "${sel[@]}"
