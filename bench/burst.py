@@ -402,6 +402,12 @@ def _metrics(n: int, w: Window, lat: list[float], fails: list[str], growth: int)
 # ------------------------------------------------------------------------------------------ snapshot / fork
 def bench_snapshot_fork(host: Host, base: str, ws: dict, runs: int) -> dict:
     out: dict = {"runs": runs, "snapshot_ms": {}, "fork_s": {}, "fork_failed": {}}
+    # what a disk upper of disk_mb leaves usable: bytes a file reaches before ENOSPC
+    with Sandbox.create(base, layers=[ws["image"]], root=host.settings.root,
+                        args=ContainerArgs(memory_mb=256, disk_mb=256, upper="disk")) as sb:
+        r = sb.commands.run("dd if=/dev/zero of=/fill bs=1M count=300 2>/dev/null; wc -c < /fill", timeout=120)
+        out["disk_upper"] = {"disk_mb": 256, "usable_bytes": int(r.stdout.strip() or 0),
+                             "usable_fraction": round(int(r.stdout.strip() or 0) / (256 * 2**20), 4)}
     for upper in ("tmpfs", "disk"):
         out["snapshot_ms"][upper] = {}
         for mb in (1, 10, 100):

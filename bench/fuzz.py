@@ -7,7 +7,8 @@ this script only sets SHOAL_FUZZ_EXAMPLES and reads pytest's JUnit report:
 
   operations   the API's operations (method + path) in shoald's OpenAPI spec
   cases        (operation, mode) pairs: every operation with schema-valid input, and those whose
-               schema can be violated with schema-violating input too
+               schema can be violated with schema-violating input too; admin routes are fuzzed
+               again with the admin key (admin_cases)
   examples     hypothesis' max_examples per case (an upper bound: small input spaces run fewer)
   outcomes     passed / failed / skipped per case; a failure is any 5xx or an error without a message
 
@@ -57,16 +58,17 @@ def main() -> None:
             outcome = "failed" if tc.find("failure") is not None or tc.find("error") is not None else \
                 "skipped" if tc.find("skipped") is not None else "passed"
             cases.append({"name": name, "outcome": outcome, "seconds": round(float(tc.get("time", 0)), 2)})
-    fuzz_cases = [c for c in cases if c["name"].startswith("test_fuzzed_requests")]
+    fuzz_cases = [c for c in cases if c["name"].startswith("test_fuzzed")]  # tenant and admin routes
     ops = operations()
     count = {k: sum(c["outcome"] == k for c in fuzz_cases) for k in ("passed", "failed", "skipped")}
     res = {"date": time.strftime("%Y-%m-%d"), "script": "bench/fuzz.py", "test": "tests/daemon/test_fuzz.py",
            "examples_per_case": args.examples, "operations": len(ops), "operation_names": ops,
            "cases": len(fuzz_cases),
-           "positive_cases": sum("positive" in c["name"] for c in fuzz_cases),
-           "negative_cases": sum("negative" in c["name"] for c in fuzz_cases),
+           "positive_cases": sum(c["name"].endswith("positive]") for c in fuzz_cases),
+           "negative_cases": sum(c["name"].endswith("negative]") for c in fuzz_cases),
+           "admin_cases": sum(c["name"].startswith("test_fuzzed_admin") for c in fuzz_cases),
            **{f"cases_{k}": v for k, v in count.items()},
-           "other_tests": [c for c in cases if not c["name"].startswith("test_fuzzed_requests")],
+           "other_tests": [c for c in cases if not c["name"].startswith("test_fuzzed")],
            "pytest_exit_code": proc.returncode, "wall_s": round(wall, 1),
            "summary_line": (proc.stdout.strip().splitlines() or [""])[-1], "per_case": fuzz_cases}
     Path(args.out).write_text(json.dumps(res, indent=2) + "\n")
