@@ -65,6 +65,16 @@ static long write_memory(pid_t pid) {
     return syscall(SYS_process_vm_writev, pid, &local, 1, &remote, 1, 0);
 }
 
+/* PTRACE_TRACEME in a child: should it work, the probe itself must not end up traced */
+static long traceme_in_child(void) {
+    pid_t p = fork();
+    if (p == 0) _exit(ptrace(PTRACE_TRACEME, 0, 0, 0) < 0 ? errno : 0);
+    int st;
+    waitpid(p, &st, 0);
+    if (WIFEXITED(st) && WEXITSTATUS(st)) { errno = WEXITSTATUS(st); return -1; }
+    return 0;
+}
+
 static int fixed_list(const char *only) {
 #define TRY(name, expr) if (!only || !strcmp(only, name)) { errno = 0; report(name, (long)(expr)); }
     TRY("mount", mount("tmpfs", "/tmp", "tmpfs", 0, NULL));
@@ -74,7 +84,7 @@ static int fixed_list(const char *only) {
     TRY("clone_newuser", syscall(SYS_clone, CLONE_NEWUSER | 17, 0, 0, 0, 0));
     TRY("clone3", syscall(SYS_clone3, NULL, 0));
     TRY("ptrace_init", ptrace(PTRACE_ATTACH, 1, 0, 0));
-    TRY("ptrace_traceme", ptrace(PTRACE_TRACEME, 0, 0, 0));
+    TRY("ptrace_traceme", traceme_in_child());
     pid_t child = spawn_sleeper();
     long word = 0;
     TRY("ptrace_own_child", ptrace(PTRACE_ATTACH, child, 0, 0));

@@ -126,3 +126,53 @@ def test_ptrace_and_memory_reads_of_host_and_sibling_processes_fail(root, base_i
     finally:
         host_proc.kill()
         host_proc.wait()
+
+
+WORKLOAD = r"""
+set -e
+python3 - <<'PY'
+import asyncio, multiprocessing as mp, os, socket, sqlite3, subprocess, tempfile, threading
+
+def square(x):
+    return x * x
+
+if __name__ == "__main__":
+    for method in ("fork", "spawn", "forkserver"):
+        with mp.get_context(method).Pool(2) as pool:
+            assert pool.map(square, range(5)) == [0, 1, 4, 9, 16], method
+    t = threading.Thread(target=lambda: None); t.start(); t.join()
+    async def main():
+        p = await asyncio.create_subprocess_exec("true"); await p.wait()
+        r, w = socket.socketpair(); w.send(b"x"); assert r.recv(1) == b"x"
+    asyncio.run(main())
+    db = sqlite3.connect(os.path.join(tempfile.mkdtemp(), "x.db")); db.execute("create table t(x)"); db.commit()
+    subprocess.run(["true"], check=True)
+    print("python ok")
+PY
+cd /tmp && rm -rf w && mkdir w && cd w
+git init -q repo && cd repo && echo a > a && git add a && git -c user.email=a@b -c user.name=n commit -qm a
+git checkout -qb b && echo b >> a && git -c user.email=a@b -c user.name=n commit -qam b && git gc -q && cd ..
+git clone -q repo clone && git -C clone log --oneline | wc -l
+mkdir -p pkg/demo && printf 'def f():\n    return 1\n' > pkg/demo/__init__.py
+printf '[project]\nname = "demo"\nversion = "0.1"\n[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n' > pkg/pyproject.toml
+python3 -m venv --system-site-packages v && v/bin/pip install -q --no-index --no-build-isolation ./pkg
+v/bin/python -c "import demo; assert demo.f() == 1"
+printf 'def test_one():\n    assert 1\n' > test_x.py && python3 -m pytest -q -p no:cacheprovider test_x.py | tail -1
+dpkg -l | grep -c '^ii' >/dev/null && apt-cache policy bash | head -1
+tar czf x.tgz repo && tar xzf x.tgz -C /tmp && sha256sum x.tgz >/dev/null && echo all ok
+"""
+
+
+@pytest.mark.slow
+def test_common_runtimes_work_under_the_allowlist(host, root):
+    """A too tight allowlist breaks users' workloads: Python (threads, every multiprocessing start
+    method, asyncio subprocesses, sqlite), git, venv + pip, pytest and dpkg/apt-cache in the Debian
+    Python image. (apt, dpkg and pip installs themselves run in build sandboxes under the same
+    filter whenever that image is built.)"""
+    from shoal.envs.debian import PYTHON_IMAGE, ensure_python_base
+
+    ensure_python_base(host)
+    with Sandbox.create(PYTHON_IMAGE, root=root, memory_mb=1024) as sb:
+        r = sb.commands.run(["bash", "-c", WORKLOAD], timeout=300)
+        assert r.exit_code == 0 and "python ok" in r.stdout and "1 passed" in r.stdout and "all ok" in r.stdout, \
+            (r.stdout[-3000:], r.stderr[-3000:])
