@@ -559,6 +559,10 @@ def main() -> None:
         else:
             raise SystemExit("no Docker engine: install docker.io (make docker-engine) "
                              "or pass --sides shoal,shoal-disk")
+    if "shoal-disk" in sides:  # setup, not timed: the per-size ext4 template of the disk uppers
+        from shoal.runtime.container.backend import _upper_template
+
+        _upper_template(host.settings.root, 256)
     docker_cg = cgroup_mem_dirs(Dockerd.CGROUP)
     runs: dict[int, dict[str, list[dict]]] = {n: {s: [] for s in sides} for n in sweep}
     try:
