@@ -12,23 +12,21 @@ import itertools
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import time
-
-import ssl
 
 import httpx
 import pytest
 import requests
 import schemathesis
+from daemonctl import log_tail, start_daemon
 from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
 from shoal.daemon.app import create_app
 from shoal.sdk.remote import Client
-
-from daemonctl import log_tail, start_daemon
 
 MAX_EXAMPLES = int(os.environ.get("SHOAL_FUZZ_EXAMPLES", "50"))  # per operation and mode
 FUZZ_QUOTAS = {"sandboxes": 3, "cpu": 2, "memory_mb": 1024, "disk_mb": 1024}
@@ -201,10 +199,10 @@ def test_fuzzed_admin_requests_with_the_admin_key_never_500(operation, mode, roo
     @settings(max_examples=MAX_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck),
               derandomize=True, database=None)
     def check(case):
-        if case.path_parameters and "name" in case.path_parameters:
-            # never the tenant the other fuzz tests run as; half the time a tenant that exists
-            if next(_flip) % 2 == 0 or case.path_parameters["name"] == "fuzz":
-                case.path_parameters["name"] = admin_victim()
+        # never the tenant the other fuzz tests run as; half the time a tenant that exists
+        if case.path_parameters and "name" in case.path_parameters and \
+                (next(_flip) % 2 == 0 or case.path_parameters["name"] == "fuzz"):
+            case.path_parameters["name"] = admin_victim()
         resp = case.call(base_url=tls_daemon["url"], session=session, verify=tls_daemon["cert"], timeout=60,
                          headers={"Authorization": auth})
         where = (f"{case.method} {case.formatted_path} -> {resp.status_code}: {resp.text[:300]}\n"

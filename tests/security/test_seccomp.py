@@ -121,7 +121,7 @@ def test_ptrace_and_memory_reads_of_host_and_sibling_processes_fail(root, base_i
             # both targets are alive and untraced
             for pid in (host_proc.pid, sib_pid):
                 with open(f"/proc/{pid}/status") as f:
-                    assert re.search(r"^TracerPid:\s+0$", f.read(), re.M)
+                    assert re.search(r"^TracerPid:\s+0$", f.read(), re.MULTILINE)
             bg.kill()
     finally:
         host_proc.kill()
