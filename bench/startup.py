@@ -510,8 +510,10 @@ def readme_section(res: dict) -> str:
              "sandbox or container made from the same busybox rootfs, network off, and removes it. All rows "
              f"run interleaved in the same run (one sample of each per round), {cfg['runs']} runs of {cfg['n']} "
              "rounds; p50 and p99 are over all samples, the spread is the min–max of the per-run p50. Other "
-             "work shared this 2-core machine during the run, so absolute figures move between runs; the "
-             "ratios, taken from the same rounds, move less.", "",
+             "work shared this 2-core machine during the run" + (
+                 f" (1-minute load average {h['loadavg_1m_before']} before, {h['loadavg_1m_after']} after)"
+                 if "loadavg_1m_before" in h else "") + ", so absolute figures move between runs; the ratios, "
+             "taken from the same rounds, move less.", "",
              "<!-- numbers: startup (bench/results/startup.json) -->",
              *md_table(["comparison", "side", "what runs (one sample)", "p50", "p99", "p50, min–max over runs",
                         "Shoal faster (p50)"], "lllrrrr", comparison_rows(res))]
@@ -550,7 +552,7 @@ def write_readme(path: Path, section: str) -> None:
     text = path.read_text()
     start = text.index("## Startup")
     end = text.index("\n## ", start + 1) + 1
-    path.write_text(text[:start] + section + text[end:])
+    path.write_text(text[:start] + section.rstrip("\n") + "\n\n" + text[end:])
 
 
 def plot(res: dict, path: Path) -> None:
@@ -658,7 +660,9 @@ def main() -> None:
             bundle = runc_bundle(tmp / "bundle")
             res["versions"]["runc"] = version(["runc", "--version"])
         samplers = make_samplers(shoald.sock, root_p, docker_env, docker_cli, bundle)
+        res["host"]["loadavg_1m_before"] = round(os.getloadavg()[0], 2)
         rows = interleaved(samplers, args.n, args.runs)
+        res["host"]["loadavg_1m_after"] = round(os.getloadavg()[0], 2)  # others' work on the machine
         for key, r in rows.items():
             r.update(label=ROWS[key][2], includes=ROWS[key][3],
                      workload="no sandbox" if ROWS[key][0] is None else "`true` in a busybox rootfs, removed after")
