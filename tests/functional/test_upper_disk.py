@@ -142,3 +142,17 @@ def test_bad_upper_is_a_clear_error():
         ContainerArgs(upper="nfs")
     with pytest.raises(ValidationError, match="upper"):
         Limits(upper="ramdisk")
+
+
+def test_sweep_removes_an_image_left_by_a_crash_before_its_unlink(root, host):
+    uppers = root / "uppers"
+    uppers.mkdir(exist_ok=True)
+    stale, fresh = uppers / "sb-crashed-000000.img", uppers / "sb-starting-000000.img"
+    stale.write_bytes(b"\0" * 4096)
+    fresh.write_bytes(b"\0" * 4096)
+    old = time.time() - 3600
+    os.utime(stale, (old, old))
+    host.runtime.sweep()
+    assert not stale.exists()
+    assert fresh.exists()  # a create in flight (copied, not yet mounted) is left alone
+    fresh.unlink()

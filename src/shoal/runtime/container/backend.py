@@ -76,7 +76,7 @@ def _upper_template(root: Path, disk_mb: int) -> Path:
     tmp = tpl.with_name(f".{tpl.name}.{os.getpid()}.{threading.get_ident()}")
     with open(tmp, "wb") as f:
         f.truncate(disk_mb << 20)
-    proc = subprocess.run([mkfs, *_MKE2FS_OPTS, str(tmp)], capture_output=True, text=True)
+    proc = subprocess.run([mkfs, *_MKE2FS_OPTS, str(tmp)], capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         tmp.unlink(missing_ok=True)
         raise SandboxError(f"mkfs.ext4 for a {disk_mb} MiB disk upper failed: {proc.stderr.strip()[:500]}")
@@ -160,7 +160,7 @@ def mount_disk_upper(root: Path, sandbox_id: str, disk_mb: int, target: Path) ->
             _loop_mount_ext4(img, target)
         except OSError as e:  # e.g. a kernel without LOOP_CONFIGURE (< 5.8): let mount(8) do it
             proc = subprocess.run(["mount", "-t", "ext4", "-o", "loop,nosuid,nodev", str(img), str(target)],
-                                  capture_output=True, text=True)
+                                  capture_output=True, text=True, check=False)
             if proc.returncode != 0:
                 raise SandboxError(f"sandbox {sandbox_id}: mounting its disk upper failed: {e}; "
                                    f"mount(8): {proc.stderr.strip()}") from None
@@ -422,6 +422,13 @@ class ContainerRuntime(Runtime):
             reaped.append(d.name)
         for cg in cgroups - set(os.listdir(self.settings.sandboxes_dir)):
             self.cgroups.remove(cg)
+        # a disk-upper image is unlinked right after its mount; one still here is from a crash between
+        for img in (self.settings.root / "uppers").glob("sb-*.img"):
+            try:
+                if time.time() - img.stat().st_mtime > STARTUP_GRACE_S:
+                    img.unlink()
+            except OSError:
+                pass
         cutoff = time.time() - 86400
         for t in self.settings.tombstones_dir.iterdir():
             if t.stat().st_mtime < cutoff:
