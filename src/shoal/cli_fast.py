@@ -394,21 +394,36 @@ def _print_error(kind: str, message: str) -> None:
     sys.stderr.write(f"{label} {message}\n")
 
 
+def _broken_pipe() -> None:
+    """The reader went away (`shoal run … | head`): exit as a process killed by SIGPIPE would,
+    without a traceback, and without Python's complaint when it flushes stdout at exit."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except OSError:
+        pass
+    sys.exit(141)
+
+
 def main() -> None:
     """Entry point of `shoal`: the fast path when it applies, else the full (typer) CLI."""
     try:
         code = try_fast(sys.argv[1:])
+        sys.stdout.flush()
     except Fallback:
         from .cli import main as full_main
 
-        full_main()
+        try:
+            full_main()
+        except BrokenPipeError:
+            _broken_pipe()
         return
     except DaemonError as e:
         _print_error(e.kind, str(e))
         sys.exit(2)  # as the full CLI does for Shoal's typed errors
+    except BrokenPipeError:  # the sandbox is already removed (run_fast's finally)
+        _broken_pipe()
     except KeyboardInterrupt:
         sys.exit(130)
-    sys.stdout.flush()
     sys.exit(code)
 
 

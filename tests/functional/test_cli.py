@@ -227,3 +227,16 @@ def test_module_main_and_full_cli_still_work(root, base_image):
     assert r.returncode == 0 and "--in-process" in r.stdout
     r = subprocess.run(FAST + ["ps", "--json"], env=env, capture_output=True, text=True)
     assert r.returncode == 0 and isinstance(json.loads(r.stdout), list)
+
+
+def test_reader_going_away_removes_the_sandbox(daemon, base_image, root):
+    """`shoal run … | head`: no traceback, SIGPIPE's status, and the sandbox is removed."""
+    client = Client(daemon["url"])
+    live = {i.id for i in list_remote(client)}
+    p = subprocess.Popen(FAST + ["run", base_image, "--", "sh", "-c", "yes | head -c 20000000"], env=_env(root),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert p.stdout is not None and p.stdout.read(4) == b"y\ny\n"
+    p.stdout.close()
+    err = p.stderr.read().decode() if p.stderr else ""
+    assert p.wait(60) == 141 and "Traceback" not in err
+    assert {i.id for i in list_remote(client)} <= live
