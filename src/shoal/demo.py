@@ -105,7 +105,7 @@ def _benchmarks(root: Path, host: Host) -> None:
     console.print(Panel.fit("startup benchmark (bench/startup.py, reduced iterations)", style="bold cyan"))
     bench = Path(__file__).resolve().parents[2] / "bench" / "startup.py"
     results = Path(tempfile.mkdtemp(prefix="shoal-demo-results-"))  # the committed results stay as they are
-    args = [sys.executable, str(bench), "--n", "100", "--batch", "100", "--docker-n", "10",
+    args = [sys.executable, str(bench), "--n", "10", "--runs", "3", "--shoal-n", "100", "--batch", "100",
             "--out", str(results / "startup.json")]
     if os.environ.get("SHOAL_DEMO_NO_DOCKER"):
         args.append("--no-docker")
