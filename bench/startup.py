@@ -521,7 +521,8 @@ def readme_section(res: dict) -> str:
     verdict = "**met**" if g.get("met") else f"**missed**: {g.get('gap')}"
     lines += ["", f"Goal for the CLI: `shoal run IMG -- true` with a warm daemon at p50 ≤ {g['cli_p50_ms_max']:g} ms "
               f"and ≥ {g['cli_speedup_min']:g}× faster than `docker run --rm`, in one run: {verdict} "
-              f"(p50 {_ms(g['cli_p50_ms'])}, {g['cli_speedup']:.2f}×).", "", "What each row includes "
+              f"(p50 {_ms(g['cli_p50_ms'])}" + (f", {g['cli_speedup']:.2f}×" if g.get("cli_speedup") else "") +
+              ").", "", "What each row includes "
               "(`rows.<key>` in the JSON):", ""]
     for key, r in rows.items():
         lines.append(f"- `{key}`: {r['includes']}.")
