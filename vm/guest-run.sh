@@ -29,5 +29,7 @@ if [ "$(cat /shoal/.vm-in/mode)" = smoke ]; then
 fi
 mapfile -t sel < /shoal/.vm-in/tests
 echo "SHOAL-VM: pytest ${sel[*]}"
-PYTHONPATH=/shoal/src /opt/shoal-venv/bin/python -m pytest -v -p no:cacheprovider --durations=15 \
-  --junitxml="$OUT/junit.xml" "${sel[@]}"
+# SHOAL_VM_ACCEL: what vm/pytest_vm.py skips under TCG; shoald's start is slow under emulation
+export SHOAL_VM_ACCEL="$(cat /shoal/.vm-in/accel)" SHOAL_TEST_DAEMON_START_S=240
+PYTHONPATH=/shoal/src:/shoal/vm /opt/shoal-venv/bin/python -m pytest -v -rs --color=no -p no:cacheprovider \
+  -p pytest_vm --durations=15 --junitxml="$OUT/junit.xml" "${sel[@]}"

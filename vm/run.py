@@ -95,7 +95,7 @@ def build_image() -> Path:
     return image
 
 
-def make_work_disk(dest: Path, tests: list[str], smoke: bool) -> Path:
+def make_work_disk(dest: Path, tests: list[str], smoke: bool, accel: str) -> Path:
     """An ext4 image holding the current source tree, the test selection and room for the results."""
     stage = dest / "stage"
     stage.mkdir()
@@ -111,6 +111,7 @@ def make_work_disk(dest: Path, tests: list[str], smoke: bool) -> Path:
     (stage / ".vm-in").mkdir()
     (stage / ".vm-in/tests").write_text("\n".join(tests) + "\n")
     (stage / ".vm-in/mode").write_text("smoke\n" if smoke else "tests\n")
+    (stage / ".vm-in/accel").write_text(accel + "\n")
     img = dest / "work.img"
     used_mb = int(subprocess.run(["du", "-sm", str(stage)], check=True, capture_output=True,
                                  text=True).stdout.split()[0])
@@ -225,7 +226,7 @@ def main() -> int:
         log_path = Path(os.environ.get("SHOAL_VM_LOG", "/tmp/shoal-vm-console.log"))
         t_boot = time.monotonic()
         while True:
-            work = make_work_disk(tmpd, tests, args.smoke)
+            work = make_work_disk(tmpd, tests, args.smoke, accel)
             code, reached = boot(image, work, accel, args.timeout, log_path, args.mem, args.smp)
             if accel == "kvm" and not reached and args.accel == "auto":
                 say("falling back to TCG (software emulation)")

@@ -69,6 +69,11 @@ def make_whiteout(path: str) -> None:
     os.mknod(path, stat.S_IFCHR | 0o000, os.makedev(0, 0))
 
 
+# extract_layer_tar's own checks are the filter; tarfile's (`filter=`, Python >= 3.11.4) must not second-guess them.
+# Debian 12's python3 is 3.11.2, which has no `filter` argument at all and behaves as "fully_trusted".
+_NO_TAR_FILTER = {"filter": "fully_trusted"} if hasattr(tarfile, "fully_trusted_filter") else {}
+
+
 def extract_layer_tar(fileobj: IO[bytes] | None, dest: Path, path: Path | None = None) -> int:
     """Extract one layer tar (plain or compressed) into `dest`; returns the member count."""
     dest_s = str(dest)
@@ -103,7 +108,7 @@ def extract_layer_tar(fileobj: IO[bytes] | None, dest: Path, path: Path | None =
                 member.name = rel
                 if os.path.lexists(target) and not (member.isdir() and os.path.isdir(target)):
                     remove_path(target)
-                tf.extract(member, dest_s, set_attrs=True, numeric_owner=True, filter="fully_trusted")
+                tf.extract(member, dest_s, set_attrs=True, numeric_owner=True, **_NO_TAR_FILTER)
     except tarfile.TarError as e:
         raise CorruptArchive(f"corrupt tar archive: {e}") from e
     except EOFError as e:

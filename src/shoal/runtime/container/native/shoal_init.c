@@ -171,11 +171,14 @@ static void setup_rootfs(void) {
     mount_or_die("proc", "proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
     static const char *masked[] = {"proc/kcore", "proc/kpagecgroup", "proc/kpagecount", "proc/kpageflags",
                                    "proc/kpageidle", "proc/keys", "proc/key-users", "proc/timer_list",
-                                   "proc/sched_debug", "proc/latency_stats", "proc/sysrq-trigger",
+                                   "proc/sched_debug", "proc/latency_stats",
                                    "proc/acpi", "proc/scsi", "proc/driver", "proc/kmsg", "proc/vmallocinfo",
                                    "proc/slabinfo", "proc/pagetypeinfo", "proc/buddyinfo", "proc/mtrr", NULL};
     for (int i = 0; masked[i]; i++) mask_path(masked[i]);
-    static const char *ro[] = {"proc/sys", "proc/irq", "proc/bus", "proc/fs", "proc/asound", NULL};
+    /* sysrq-trigger is read-only, not masked: /dev/null bound over it would take writes and succeed
+     * (a device node ignores a read-only mount), where EROFS says plainly that the write was refused */
+    static const char *ro[] = {"proc/sys", "proc/irq", "proc/bus", "proc/fs", "proc/asound", "proc/sysrq-trigger",
+                               NULL};
     for (int i = 0; ro[i]; i++) readonly_path(ro[i]);
 
     /* /dev: a small tmpfs with the usual character devices; no host device is reachable. */
