@@ -259,37 +259,24 @@ def run(ctx: typer.Context, image: str = typer.Argument(..., help="image name[:t
 
     With a shoald running on this root (`shoal serve`) the sandbox is made and run through it
     (the fast path, shoal.cli_fast); without one, or with --in-process, it runs in this process."""
-    from .sdk.sandbox import EMBEDDED, Sandbox
+    from .cli_fast import dispatch
 
-    cmd = list(ctx.args)
-    sb = Sandbox.create(image, layers=layer, memory_mb=memory_mb, cpu=cpu, disk_mb=disk_mb, ttl=ttl, root=root,
-                        url=EMBEDDED if in_process else None)
-    if detach and not cmd:
-        console.print(sb.id)
-        return
-    try:
-        res = sb.commands.run(cmd or ["/bin/sh", "-c", "true"], timeout=timeout,
-                              on_stdout=lambda t: sys.stdout.write(t), on_stderr=lambda t: sys.stderr.write(t))
-    finally:
-        if detach:
-            console.print(sb.id)
-        else:
-            sb.kill()
-    raise typer.Exit(res.exit_code)
+    opts = {"target": image, "cmd": list(ctx.args), "layers": layer or [], "memory_mb": memory_mb, "cpu": cpu,
+            "disk_mb": disk_mb, "timeout": timeout, "detach": detach, "ttl": ttl, "root": root,
+            "in_process": in_process}
+    raise typer.Exit(dispatch("run", opts))
 
 
 @app.command("exec", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def exec_(ctx: typer.Context, sandbox_id: str, timeout: float = typer.Option(600, "--timeout"),
           root: Optional[str] = RootOpt):
     """Run `-- CMD...` in a live sandbox."""
-    from .sdk.sandbox import Sandbox
+    from .cli_fast import dispatch
 
     if not ctx.args:
         raise typer.BadParameter("give a command after --")
-    sb = Sandbox.connect(sandbox_id, root=root)
-    res = sb.commands.run(list(ctx.args), timeout=timeout, on_stdout=lambda t: sys.stdout.write(t),
-                          on_stderr=lambda t: sys.stderr.write(t))
-    raise typer.Exit(res.exit_code)
+    raise typer.Exit(dispatch("exec", {"target": sandbox_id, "cmd": list(ctx.args), "timeout": timeout,
+                                       "root": root}))
 
 
 @app.command()

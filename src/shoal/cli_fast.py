@@ -7,13 +7,15 @@ and talks to the daemon with a few lines of HTTP/1.1 over its Unix socket (`http
 costs ~30 ms to import, through the `email` package, so it is not used here; `socket` and `json`
 add ~15 ms through `enum` and `re`, and their C parts do the same work).
 
-What runs where:
+What runs where (`dispatch`, used by this entry point and by the typer commands alike):
   * `shoal run IMAGE [opts] -- CMD...` and `shoal exec ID [opts] -- CMD...`: if a shoald answers on
     this root's socket (`<root>/shoald.sock`, or `$SHOAL_URL` when it is `local` / `unix://PATH`),
     the sandbox is created, the command streamed and the sandbox removed through the daemon.
-  * With no daemon (no socket, or nothing listening on it) the full CLI runs the sandbox in-process,
-    as before; so do `--in-process`, `SHOAL_URL=embedded`, a remote `SHOAL_URL=http(s)://...`, any
-    option this parser does not know (including `--help`) and every other command.
+  * With no daemon (no socket, or nothing listening on it), or with `--in-process`, the sandbox
+    runs in this process through the SDK (`run_local`; `$SHOAL_URL` still applies, as for the SDK),
+    still without typer and rich.
+  * Anything this parser does not take (another command, an unknown option, `--help`, a command
+    not after `--`) goes to the full CLI (shoal.cli), whose run/exec call `dispatch` too.
 
 The wire schema has one source of truth, the daemon's models (`shoal.daemon.app.CreateRequest`,
 `ExecBody`, `shoal.runtime.abstract.ExecResult`): the bodies below are checked against them, and
@@ -23,6 +25,8 @@ from __future__ import annotations
 
 import os
 import sys
+
+from .errors import ShoalError  # cheap: the package imports it anyway
 
 TYPE_CHECKING = False  # not typing's: importing typing costs ~5 ms here
 if TYPE_CHECKING:
@@ -85,8 +89,9 @@ class Fallback(Exception):
     """This invocation is not for the fast path: hand it to the full CLI."""
 
 
-class DaemonError(Exception):
-    """shoald answered with an error (`{"error": {"type", "message"}}`) or went away mid-request."""
+class DaemonError(ShoalError):
+    """shoald answered with an error (`{"error": {"type", "message"}}`) or went away mid-request;
+    `kind` is the daemon's error type (the SDK's exception class name)."""
 
     def __init__(self, kind: str, message: str):
         super().__init__(message)
@@ -98,7 +103,7 @@ class DaemonError(Exception):
 _RUN_OPTS = {"--layer": ("layers", "list"), "-l": ("layers", "list"), "--memory-mb": ("memory_mb", "int"),
              "--cpu": ("cpu", "float"), "--disk-mb": ("disk_mb", "int"), "--timeout": ("timeout", "float"),
              "--detach": ("detach", "flag"), "-d": ("detach", "flag"), "--ttl": ("ttl", "float"),
-             "--root": ("root", "str")}
+             "--root": ("root", "str"), "--in-process": ("in_process", "flag")}
 _EXEC_OPTS = {"--timeout": ("timeout", "float"), "--root": ("root", "str")}
 
 
@@ -369,23 +374,62 @@ def run_fast(command: str, opts: dict, conn: Connection) -> int:
             conn.call("DELETE", f"/v1/sandboxes/{sandbox_id}")
 
 
-def try_fast(argv: list[str]) -> int:
-    """Run argv through the daemon, or raise Fallback when the full CLI should handle it."""
-    if "--in-process" in argv[: argv.index("--") if "--" in argv else len(argv)]:
-        raise Fallback
-    command, opts = parse(argv)
+def daemon_connection(opts: dict) -> Connection | None:
+    """A connection to this root's shoald, or None when none answers (or --in-process)."""
+    if opts.get("in_process"):
+        return None
     path = socket_path(opts.get("root"))
     if path is None or not os.path.exists(path):
-        raise Fallback
+        return None
     conn = Connection(path)
     try:
         conn.connect()
     except OSError:
-        raise Fallback from None  # a stale socket (daemon gone): run in-process
+        return None  # a stale socket (the daemon is gone): run in-process
+    return conn
+
+
+def run_local(command: str, opts: dict) -> int:
+    """`shoal run` / `shoal exec` in this process, through the SDK (which honours $SHOAL_URL unless
+    --in-process); imports the SDK and the host, not typer or rich."""
+    from .sdk.sandbox import EMBEDDED, Sandbox
+
+    on_out, on_err = _write(sys.stdout), _write(sys.stderr)
+    root = opts.get("root")
+    if command == "exec":
+        sb = Sandbox.connect(opts["target"], root=root)
+        return sb.commands.run(opts["cmd"], timeout=opts["timeout"], on_stdout=on_out, on_stderr=on_err).exit_code
+    sb = Sandbox.create(opts["target"], layers=opts["layers"] or None, memory_mb=opts.get("memory_mb"),
+                        cpu=opts.get("cpu"), disk_mb=opts.get("disk_mb"), ttl=opts.get("ttl"), root=root,
+                        url=EMBEDDED if opts.get("in_process") else None)
+    if opts["detach"] and not opts["cmd"]:
+        print(sb.id)
+        return 0
+    try:
+        return sb.commands.run(opts["cmd"] or ["/bin/sh", "-c", "true"], timeout=opts["timeout"],
+                               on_stdout=on_out, on_stderr=on_err).exit_code
+    finally:
+        if opts["detach"]:
+            print(sb.id)
+        else:
+            sb.kill()
+
+
+def dispatch(command: str, opts: dict) -> int:
+    """Run a parsed `run` / `exec` through the daemon when one answers, else in this process."""
+    conn = daemon_connection(opts)
+    if conn is None:
+        return run_local(command, opts)
     try:
         return run_fast(command, opts, conn)
     finally:
         conn.close()
+
+
+def try_fast(argv: list[str]) -> int:
+    """Run argv (`run` / `exec`) without the full CLI, or raise Fallback when it should handle it."""
+    command, opts = parse(argv)
+    return dispatch(command, opts)
 
 
 def _print_error(kind: str, message: str) -> None:
@@ -417,8 +461,8 @@ def main() -> None:
         except BrokenPipeError:
             _broken_pipe()
         return
-    except DaemonError as e:
-        _print_error(e.kind, str(e))
+    except ShoalError as e:  # the daemon's errors (DaemonError) and the in-process path's alike
+        _print_error(getattr(e, "kind", type(e).__name__), str(e))
         sys.exit(2)  # as the full CLI does for Shoal's typed errors
     except BrokenPipeError:  # the sandbox is already removed (run_fast's finally)
         _broken_pipe()

@@ -51,7 +51,7 @@ def test_parse_run_and_exec():
     [], ["ps"], ["layer", "ls"], ["run", "--help"], ["run", "--bogus", "img", "--", "true"],
     ["run", "img", "true"],  # no `--`: click's rules decide, so the full CLI does
     ["run", "--memory-mb", "lots", "img", "--", "true"], ["run", "--", "true"], ["exec", "sb-x"],
-    ["run", "--in-process", "img", "--", "true"], ["run", "-d=1", "img"], ["run", "img", "--cpu"],
+    ["run", "-d=1", "img"], ["run", "img", "--cpu"], ["exec", "--in-process", "sb-x", "--", "true"],
 ])
 def test_anything_else_goes_to_the_full_cli(argv):
     with pytest.raises(cli_fast.Fallback):
@@ -83,11 +83,32 @@ def test_socket_resolution_matches_config(tmp_path, monkeypatch):
 
 def test_stale_socket_falls_back(tmp_path):
     """A socket file with nothing listening (a daemon that died) means in-process, not an error."""
+    assert cli_fast.daemon_connection({"root": str(tmp_path)}) is None  # no socket at all
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.bind(str(tmp_path / "shoald.sock"))
     s.close()
-    with pytest.raises(cli_fast.Fallback):
-        cli_fast.try_fast(["run", "--root", str(tmp_path), "img", "--", "true"])
+    assert cli_fast.daemon_connection({"root": str(tmp_path)}) is None
+
+
+def test_no_daemon_runs_in_process_without_typer(root, base_image):
+    """No daemon on this root: the sandbox runs in-process, and still without typer, rich or click."""
+    env = _env(root)
+    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "shoal.cli_fast", "run", "--in-process", "-d",
+                        "--memory-mb", "96", base_image], env=env, capture_output=True, text=True)
+    sid = r.stdout.strip()
+    assert r.returncode == 0 and sid.startswith("sb-"), r.stderr[-2000:]
+    mods = {line.split("|")[-1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")}
+    assert "shoal.sdk.sandbox" in mods
+    assert not {m for m in mods if m.split(".")[0] in ("typer", "rich", "click")}
+    sb = Sandbox.connect(sid, root=root)
+    assert sb.info().limits.memory_mb == 96
+    r = subprocess.run(FAST + ["exec", "--root", str(root), sid, "--", "sh", "-c", "echo $((6*7)); exit 3"],
+                       env=env, capture_output=True, text=True)
+    assert (r.stdout, r.returncode) == ("42\n", 3)
+    sb.kill()
+    r = subprocess.run(FAST + ["run", "--in-process", "no-such:1", "--", "true"], env=env, capture_output=True,
+                       text=True)
+    assert r.returncode == 2 and r.stderr.startswith("error:") and "no-such:1" in r.stderr
 
 
 @pytest.mark.parametrize("value", [
@@ -216,6 +237,16 @@ def test_hot_path_imports_no_heavy_modules(daemon, base_image, root):
                                                     "enum")
              or m == "shoal.cli" or m.startswith(("shoal.host", "shoal.sdk", "shoal.runtime", "shoal.layers"))}
     assert not heavy, sorted(heavy)
+
+
+def test_full_cli_run_uses_the_daemon_too(daemon, base_image, root):
+    """argv the fast parser leaves to typer (no `--`) still runs through the daemon: one dispatch."""
+    client = Client(daemon["url"])
+    before = _creates(client)
+    r = subprocess.run(FAST + ["run", base_image, "echo", "via-typer"], env=_env(root), capture_output=True,
+                       text=True)
+    assert (r.stdout, r.returncode) == ("via-typer\n", 0), r.stderr
+    assert _creates(client) == before + 1
 
 
 def test_module_main_and_full_cli_still_work(root, base_image):
