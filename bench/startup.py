@@ -8,8 +8,8 @@ busybox rootfs (shoal.layers.busybox), network off, removed afterwards:
     cli_shoal           `shoal run IMG -- true` with a warm shoald: Python start, the stdlib fast
                         path (shoal.cli_fast), create + streamed exec + delete over the Unix socket
     cli_docker          `docker run --rm --network=none IMG true` (Debian docker.io CLI + dockerd)
-    cli_shoal_no_daemon `shoal run --in-process IMG -- true`: no daemon, the full CLI imports the
-                        host, SDK, typer and rich, then creates, execs and kills in-process
+    cli_shoal_no_daemon `shoal run --in-process IMG -- true`: no daemon; shoal.cli_fast imports the
+                        SDK and the host (not typer/rich), then creates, execs and kills in-process
   SDK vs SDK (inside one long-lived Python process, client reused)
     sdk_shoal           Sandbox.create(IMG, url="unix://…/shoald.sock") + commands.run(["true"]) + kill()
     sdk_docker          docker SDK: containers.run(IMG, ["sleep", "3600"], detach=True,
@@ -296,8 +296,8 @@ ROWS = {  # key -> (comparison, side, label, what one sample includes)
     "cli_docker": ("cli", "peer", "`docker run --rm --network=none IMG true`",
                    "fresh process: docker CLI start, dockerd create + start + attach + wait + remove, exit"),
     "cli_shoal_no_daemon": ("cli_no_daemon", "shoal", "`shoal run --in-process IMG -- true`, no daemon",
-                            "fresh process: Python start, full CLI + SDK + host imports, in-process create + "
-                            "exec + kill, exit"),
+                            "fresh process: Python start, shoal.cli_fast, SDK + host imports (no typer/rich), "
+                            "in-process create + exec + kill, exit"),
     "sdk_shoal": ("sdk", "shoal", "Shoal SDK via shoald: create + exec `true` + kill",
                   "in a running Python process: Sandbox.create(url=unix socket) + commands.run + kill, "
                   "client reused"),
@@ -311,8 +311,8 @@ ROWS = {  # key -> (comparison, side, label, what one sample includes)
     # context, no peer: where a fresh Shoal process spends its time before any sandbox exists
     "python_start": (None, None, "`python -c pass` (the venv's interpreter)",
                      "fresh process: the interpreter's start and exit, the floor of any Python CLI"),
-    "import_full_cli": (None, None, "`python -c 'import shoal.cli, shoal.sdk.sandbox'`",
-                        "fresh process: the imports the in-process path pays (typer, rich, pydantic, host, SDK)"),
+    "import_sdk": (None, None, "`python -c 'import shoal.sdk.sandbox'`",
+                   "fresh process: the imports the no-daemon path pays (pydantic, the host, the SDK)"),
 }
 COMPARISONS = {  # comparison -> (Shoal row, peer row, title, short title for the plot)
     "cli": ("cli_shoal", "cli_docker", "CLI vs CLI", "CLI vs CLI"),
@@ -356,7 +356,7 @@ def make_samplers(shoal_sock: Path, proc_root: Path, docker_env: dict | None, do
 
     out: dict[str, Callable[[], None]] = {
         "python_start": sh([sys.executable, "-c", "pass"], env_p),
-        "import_full_cli": sh([sys.executable, "-c", "import shoal.cli, shoal.sdk.sandbox"], env_p),
+        "import_sdk": sh([sys.executable, "-c", "import shoal.sdk.sandbox"], env_p),
         "cli_shoal": sh([shoal, "run", IMAGE, "--", "true"], env_d),
         "cli_shoal_no_daemon": sh([shoal, "run", "--in-process", IMAGE, "--", "true"], env_p),
         "sdk_shoal": sdk_shoal,
@@ -526,7 +526,7 @@ def readme_section(res: dict) -> str:
               "(`rows.<key>` in the JSON):", ""]
     for key, r in rows.items():
         lines.append(f"- `{key}`: {r['includes']}.")
-    ctx = [k for k in ("python_start", "import_full_cli") if k in rows]
+    ctx = [k for k in ("python_start", "import_sdk") if k in rows]
     if ctx:
         lines += ["", "Context (fresh processes, same rounds): " + "; ".join(
             f"{rows[k]['label']} p50 {_ms(rows[k]['p50_ms'])} ({_spread(rows[k])})" for k in ctx) + ". "
