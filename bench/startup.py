@@ -539,8 +539,9 @@ def readme_section(res: dict) -> str:
               "leaves it.", "",
               "`shoal run` and `shoal exec` use the daemon when one answers on the root's socket "
               "(`<root>/shoald.sock`, or `SHOAL_URL=local|unix://…`): that path is `shoal.cli_fast`, which "
-              "imports no third-party module. Without a daemon (no socket, or nothing listening on it), with "
-              "`--in-process`, or for any other command, the full CLI runs the sandbox in-process.", "",
+              "imports no third-party module. Without a daemon (no socket, or nothing listening on it), or "
+              "with `--in-process`, the sandbox runs in the CLI's own process through the SDK (typer and rich "
+              "are imported only for the other commands).", "",
               f"Shoal's own figures, in-process (no CLI, no daemon; {s['cold_create_exec']['n']} samples per run, "
               f"{cfg['runs']} runs, after the rounds above):", "",
               "<!-- numbers: startup-shoal (bench/results/startup.json) -->",
