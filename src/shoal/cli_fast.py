@@ -180,8 +180,10 @@ def socket_path(root: str | None) -> str | None:
 def create_body(opts: dict) -> dict:
     """POST /v1/sandboxes body (daemon model: CreateRequest)."""
     body: dict = {"image": opts["target"]}
-    for key in ("layers", "cpu", "memory_mb", "disk_mb", "ttl"):
-        if opts.get(key):
+    if opts.get("layers"):
+        body["layers"] = opts["layers"]
+    for key in ("cpu", "memory_mb", "disk_mb", "ttl"):
+        if opts.get(key) is not None:  # 0 too: the daemon names it as out of range, never a silent default
             body[key] = opts[key]
     return body
 

@@ -210,9 +210,10 @@ def test_daemon_errors_are_one_line_and_status_2(daemon, base_image, root):
                        text=True)
     assert r.returncode == 2 and r.stderr.startswith("error:") and "no-such-image:9" in r.stderr
     assert "Traceback" not in r.stderr
-    r = subprocess.run(FAST + ["run", "--memory-mb", "-5", base_image, "--", "true"], env=_env(root),
-                       capture_output=True, text=True)
-    assert r.returncode == 2 and "memory_mb" in r.stderr
+    for bad in ("-5", "0"):
+        r = subprocess.run(FAST + ["run", "--memory-mb", bad, base_image, "--", "true"], env=_env(root),
+                           capture_output=True, text=True)
+        assert r.returncode == 2 and "memory_mb" in r.stderr
 
 
 def test_in_process_flag_bypasses_the_daemon(daemon, base_image, root):
