@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from pathlib import Path
 
 import pytest
@@ -24,22 +25,25 @@ pytestmark = pytest.mark.slow
 
 def test_task_sandbox_cannot_read_logs_queue_answers_or_other_uppers(host, few_tasks, probe_layer, tmp_path):
     task = few_tasks[0]
+    token = f"secret-{uuid.uuid4().hex}"  # in every secret below, so a leak anywhere can be searched for
     # a real episode: the log then holds the oracle's patch, i.e. the answer
     log = TrajectoryLog(tmp_path / "traj.db")
-    out = asyncio.run(run_episode(task, make_policy({"kind": "oracle"}, task), log, host, "secret-ep"))
+    out = asyncio.run(run_episode(task, make_policy({"kind": "oracle"}, task), log, host, token))
     assert out.resolved and out.patch.strip()
     queue = EpisodeQueue(tmp_path / "queue.db")
-    queue.submit([task.instance_id], {"kind": "oracle"})
+    queue.submit([task.instance_id], {"kind": "oracle", "tag": token})
+    for db in ("queue.db", "traj.db"):  # sqlite in WAL mode: the token is in the db or its log
+        assert any(token.encode() in p.read_bytes() for p in tmp_path.glob(f"{db}*")), db
     suite = Path(swe_pkg.__file__).parent / "suite.jsonl"
     assert task.FAIL_TO_PASS[0] in suite.read_text() and json.dumps(task.patch)[1:40] in suite.read_text()
     settings = host.settings
     ensure_task_image(host, task)
     with Sandbox.create(task.base_image, layers=[task.base_commit, task.image], root=settings.root,
                         **TASK_LIMITS) as other:
-        other.files.write("/tmp/other-upper-secret", "not yours")
+        other.files.write("/tmp/other-upper-secret", f"not yours {token}")
         other_upper = settings.sandboxes_dir / other.id / "disk" / "upper" / "tmp" / "other-upper-secret"
-        assert other_upper.read_text() == "not yours"  # the path is right: the host can read it
-        targets = [tmp_path / "traj.db", tmp_path / "queue.db", suite, settings.db_path, other_upper,
+        assert other_upper.read_text() == f"not yours {token}"  # the path is right: the host can read it
+        targets = [*tmp_path.glob("traj.db*"), *tmp_path.glob("queue.db*"), suite, settings.db_path, other_upper,
                    settings.sandboxes_dir / other.id / "meta.json", settings.root / "admin.key"]
         targets = [str(t) for t in targets if Path(t).exists()]
         assert len(targets) >= 6
@@ -54,7 +58,8 @@ def test_task_sandbox_cannot_read_logs_queue_answers_or_other_uppers(host, few_t
             leaked = {k: v for k, v in tried.items() if v == "OK"}
             assert not leaked, leaked
             assert sum(1 for k in tried if k.startswith("read:/proc/")) >= len(targets)  # via /proc/N/root too
-            # nor is the episode's record anywhere in the sandbox's own files
-            r = sb.commands.run(["sh", "-c", "grep -rlF -- \"$1\" /tmp /root /var /etc 2>/dev/null; true", "sh",
-                                 "secret-ep"])
-            assert r.stdout == ""
+            # nor is any of it anywhere else in the sandbox (a leak at another path than the host's)
+            search = ("find / \\( -path /proc -o -path /sys -o -path /dev \\) -prune -o -type f -size -64M -print0 "
+                      "| xargs -0 grep -lF -- \"$1\" 2>/dev/null; echo searched")
+            r = sb.commands.run(["sh", "-c", search, "sh", token], timeout=300)
+            assert r.stdout == "searched\n", r.stdout
