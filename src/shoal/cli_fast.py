@@ -223,7 +223,11 @@ class Connection:
     # -- reading
     def _fill(self) -> None:
         assert self.sock is not None
-        data = self.sock.recv(65536)
+        try:
+            data = self.sock.recv(65536)
+        except OSError as e:  # a timeout, or the daemon went away mid-answer
+            self.close()
+            raise DaemonError("SandboxError", f"shoald at {self.path} stopped answering: {e}") from None
         if not data:
             raise DaemonError("SandboxError", f"shoald at {self.path} closed the connection")
         self.buf += data
@@ -297,6 +301,15 @@ class Connection:
         return loads(data.decode()) if data else None
 
 
+_SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+
+
+def quote(segment: str) -> str:
+    """Percent-encode one URL path segment (what urllib.parse.quote(s, safe="") gives, without
+    importing it): a sandbox id typed by a user cannot break the request line."""
+    return "".join(chr(b) if b in _SAFE else f"%{b:02X}" for b in segment.encode("utf-8", "surrogateescape"))
+
+
 def _error(status: int, data: bytes) -> DaemonError:
     try:
         err = loads(data.decode(errors="replace"))["error"]
@@ -324,7 +337,7 @@ def sse_events(chunks):
 def stream_exec(conn: Connection, sandbox_id: str, body: dict, on_stdout, on_stderr) -> dict:
     """POST …/exec?stream=true: output to the callbacks as it comes; returns the result (ExecResult JSON)."""
     timeout = body.get("timeout")
-    status, headers, chunks = conn.request("POST", f"/v1/sandboxes/{sandbox_id}/exec?stream=true", body,
+    status, headers, chunks = conn.request("POST", f"/v1/sandboxes/{quote(sandbox_id)}/exec?stream=true", body,
                                            timeout=None if timeout is None else timeout + 30)
     if status >= 400:
         raise _error(status, b"".join(chunks))
@@ -373,7 +386,7 @@ def run_fast(command: str, opts: dict, conn: Connection) -> int:
         else:
             if not done:  # an interrupted stream leaves unread bytes: remove it on a fresh connection
                 conn.close()
-            conn.call("DELETE", f"/v1/sandboxes/{sandbox_id}")
+            conn.call("DELETE", f"/v1/sandboxes/{quote(sandbox_id)}")
 
 
 def daemon_connection(opts: dict) -> Connection | None:

@@ -205,11 +205,21 @@ def test_detach_exec_and_kill_through_the_daemon(daemon, base_image, root):
     assert r.returncode == 2 and r.stderr.startswith("error:") and "killed" in r.stderr
 
 
+def test_quote_is_urllib_quote():
+    from urllib.parse import quote
+
+    for seg in ("sb-host-0123abcd", "a b/c?d#e%f", "x\r\nHost: evil", "caf\u00e9", "\udcff", ""):
+        assert cli_fast.quote(seg) == quote(seg, safe="", errors="surrogateescape")
+
+
 def test_daemon_errors_are_one_line_and_status_2(daemon, base_image, root):
     r = subprocess.run(FAST + ["run", "no-such-image:9", "--", "true"], env=_env(root), capture_output=True,
                        text=True)
     assert r.returncode == 2 and r.stderr.startswith("error:") and "no-such-image:9" in r.stderr
     assert "Traceback" not in r.stderr
+    r = subprocess.run(FAST + ["exec", "sb-x/../../health?x=\r\nA: b", "--", "true"], env=_env(root),
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.startswith("error:") and "not found" in r.stderr.lower(), r.stderr
     for bad in ("-5", "0"):
         r = subprocess.run(FAST + ["run", "--memory-mb", bad, base_image, "--", "true"], env=_env(root),
                            capture_output=True, text=True)
