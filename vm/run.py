@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("SHOAL_VM_CACHE", "/var/cache/shoal-vm"))
 # the core functional and security subset: layers (loop path), sandbox lifecycle, limits, pause/resume,
 # snapshot/fork, escape probes; every committed security suite runs (others add files there)
-SUBSET = ["tests/functional/test_layers.py", "tests/functional/test_sandbox.py",
+SUBSET = ["tests/functional/test_layers.py", "tests/functional/test_cgroups.py", "tests/functional/test_sandbox.py",
           "tests/functional/test_snapshot_fork.py", "tests/security", "tests/badinput",
           # SWE tasks need the package registries to build their environments: the VM has no network
           "--ignore=tests/security/test_swe_tamper.py"]
@@ -116,7 +116,7 @@ def make_work_disk(dest: Path, tests: list[str], smoke: bool, accel: str) -> Pat
     used_mb = int(subprocess.run(["du", "-sm", str(stage)], check=True, capture_output=True,
                                  text=True).stdout.split()[0])
     subprocess.run(["mkfs.ext4", "-q", "-L", "shoalwork", "-d", str(stage), str(img), f"{used_mb + 1024}M"],
-                   check=True)
+                   check=True, stdout=subprocess.DEVNULL)
     shutil.rmtree(stage)
     return img
 
@@ -218,6 +218,7 @@ def main() -> int:
     t_built = time.monotonic()
     accel = args.accel
     if accel == "auto":
+        say("probing /dev/kvm with the guest kernel (up to 20 s)")
         accel = "kvm" if kvm_runs_guests(image) else "tcg"
         say(f"accelerator: {accel}" + ("" if accel == "kvm" else
                                        " (/dev/kvm missing, or it does not run this guest: software emulation)"))

@@ -38,9 +38,15 @@ class CgroupDriver:
     parent: str = "shoal"
 
     @classmethod
-    def detect(cls, parent: str = "shoal") -> "CgroupDriver":
+    def detect(cls, parent: str = "shoal") -> CgroupDriver:
         controllers = CGROUP_ROOT / "cgroup.controllers"
-        if controllers.exists() and "memory" in controllers.read_text().split():
+        if controllers.exists():  # /sys/fs/cgroup is the unified (v2) hierarchy itself
+            have = set(controllers.read_text().split())
+            missing = {"memory", "pids", "cpu"} - have
+            if missing:
+                # e.g. a container whose cgroup was not delegated these controllers
+                raise BackendUnavailable(f"cgroup v2 at {CGROUP_ROOT} lacks controllers: {', '.join(sorted(missing))}"
+                                         f" (cgroup.controllers has: {' '.join(sorted(have)) or 'none'})")
             return cls(2, {c: CGROUP_ROOT for c in ("memory", "pids", "cpu", "freezer")}, parent)
         mounts: dict[str, Path] = {}
         with open("/proc/self/mountinfo") as f:
@@ -76,7 +82,16 @@ class CgroupDriver:
                 have = set((d / "cgroup.subtree_control").read_text().split())
                 want = {"memory", "pids", "cpu"} - have
                 if want:
-                    _write(d / "cgroup.subtree_control", " ".join(f"+{c}" for c in sorted(want)))
+                    try:
+                        _write(d / "cgroup.subtree_control", " ".join(f"+{c}" for c in sorted(want)))
+                    except OSError as e:
+                        # EBUSY: v2's "no internal processes" rule; /sys/fs/cgroup is then not the host's
+                        # root but a (container's) cgroup that holds processes itself
+                        hint = (" (it holds processes: v2 enables controllers only for cgroups without "
+                                "them; run shoal on the host or in a cgroup with delegated children)"
+                                if e.errno == errno.EBUSY else "")
+                        raise BackendUnavailable(f"cannot enable {' '.join(sorted(want))} in "
+                                                 f"{d / 'cgroup.subtree_control'}: {e.strerror}{hint}") from e
         else:
             for m in set(self.mounts.values()):
                 (m / self.parent).mkdir(exist_ok=True)
@@ -129,6 +144,13 @@ class CgroupDriver:
         return ok
 
     def _kill_all(self, d: Path) -> None:
+        # v2 (Linux >= 5.14): cgroup.kill SIGKILLs every task at once, forks in flight included
+        if self.version == 2 and (d / "cgroup.kill").exists():
+            try:
+                _write(d / "cgroup.kill", "1")
+                return
+            except OSError:
+                pass
         try:
             for pid in (d / "cgroup.procs").read_text().split():
                 try:
