@@ -9,7 +9,14 @@ import secrets
 import pytest
 
 from shoal.envs.swe import load_suite
-from shoal.envs.swe.grading import END, EXIT, PROTECTED_PATTERN, START, filter_patch, grade_run
+from shoal.envs.swe.grading import (
+    END,
+    EXIT,
+    PROTECTED_PATTERN,
+    START,
+    filter_patch,
+    grade_run,
+)
 from shoal.envs.swe.screen import screen_patch, screen_source
 from shoal.envs.swe.trusted import HERE, RunRecord, verify_record
 

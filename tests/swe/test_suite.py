@@ -10,6 +10,8 @@ import pytest
 from shoal.envs.swe import BUG_TYPES, SWETask, load_suite, task_sandbox, validate
 from shoal.errors import InvalidArgument
 
+from .gold import gold_reports
+
 pytestmark = pytest.mark.slow
 
 
@@ -37,8 +39,10 @@ def test_bad_suite_file_names_the_line(tmp_path):
 
 
 def test_every_bundled_task_is_valid(host, swe_tasks):
+    # gold patches through the full grader (screen, trusted runner, confirmation), once per session
+    gold, _ = gold_reports(host, swe_tasks)
     with ThreadPoolExecutor(2) as pool:
-        results = list(pool.map(lambda t: validate(host, t), swe_tasks))
+        results = list(pool.map(lambda t: validate(host, t, gold=gold[t.instance_id]), swe_tasks))
     bad = [r for r in results if not r["valid"]]
     assert not bad, bad[:3]
     assert {r["unpatched"] for r in results} == {"RESOLVED_NO"}

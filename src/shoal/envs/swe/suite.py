@@ -227,15 +227,16 @@ def _confirm(host: Host, task: SWETask, patch_text: str, record: RunRecord, rep:
                                   f"{failed[0][0]}: {failed[0][1]}")
 
 
-def validate(host: Host, task: SWETask, unpatched_runs: int = 1) -> dict:
+def validate(host: Host, task: SWETask, unpatched_runs: int = 1, gold: Report | None = None) -> dict:
     """A task is valid when every FAIL_TO_PASS test fails in the unpatched state (in each of
-    `unpatched_runs` runs: flaky tasks are caught) and the gold patch resolves it."""
+    `unpatched_runs` runs: flaky tasks are caught) and the gold patch resolves it. `gold`: the
+    gold patch's report when the caller already has it."""
     befores = [evaluate(host, task, None)[0] for _ in range(unpatched_runs)]
     before = max(befores, key=lambda r: r.f2p_passed)
-    after, log = evaluate(host, task, task.patch)
+    after, log = (gold, "") if gold is not None else evaluate(host, task, task.patch)
     ok = not before.resolved and before.f2p_passed == 0 and after.resolved
     return {"instance_id": task.instance_id, "valid": ok, "unpatched": before.status, "gold": after.status,
-            "gold_invalid": after.invalid, "log_tail": "" if ok else log[-1500:]}
+            "gold_invalid": after.invalid, "gold_reason": after.reason, "log_tail": "" if ok else log[-1500:]}
 
 
 def summary(tasks: list[SWETask]) -> dict:

@@ -2,7 +2,8 @@
 
 The grader layer (`GRADER_IMAGE`, a toolkit image built on `python:3.11`) holds
 /opt/shoal-grader/run.py (runner/run.py: the bootstrap and the pytest plugin) and its own copy of
-pytest and its dependencies, byte-compiled and read-only. Grading sandboxes compose it on top of
+pytest and pluggy (site/) and of pytest's other dependencies (deps/: iniconfig, packaging, which
+the tests must import from the project when the project is one of them), byte-compiled, read-only. Grading sandboxes compose it on top of
 the task layers; the agent's sandbox never has it.
 
 A run gets a fresh random key and record path on stdin. The record is a file of JSON lines,
@@ -34,13 +35,14 @@ GRADER_RECIPE = f"""
 FROM {PYTHON_IMAGE}
 LABEL shoal.role=toolkit
 COPY runner/run.py {GRADER_DIR}/run.py
-RUN --network=none set -e; mkdir -p {GRADER_DIR}/site; cd /usr/local/lib/python3.11/dist-packages; \\
-    cp -a pytest _pytest pluggy iniconfig packaging py.py pytest-*.dist-info pluggy-*.dist-info \\
-      iniconfig-*.dist-info packaging-*.dist-info {GRADER_DIR}/site/; \\
-    find {GRADER_DIR} -name __pycache__ -prune -exec rm -rf {{}} +; \\
-    python3 -I -m compileall -q {GRADER_DIR}; \\
-    python3 -I -S -c "import sys; sys.path.insert(0, '{GRADER_DIR}/site'); import pytest; \\
-assert pytest.__file__.startswith('{GRADER_DIR}/'), pytest.__file__"; \\
+RUN --network=none set -e; mkdir -p {GRADER_DIR}/site {GRADER_DIR}/deps; \
+    cd /usr/local/lib/python3.11/dist-packages; \
+    cp -a pytest _pytest pluggy py.py pytest-*.dist-info pluggy-*.dist-info {GRADER_DIR}/site/; \
+    cp -a iniconfig packaging iniconfig-*.dist-info packaging-*.dist-info {GRADER_DIR}/deps/; \
+    find {GRADER_DIR} -name __pycache__ -prune -exec rm -rf {{}} +; \
+    python3 -I -m compileall -q {GRADER_DIR}; \
+    python3 -I -S -c "import sys; sys.path[:0] = ['{GRADER_DIR}/site', '{GRADER_DIR}/deps']; import pytest; \
+assert pytest.__file__.startswith('{GRADER_DIR}/'), pytest.__file__"; \
     chmod -R a-w {GRADER_DIR}
 """
 

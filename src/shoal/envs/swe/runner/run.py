@@ -31,7 +31,8 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SITE = os.path.join(HERE, "site")
+SITE = os.path.join(HERE, "site")  # pytest, _pytest, pluggy
+DEPS = os.path.join(HERE, "deps")  # pytest's other dependencies: on sys.path only while pytest imports
 # bound now, before any code under test can replace them
 _dumps = json.dumps
 _write = os.write
@@ -295,7 +296,7 @@ class GraderPlugin:
 
 
 def _preimport_pytest() -> None:
-    sys.path.insert(0, SITE)
+    sys.path[:0] = [SITE, DEPS]
     import pkgutil
 
     import _pytest
@@ -307,6 +308,12 @@ def _preimport_pytest() -> None:
     for name in ("unittest", "unittest.mock", "doctest", "pdb", "json", "hmac", "inspect", "functools", "re",
                  "importlib.metadata", "pkgutil", "traceback", "warnings", "tempfile", "shlex", "argparse"):
         __import__(name)
+    # pytest keeps the copies of its dependencies it has imported (iniconfig, packaging); the tests
+    # must import their own: the project under test may be one of them (the iniconfig workspace)
+    sys.path.remove(DEPS)
+    for name, mod in list(sys.modules.items()):
+        if (getattr(mod, "__file__", None) or "").startswith(DEPS + "/"):
+            del sys.modules[name]
 
 
 def _add_site_dirs() -> list[str]:
