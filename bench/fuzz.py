@@ -57,7 +57,11 @@ def main() -> None:
             name = tc.get("name", "")
             outcome = "failed" if tc.find("failure") is not None or tc.find("error") is not None else \
                 "skipped" if tc.find("skipped") is not None else "passed"
-            cases.append({"name": name, "outcome": outcome, "seconds": round(float(tc.get("time", 0)), 2)})
+            case = {"name": name, "outcome": outcome, "seconds": round(float(tc.get("time", 0)), 2)}
+            bad = tc.find("failure") if tc.find("failure") is not None else tc.find("error")
+            if bad is not None:  # what failed: the request, the answer, a curl line to replay it
+                case["failure"] = (bad.get("message", "") + "\n" + (bad.text or ""))[-3000:]
+            cases.append(case)
     fuzz_cases = [c for c in cases if c["name"].startswith("test_fuzzed")]  # tenant and admin routes
     ops = operations()
     count = {k: sum(c["outcome"] == k for c in fuzz_cases) for k in ("passed", "failed", "skipped")}

@@ -459,14 +459,35 @@ class ContainerRuntime(Runtime):
         # state dir, which a meta.json written afterwards would bring back as a zombie entry
         meta.update(ttl=ttl, idle_ttl=idle_ttl)
         self._write_meta(meta)
-        agent.set_lifetimes(self.sock_path(sandbox_id), sandbox_id, to_ms(ttl), to_ms(idle_ttl))
+        try:
+            agent.set_lifetimes(self.sock_path(sandbox_id), sandbox_id, to_ms(ttl), to_ms(idle_ttl))
+        except (OSError, SandboxError) as e:
+            self._raise_if_ended(sandbox_id, meta, e)
+            raise
+
+    def _raise_if_ended(self, sandbox_id: str, meta: dict, e: Exception) -> None:
+        """A control call failed (connection reset, empty reply): if the sandbox ended meanwhile (an
+        earlier short TTL, a kill), say so with SandboxNotFound instead of an internal error."""
+        if isinstance(e, SandboxNotFound):
+            raise e
+        deadline = time.monotonic() + 1.0
+        while _alive(meta.get("init_pid"), meta.get("init_start")):
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.01)
+        self._meta.pop(sandbox_id, None)
+        raise SandboxNotFound(self._gone_message(sandbox_id)) from None
 
     def touch(self, sandbox_id: str) -> None:
         """Count as activity for the idle TTL (used by file operations, which bypass init)."""
         meta = self._live_meta(sandbox_id)
         if meta.get("idle_ttl"):
             self.ensure_running(sandbox_id)
-            agent.ping(self.sock_path(sandbox_id), sandbox_id)
+            try:
+                agent.ping(self.sock_path(sandbox_id), sandbox_id)
+            except (OSError, SandboxError) as e:
+                self._raise_if_ended(sandbox_id, meta, e)
+                raise
 
     # ------------------------------------------------------------------ exec
     def env_for(self, sandbox_id: str, extra: dict[str, str] | None = None) -> dict[str, str]:
