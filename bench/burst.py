@@ -23,7 +23,8 @@ Each side writes its task file on the host inside the timed window. Measured per
 wall time, p50/p99 task latency, bytes written to the backing disk (/proc/diskstats, `sync` inside
 the window), storage growth (du of the Shoal root / Docker's data root), peak host memory used
 above the start (MemTotal - MemAvailable, sampled every 50 ms: tmpfs pages count, page cache
-does not) and the peak of anon + shmem memory in the side's cgroups. With --runs R (>= 3) the
+does not), the peak of anon + shmem memory in the side's cgroups, and the 1-minute load average
+at the start and end (the machine may be shared). With --runs R (>= 3) the
 JSON keeps every run and min/median/max per metric; ratios are taken per run (same run, same N).
 Also snapshot latency (1/10/100 MB of changes) for both uppers and fork(10)/fork(100).
 
@@ -149,6 +150,7 @@ class Window:
         subprocess.run(["sync"], check=False)
         self.w0 = sectors_written(self.dev)
         self.m0 = used_memory()
+        self.load0 = os.getloadavg()[0]  # how busy the shared machine was (others' jobs included)
         self.peak = self.m0
         self.cg_peak = 0
         self.stop = threading.Event()
@@ -169,6 +171,7 @@ class Window:
         self.sampler.join()
         self.written = sectors_written(self.dev) - self.w0
         self.peak_mem = self.peak - self.m0
+        self.load1 = os.getloadavg()[0]
 
 
 def progress() -> Progress:
@@ -396,6 +399,7 @@ def _metrics(n: int, w: Window, lat: list[float], fails: list[str], growth: int)
     return {"n": n, "wall_s": round(w.wall, 2), "p50_ms": round(statistics.median(ms), 1),
             "p99_ms": round(pct(ms, 0.99), 1), "bytes_written": w.written, "storage_growth": growth,
             "peak_mem_bytes": w.peak_mem, "peak_cg_mem_bytes": w.cg_peak, "failed": len(fails),
+            "loadavg_1m": [round(w.load0, 2), round(w.load1, 2)],
             "fail_examples": fails[:3]}
 
 
@@ -439,7 +443,8 @@ def bench_snapshot_fork(host: Host, base: str, ws: dict, runs: int) -> dict:
 # ------------------------------------------------------------------------------------------ report
 def aggregate(n: int, runs: dict[str, list[dict]]) -> dict:
     """Per side: every run, and min/median/max of each metric; ratios per run against shoal / shoal-disk."""
-    row: dict = {"n": n, "sides": {}, "ratios": {}}
+    row: dict = {"n": n, "sides": {}, "ratios": {},
+                 "loadavg_1m": spread([x for rs in runs.values() for r in rs for x in r["loadavg_1m"]])}
     for side, rs in runs.items():
         row["sides"][side] = {"runs": rs, "failed": sum(r["failed"] for r in rs),
                               **{m: spread([r[m] for r in rs]) for m in METRICS}}
