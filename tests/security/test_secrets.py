@@ -33,7 +33,7 @@ def test_task_sandbox_cannot_read_logs_queue_answers_or_other_uppers(host, few_t
     queue = EpisodeQueue(tmp_path / "queue.db")
     queue.submit([task.instance_id], {"kind": "oracle", "tag": token})
     for db in ("queue.db", "traj.db"):  # sqlite in WAL mode: the token is in the db or its log
-        assert any(token.encode() in p.read_bytes() for p in tmp_path.glob(f"{db}*")), db
+        assert any(token.encode() in p.read_bytes() for p in tmp_path.glob(f"{db}*") if p.is_file()), db
     suite = Path(swe_pkg.__file__).parent / "suite.jsonl"
     assert task.FAIL_TO_PASS[0] in suite.read_text() and json.dumps(task.patch)[1:40] in suite.read_text()
     settings = host.settings
@@ -45,7 +45,7 @@ def test_task_sandbox_cannot_read_logs_queue_answers_or_other_uppers(host, few_t
         assert other_upper.read_text() == f"not yours {token}"  # the path is right: the host can read it
         targets = [*tmp_path.glob("traj.db*"), *tmp_path.glob("queue.db*"), suite, settings.db_path, other_upper,
                    settings.sandboxes_dir / other.id / "meta.json", settings.root / "admin.key"]
-        targets = [str(t) for t in targets if Path(t).exists()]
+        targets = [str(t) for t in targets if Path(t).is_file()]
         assert len(targets) >= 6
         with Sandbox.create(task.base_image, layers=[task.base_commit, task.image, probe_layer], root=settings.root,
                             **TASK_LIMITS) as sb:
