@@ -8,8 +8,20 @@ cg_fs=$(stat -fc %T /sys/fs/cgroup)
 echo "SHOAL-VM: kernel $(uname -r), /sys/fs/cgroup is $cg_fs, controllers: $(cat /sys/fs/cgroup/cgroup.controllers 2>/dev/null)"
 echo "SHOAL-VM: this process's cgroup: $(cat /proc/self/cgroup)"
 echo "SHOAL-VM: $(systemctl --version | head -1), $(nproc) CPUs, $(awk '/MemTotal/ {print int($2/1024)}' /proc/meminfo) MiB"
-/opt/shoal-venv/bin/python - > "$OUT/facts.json" <<'PY'
-import json, os, platform, subprocess
+PYTHONPATH=/shoal/src /opt/shoal-venv/bin/python - > "$OUT/facts.json" <<'PY'
+import errno, json, os, platform, subprocess, tempfile
+from pathlib import Path
+from shoal.layers import erofs
+# what this kernel answers to a file-backed EROFS mount (the new mount API with a file as source)
+with tempfile.TemporaryDirectory() as t:
+    (Path(t) / "src").mkdir(); (Path(t) / "mnt").mkdir()
+    erofs.build_image(Path(t) / "src", Path(t) / "img")
+    try:
+        erofs.mount_file_backed(Path(t) / "img", Path(t) / "mnt")
+        erofs.unmount(Path(t) / "mnt")
+        file_backed = "supported"
+    except OSError as e:
+        file_backed = f"refused: {errno.errorcode.get(e.errno, e.errno)} ({e})"
 cg = open("/proc/self/cgroup").read().strip()
 print(json.dumps({
     "kernel": platform.release(),
@@ -20,8 +32,10 @@ print(json.dumps({
     "systemd": subprocess.run(["systemctl", "--version"], capture_output=True, text=True).stdout.splitlines()[0],
     "python": platform.python_version(),
     "nproc": os.cpu_count(),
+    "file_backed_erofs": file_backed,
 }))
 PY
+echo "SHOAL-VM: file-backed EROFS: $(/opt/shoal-venv/bin/python -c 'import json; print(json.load(open("/shoal/.vm-out/facts.json"))["file_backed_erofs"])')"
 if [ "$(cat /shoal/.vm-in/mode)" = smoke ]; then
   [ "$cg_fs" = cgroup2fs ] || { echo "SHOAL-VM: expected the unified cgroup hierarchy"; exit 1; }
   echo "SHOAL-VM: smoke check passed"
