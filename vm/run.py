@@ -191,11 +191,16 @@ def junit_counts(xml: str) -> dict:
     suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
     counts = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")}
     counts["passed"] = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
-    failed = []
+    failed, skip_reasons = [], {}
     for case in root.iter("testcase"):
         if case.find("failure") is not None or case.find("error") is not None:
             failed.append(f"{case.get('classname')}::{case.get('name')}")
+        skip = case.find("skipped")
+        if skip is not None:
+            reason = skip.get("message", "").removeprefix("Skipped: ")
+            skip_reasons[reason] = skip_reasons.get(reason, 0) + 1
     counts["failed_tests"] = failed
+    counts["skipped_reasons"] = skip_reasons
     return counts
 
 
@@ -245,6 +250,8 @@ def main() -> int:
         return 2
     rc = int(rc_text.strip() or 2)
     result: dict = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                    "host": {"kernel": os.uname().release, "nproc": os.cpu_count(),
+                             "loadavg_at_end": os.getloadavg()[0]},
                     "accel": accel, "smp": args.smp, "mem_mb": args.mem,
                     "image_build_s": round(t_built - t_start, 1), "vm_run_s": round(vm_s, 1),
                     "total_s": round(time.monotonic() - t_start, 1), "exit_code": rc,
