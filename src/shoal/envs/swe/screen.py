@@ -17,6 +17,7 @@ from __future__ import annotations
 import ast
 import re
 import sys
+import threading
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -176,9 +177,16 @@ def _text_features(text: str) -> Counter:
     return out
 
 
+# CPython 3.11's AST constructor keeps a recursion counter that two threads parsing at once can
+# corrupt ("AST constructor recursion depth mismatch"); graders run evaluations in threads
+_PARSE_LOCK = threading.Lock()
+
+
 def _parse(text: str) -> Counter | None:
     try:
-        return _features(ast.parse(text))
+        with _PARSE_LOCK:
+            tree = ast.parse(text)
+        return _features(tree)
     except (SyntaxError, ValueError):
         return None
 
