@@ -462,7 +462,8 @@ def _spread(r: dict) -> str:
 
 def comparison_rows(res: dict) -> list[list[str]]:
     """The README's comparison table, one line per side: comparison, side, what runs, p50, p99,
-    p50 min–max over runs, how much faster Shoal is (p50 over all samples; min–max of the per-run ratio)."""
+    p50 min–max over runs, how much faster Shoal is (the ratio of the p50s over all samples, then the
+    min–max of the per-run ratios, which need not bracket it)."""
     rows, comps = res["rows"], res["comparisons"]
     out = []
     for name in (n for n in ORDER if n in comps):
@@ -470,7 +471,7 @@ def comparison_rows(res: dict) -> list[list[str]]:
         a, b = rows[c["shoal"]], rows[c["peer"]]
         sp = c["speedup_p50"]
         how = (f"**{sp:.2f}×**" if sp >= 1 else f"{sp:.2f}× (Shoal {1 / sp:.1f}× slower)") + \
-            f" ({c['speedup_p50_min']:.2f}–{c['speedup_p50_max']:.2f})"
+            f" (per run {c['speedup_p50_min']:.2f}–{c['speedup_p50_max']:.2f})"
         peer = "Docker" if c["peer"].endswith("docker") else "runc"
         out.append([c["title"], "Shoal", a["label"], _ms(a["p50_ms"]), _ms(a["p99_ms"]), _spread(a), how])
         out.append(["", peer, b["label"], _ms(b["p50_ms"]), _ms(b["p99_ms"]), _spread(b), ""])
@@ -509,7 +510,8 @@ def readme_section(res: dict) -> str:
              f"`{res['command']}` (JSON in `bench/results/startup.json`). Every sample runs `true` in a new "
              "sandbox or container made from the same busybox rootfs, network off, and removes it. All rows "
              f"run interleaved in the same run (one sample of each per round), {cfg['runs']} runs of {cfg['n']} "
-             "rounds; p50 and p99 are over all samples, the spread is the min–max of the per-run p50. Other "
+             "rounds; p50 and p99 are over all samples, the spread is the min–max of the per-run p50, and "
+             "\"Shoal faster\" is the ratio of the two p50s, then the min–max of the per-run ratios. Other "
              "work shared this 2-core machine during the run" + (
                  f" (1-minute load average {h['loadavg_1m_before']} before, {h['loadavg_1m_after']} after)"
                  if "loadavg_1m_before" in h else "") + ", so absolute figures move between runs; the ratios, "
