@@ -41,6 +41,8 @@ if [ "$(cat /shoal/.vm-in/mode)" = smoke ]; then
   echo "SHOAL-VM: smoke check passed"
   exit 0
 fi
+# the kernel's own console lines (OOM kills the tests provoke) would interleave with pytest's; dmesg keeps them
+dmesg -n 1
 mapfile -t sel < /shoal/.vm-in/tests
 echo "SHOAL-VM: pytest ${sel[*]}"
 # SHOAL_VM_ACCEL: what vm/pytest_vm.py skips under TCG; shoald's start is slow under emulation
