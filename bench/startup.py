@@ -37,6 +37,7 @@ import compileall
 import json
 import os
 import platform
+import resource
 import shutil
 import signal
 import statistics
@@ -388,21 +389,42 @@ def make_samplers(shoal_sock: Path, proc_root: Path, docker_env: dict | None, do
     return out
 
 
-def interleaved(samplers: dict[str, Callable[[], None]], n: int, runs: int, warmup: int = 5) -> dict:
-    """One sample of every row per round, the order rotated each round; `runs` runs of n rounds."""
+def cpu_here() -> float:
+    """CPU seconds of this process and of the children it has waited for (the fresh CLI processes,
+    shoal-init launchers of in-process creates)."""
+    a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
+
+
+def cpu_of(pid: int) -> float:
+    """CPU seconds of a process and its waited-for children (shoald: its handlers and launchers)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def interleaved(samplers: dict[str, Callable[[], None]], n: int, runs: int, warmup: int = 5,
+                daemon_pid: int | None = None) -> dict:
+    """One sample of every row per round, the order rotated each round; `runs` runs of n rounds.
+    Beside wall time, the CPU each sample cost here (client side) and in shoald (its mean: /proc
+    counts in clock ticks), which the machine's load inflates far less than wall time."""
     keys = list(samplers)
     for _ in range(warmup):
         for k in keys:
             samplers[k]()
     per_run: dict[str, list[list[float]]] = {k: [] for k in keys}
+    cpu = {k: 0.0 for k in keys}
+    dcpu = {k: 0.0 for k in keys}
     for run in range(runs):
         times: dict[str, list[float]] = {k: [] for k in keys}
         for i in range(n):
             order = keys[i % len(keys):] + keys[:i % len(keys)]
             for k in order:
+                c0, d0 = cpu_here(), cpu_of(daemon_pid) if daemon_pid else 0.0
                 t0 = time.perf_counter()
                 samplers[k]()
                 times[k].append(time.perf_counter() - t0)
+                cpu[k] += cpu_here() - c0
+                dcpu[k] += (cpu_of(daemon_pid) - d0) if daemon_pid else 0.0
         for k in keys:
             per_run[k].append(times[k])
         console.print(f"run {run + 1}/{runs}: " + ", ".join(
@@ -412,7 +434,9 @@ def interleaved(samplers: dict[str, Callable[[], None]], n: int, runs: int, warm
         every = [x for r in per_run[k] for x in r]
         p50s = [round(statistics.median(r) * 1000, 3) for r in per_run[k]]
         out[k] = {**summary(every), "p50_runs_ms": p50s, "p50_min_ms": min(p50s),
-                  "p50_median_ms": round(statistics.median(p50s), 3), "p50_max_ms": max(p50s)}
+                  "p50_median_ms": round(statistics.median(p50s), 3), "p50_max_ms": max(p50s),
+                  "cpu_here_ms_mean": round(cpu[k] / len(every) * 1000, 2),
+                  "cpu_shoald_ms_mean": round(dcpu[k] / len(every) * 1000, 2)}
     return out
 
 
@@ -534,6 +558,14 @@ def readme_section(res: dict) -> str:
             f"{rows[k]['label']} p50 {_ms(rows[k]['p50_ms'])} ({_spread(rows[k])})" for k in ctx) + ". "
             "The runtime row's Shoal side is mostly these imports; Shoal's runtime itself is the in-process "
             "SDK row."]
+    if "cpu_here_ms_mean" in rows.get("cli_shoal", {}):
+        c = {k: rows[k] for k in ("cli_shoal", "cli_docker", "sdk_shoal", "python_start") if k in rows}
+        lines += ["", "CPU per sample, mean (load inflates it far less than wall time): `shoal run` "
+                  f"{c['cli_shoal']['cpu_here_ms_mean']:.1f} ms in the CLI process (the bare interpreter: "
+                  f"{c['python_start']['cpu_here_ms_mean']:.1f} ms) + {c['cli_shoal']['cpu_shoald_ms_mean']:.1f} ms "
+                  "in shoald (create, streamed exec, delete; the sandbox's own processes not counted)" +
+                  (f"; `docker run` {c['cli_docker']['cpu_here_ms_mean']:.1f} ms in the docker CLI (dockerd, "
+                   "containerd and the shim not counted)" if "cli_docker" in c else "") + "."]
     lines += ["", f"Versions: Shoal {v['shoal']}, Python {v['python']}, "
               f"Docker engine {v.get('docker_server') or 'n/a'} "
               f"(CLI {v.get('docker_cli') or 'n/a'}, Python SDK `docker` {v.get('docker_sdk') or 'n/a'}), "
@@ -665,7 +697,7 @@ def main() -> None:
             res["versions"]["runc"] = version(["runc", "--version"])
         samplers = make_samplers(shoald.sock, root_p, docker_env, docker_cli, bundle)
         res["host"]["loadavg_1m_before"] = round(os.getloadavg()[0], 2)
-        rows = interleaved(samplers, args.n, args.runs)
+        rows = interleaved(samplers, args.n, args.runs, daemon_pid=shoald.proc.pid)
         res["host"]["loadavg_1m_after"] = round(os.getloadavg()[0], 2)  # others' work on the machine
         for key, r in rows.items():
             r.update(label=ROWS[key][2], includes=ROWS[key][3],
