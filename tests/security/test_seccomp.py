@@ -130,7 +130,7 @@ def test_ptrace_and_memory_reads_of_host_and_sibling_processes_fail(root, base_i
 
 WORKLOAD = r"""
 set -e
-python3 - <<'PY'
+cat > /tmp/mp.py <<'PY'
 import asyncio, multiprocessing as mp, os, socket, sqlite3, subprocess, tempfile, threading
 
 def square(x):
@@ -149,6 +149,7 @@ if __name__ == "__main__":
     subprocess.run(["true"], check=True)
     print("python ok")
 PY
+python3 /tmp/mp.py
 cd /tmp && rm -rf w && mkdir w && cd w
 git init -q repo && cd repo && echo a > a && git add a && git -c user.email=a@b -c user.name=n commit -qm a
 git checkout -qb b && echo b >> a && git -c user.email=a@b -c user.name=n commit -qam b && git gc -q && cd ..
