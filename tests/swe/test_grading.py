@@ -1,7 +1,18 @@
 """SWE-bench grading rules on real pytest -rA logs, and the patch filter that protects the tests."""
 from __future__ import annotations
 
-from shoal.envs.swe.grading import END, EXIT, START, filter_patch, grade, parse_log, split_patch
+import pytest
+
+from shoal.envs.swe.grading import (
+    END,
+    EXIT,
+    START,
+    filter_patch,
+    grade,
+    malformed_patch,
+    parse_log,
+    split_patch,
+)
 
 F2P = ["tests/test_a.py::test_fixed"]
 P2P = ["tests/test_a.py::test_kept", "tests/test_b.py::test_other[1]"]
@@ -107,3 +118,33 @@ def test_plain_diff_without_git_headers_is_split_too():
     plain = "--- a/m.py\n+++ b/m.py\n@@ -1 +1 @@\n-a\n+b\n--- a/test_m.py\n+++ b/test_m.py\n@@ -1 +1 @@\n-c\n+d\n"
     kept, dropped = filter_patch(plain)
     assert dropped == ["test_m.py"] and kept.startswith("--- a/m.py") and "+d" not in kept
+
+
+def test_a_traditional_section_after_a_git_section_is_its_own_section():
+    # red team A3: the second section used to be folded into the first
+    mixed = GIT_PATCH.split("diff --git a/tests")[0] + "--- a/tests/t.py\n+++ b/tests/t.py\n@@ -1 +1 @@\n-a\n+b\n"
+    assert [p for p, _ in split_patch(mixed)] == ["pkg/core.py", "tests/t.py"]
+    assert filter_patch(mixed)[1] == ["tests/t.py"]
+
+
+def test_hunk_bodies_are_not_read_as_headers():
+    # a removed line "-- x" and an added "++ y" look like a ---/+++ pair; hunk counts say they are body
+    p = "--- a/m.py\n+++ b/m.py\n@@ -1,2 +1,2 @@\n--- x\n+++ y\n a\n"
+    assert [p for p, _ in split_patch(p)] == ["m.py"] and malformed_patch(p) == ""
+
+
+@pytest.mark.parametrize("ch", ["\r", "\v", "\f", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"])
+def test_line_separators_in_header_lines_are_malformed(ch):
+    # red team A4: str.splitlines() splits at these, git does not
+    p = f"--- a/tests/t.py{ch}+++ b/m.py\n+++ b/tests/t.py\n@@ -1 +1 @@\n-a\n+b\n"
+    assert malformed_patch(p).startswith("control character")
+    # inside a hunk body they are file content (a CRLF file)
+    assert malformed_patch(f"--- a/m.py\n+++ b/m.py\n@@ -1 +1 @@\n-a{ch}\n+b{ch}\n") == ""
+
+
+def test_quoted_paths_are_malformed():
+    # red team A1/A2: git unquotes C-quoted paths, the filter did not
+    for p in ('--- "a/test_m.py"\n+++ "b/test_m.py"\n@@ -1 +1 @@\n-a\n+b\n',
+              'diff --git "a/t.py" "b/t.py"\n--- a/t.py\n+++ b/t.py\n@@ -1 +1 @@\n-a\n+b\n'):
+        assert malformed_patch(p) == "quoted path in a header line"
+    assert malformed_patch(GIT_PATCH) == ""

@@ -242,25 +242,86 @@ def grade_run(log: str, record, fail_to_pass: list[str], pass_to_pass: list[str]
     return rep
 
 
+_HUNK = re.compile(r"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
+# characters str.splitlines() (and so a naive parser) breaks lines at but git does not
+_BAD_CHARS = re.compile("[\r\v\f\x1c\x1d\x1e\x85\u2028\u2029\x00]")
+_PATH_HEADERS = ("diff --git ", "--- ", "+++ ", "rename from ", "rename to ", "copy from ", "copy to ")
+
+
+def _lines(patch: str) -> list[tuple[str, bool]]:
+    """(line with its newline, whether it is a header line: outside every hunk body), split at
+    "\n" only and counting hunk lines the way `git apply` does."""
+    out: list[tuple[str, bool]] = []
+    old = new = 0
+    for line in patch.split("\n"):
+        line += "\n"
+        if old > 0 or new > 0:
+            out.append((line, False))
+            c = line[0] if line != "\n" else " "
+            if c == " ":
+                old, new = old - 1, new - 1
+            elif c == "-":
+                old -= 1
+            elif c == "+":
+                new -= 1
+            elif c != "\\":
+                old = new = 0  # not a hunk line: the hunk ended early (git would reject the patch)
+                out[-1] = (line, True)
+            continue
+        m = _HUNK.match(line)
+        if m:
+            old, new = int(m.group(1) or 1), int(m.group(2) or 1)
+        out.append((line, not (line.startswith("\\") and out and not out[-1][1])))
+    if out:
+        out[-1] = (out[-1][0][:-1], out[-1][1])
+        if not out[-1][0]:
+            out.pop()
+    return out
+
+
+def malformed_patch(patch: str) -> str:
+    """Why a patch's header lines are not what git and this parser agree on ("" if they are): a
+    quoted (C-escaped) path, or a character a line parser could split at but git does not."""
+    for line, header in _lines(patch):
+        if not header or _HUNK.match(line):  # a hunk header's context is file text
+            continue
+        if _BAD_CHARS.search(line.rstrip("\n")):
+            return f"control character {_BAD_CHARS.search(line).group(0)!r} in a header line"
+        if line.startswith(_PATH_HEADERS) and '"' in line:
+            return "quoted path in a header line"
+    return ""
+
+
 def split_patch(patch: str) -> list[tuple[str, str]]:
-    """A unified diff as [(path, section)] per file: split at `diff --git` headers (git's output) or,
-    in a plain diff, at each `--- ` line followed by `+++ `."""
-    lines = patch.splitlines(keepends=True)
-    git = any(line.startswith("diff --git ") for line in lines)
-    starts = [i for i, line in enumerate(lines)
-              if (line.startswith("diff --git ") if git else
-                  line.startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ "))]
+    """A unified diff as [(path, section)] per file: a section starts at a `diff --git` header or at
+    a `--- ` / `+++ ` pair that does not belong to the `diff --git` header before it. Lines are split
+    at "\n" only and hunk bodies are skipped by their line counts, as `git apply` reads a patch.
+    Not authoritative: the grader takes the paths a patch really touched from git (suite.py)."""
+    lines = _lines(patch)
+    starts: list[int] = []
+    in_git_header = False
+    for i, (line, header) in enumerate(lines):
+        if not header:
+            in_git_header = False
+            continue
+        if line.startswith("diff --git "):
+            starts.append(i)
+            in_git_header = True
+        elif line.startswith("--- ") and i + 1 < len(lines) and lines[i + 1][0].startswith("+++ "):
+            if not in_git_header:
+                starts.append(i)
+            in_git_header = False  # the pair closes the git header: a second pair is a new section
     if not starts:
         return []
-    sections = [lines[a:b] for a, b in zip(starts, starts[1:] + [len(lines)])]
+    sections = [[line for line, _ in lines[a:b]] for a, b in zip(starts, starts[1:] + [len(lines)])]
     return [s for s in (_section(sec) for sec in sections) if s[0]]
 
 
 def _section(lines: list[str]) -> tuple[str, str]:
     path = ""
     for line in lines:
-        if line.startswith("+++ ") or line.startswith("--- "):
-            p = line[4:].strip().split("\t")[0]
+        if line.startswith(("+++ ", "--- ")):
+            p = line[4:].rstrip("\n").split("\t")[0]
             if p != "/dev/null":
                 path = p[2:] if p[:2] in ("a/", "b/") else p
                 if line.startswith("+++ "):
@@ -269,6 +330,8 @@ def _section(lines: list[str]) -> tuple[str, str]:
             m = re.match(r"diff --git a/(\S+) b/(\S+)", line)
             if m:
                 path = m.group(2)
+        elif line.startswith("@@"):
+            break
     return path, "".join(lines)
 
 

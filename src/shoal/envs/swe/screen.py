@@ -211,17 +211,26 @@ def _module_name(path: str) -> tuple[str, int]:
 
 
 def screen_paths(path: str, section: str) -> list[Flag]:
-    """Rules over where a patch section writes and what kind of file it makes."""
+    """Rules over where a patch section writes and what kind of file it makes (from the patch text:
+    the grader's authoritative pass is `screen_changes`, over what git says the patch changed)."""
+    head = "\n".join(line for line in section.split("\n")[:8] if not line.startswith(("+", "-", " ")))
+    added = "new file mode" in head or "\n--- /dev/null" in f"\n{section}" or "rename to" in head
+    symlink = bool(re.search(r"^(new file mode|new mode|old mode) 120000", head, re.MULTILINE)) or \
+        "120000" in head.split("index ")[-1][:60]
+    binary = "GIT binary patch" in section or bool(re.search(r"^Binary files ", section, re.MULTILINE))
+    return path_flags(path, added=added, symlink=symlink, binary=binary)
+
+
+def path_flags(path: str, *, added: bool, symlink: bool, binary: bool) -> list[Flag]:
+    """Rules over where a patch writes and what kind of file it makes."""
     flags = []
     parts = path.split("/")
-    head = "\n".join(line for line in section.splitlines()[:8] if not line.startswith(("+", "-", " ")))
-    added = "new file mode" in head or "\n--- /dev/null" in f"\n{section}" or "rename to" in head
     base = parts[-1]
     if path.startswith("/") or ".." in parts or "\\" in path or parts[0] == ".git" or "" in parts:
         flags.append(Flag("path-traversal", path, "the path leaves the repository or enters .git"))
-    if re.search(r"^(new file mode|new mode|old mode) 120000", head, re.MULTILINE) or "120000" in head.split("index ")[-1][:60]:
+    if symlink:
         flags.append(Flag("symlink", path, "the patch makes a symbolic link"))
-    if "GIT binary patch" in section or re.search(r"^Binary files ", section, re.MULTILINE):
+    if binary:
         flags.append(Flag("binary-file", path, "the patch adds binary content"))
     if base.endswith(".pth"):
         flags.append(Flag("site-hook", path, ".pth files run code at interpreter start"))
@@ -254,4 +263,21 @@ def screen_patch(patch: str, sources: Callable[[str], tuple[str | None, str | No
                             if line.startswith("+") and not line.startswith("+++"))
             before, after = sources(path) if sources else (None, None)
             flags += screen_source(path, before, after, added)
+    return flags
+
+
+def screen_changes(changes, sources: Callable[[str], tuple[str | None, str | None]]) -> list[Flag]:
+    """Every flag for what git says a patch changed (suite.Change: path, status, old_mode,
+    new_mode, binary); `sources(path)` gives (before, after) text read from the repository."""
+    flags: list[Flag] = []
+    for c in changes:
+        if c.status == "D":
+            continue  # a deletion adds nothing (the path rules are about what a patch writes)
+        flags += path_flags(c.path, added=c.old_mode == "000000" or c.status == "T",
+                            symlink=c.new_mode == "120000", binary=c.binary)
+        if c.new_mode == "120000":
+            continue
+        before, after = sources(c.path)
+        if c.path.endswith(".py") or (after or "").startswith("#!") and "python" in (after or "").split("\n", 1)[0]:
+            flags += screen_source(c.path, before if c.old_mode != "000000" else "", after, after or "")
     return flags

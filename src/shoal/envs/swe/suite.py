@@ -7,7 +7,9 @@ only the changed source file plus a fresh one-commit git history.
 from __future__ import annotations
 
 import os
+import re
 import secrets
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...errors import BuildError, ImageNotFound, InvalidArgument, ShoalError
@@ -25,10 +27,10 @@ from .grading import (
     filter_patch,
     grade,
     grade_run,
+    malformed_patch,
     record_statuses,
-    split_patch,
 )
-from .screen import screen_patch
+from .screen import screen_changes, screen_patch
 from .task import SWETask
 from .trusted import (
     RUN,
@@ -117,12 +119,113 @@ CONFIRM_MAX = 3  # flipped tests re-run one by one per evaluation (a secret rand
 RECORD_MAX = 16 << 20
 
 
-def _apply(sb: Sandbox, task: SWETask, patch_text: str) -> tuple[bool, str]:
+@dataclass
+class Change:
+    """One path a patch changed, as git (not our parser) saw it after applying it."""
+    path: str
+    status: str  # git's: A added, D deleted, M modified, T type changed (e.g. file -> symlink)
+    old_mode: str
+    new_mode: str
+    binary: bool = False
+
+
+@dataclass
+class Applied:
+    ok: bool
+    err: str = ""
+    changes: list[Change] = field(default_factory=list)  # after protected paths were restored
+    restored: list[str] = field(default_factory=list)  # protected paths put back as in HEAD
+    malformed: str = ""  # why git's view could not be trusted
+
+
+_PROTECTED_RX = re.compile(PROTECTED_PATTERN)
+_GITP = ["git", "-c", "core.quotepath=off", "--literal-pathspecs"]
+
+
+def _git(sb: Sandbox, task: SWETask, *args: str, stdin: bytes | None = None):
+    return sb.commands.run([*_GITP, *args], cwd=task.repo_dir, stdin=stdin, timeout=60)
+
+
+def _numstat(out: str) -> tuple[list[str], set[str]]:
+    """(paths, binary paths) from `git apply --numstat -z` (a rename or copy gives both names)."""
+    paths: list[str] = []
+    binary: set[str] = set()
+    fields = out.split("\0")
+    i = 0
+    while i < len(fields):
+        if not fields[i]:
+            i += 1
+            continue
+        added, _, name = fields[i].split("\t", 2)
+        names = [name] if name else fields[i + 1:i + 3]
+        i += 1 if name else 3
+        paths += names
+        if added == "-":
+            binary.update(names)
+    return paths, binary
+
+
+def _raw(out: str) -> list[Change]:
+    """`git diff --raw -z --no-renames` as Changes."""
+    fields, out_ = out.split("\0"), []
+    for meta, path in zip(fields[::2], fields[1::2]):
+        if meta.startswith(":"):
+            old_mode, new_mode, _, _, status = meta[1:].split()[:5]
+            out_.append(Change(path, status[0], old_mode, new_mode))
+    return out_
+
+
+def _nul(paths: list[str]) -> bytes:
+    return b"".join(p.encode() + b"\0" for p in paths)
+
+
+def _apply(sb: Sandbox, task: SWETask, patch_text: str) -> Applied:
+    """`git apply` the patch, then ask git which paths changed (its own parse of the patch, and the
+    index against HEAD, ignored files included), and put every protected path back as it is in
+    HEAD: test files, conftest.py and pytest configuration are the task's, whatever the patch
+    said (SWE-bench's "test patch applied last"). Nothing of the repository runs here."""
     if not patch_text:
-        return True, ""
+        return Applied(True)
     sb.files.write("/tmp/model.patch", patch_text)
-    r = sb.commands.run(["git", "apply", "--whitespace=nowarn", "/tmp/model.patch"], cwd=task.repo_dir, timeout=60)
-    return r.exit_code == 0, r.stderr
+    r = _git(sb, task, "apply", "--numstat", "-z", "/tmp/model.patch")
+    if r.exit_code != 0:
+        return Applied(False, r.stderr)
+    touched, binary = _numstat(r.stdout)
+    r = _git(sb, task, "apply", "--whitespace=nowarn", "/tmp/model.patch")
+    if r.exit_code != 0:
+        return Applied(False, r.stderr)
+    if any("\ufffd" in p for p in touched):
+        return Applied(True, malformed="a path that is not UTF-8")
+    # stage everything git sees changed, and the patch's paths even where .gitignore hides them
+    for args, stdin in ((["add", "-A"], None),
+                        (["add", "-A", "-f", "--pathspec-from-file=-", "--pathspec-file-nul"], _nul(touched))):
+        if touched or stdin is None:
+            r = _git(sb, task, *args, stdin=stdin)
+            if r.exit_code != 0:
+                return Applied(True, malformed=f"git add failed: {r.stderr.strip()[:200]}")
+    changes = _raw(_git(sb, task, "diff", "--cached", "--raw", "-z", "--no-renames", "HEAD").stdout)
+    prot = [c for c in changes if _PROTECTED_RX.search(c.path)]
+    back = [c.path for c in prot if c.old_mode != "000000"]
+    new = [c.path for c in prot if c.old_mode == "000000"]
+    if back:
+        _git(sb, task, "restore", "--source=HEAD", "--staged", "--worktree", "--pathspec-from-file=-",
+             "--pathspec-file-nul", stdin=_nul(back))
+    if new:
+        _git(sb, task, "rm", "-q", "-r", "-f", "--pathspec-from-file=-", "--pathspec-file-nul", stdin=_nul(new))
+    # what is left must be exactly the unprotected changes, in the index and in the work tree
+    after = _raw(_git(sb, task, "diff", "--cached", "--raw", "-z", "--no-renames", "HEAD").stdout)
+    after += _raw(_git(sb, task, "diff", "--raw", "-z", "--no-renames").stdout)
+    still = sorted({c.path for c in after if _PROTECTED_RX.search(c.path)})
+    if new:
+        r = sb.commands.run(["sh", "-c", 'for p; do [ -e "$p" ] || [ -L "$p" ] && echo "$p"; done; true', "-", *new],
+                            cwd=task.repo_dir, timeout=30)
+        still += [p for p in r.stdout.splitlines() if p]
+    if still:
+        return Applied(True, malformed=f"a protected path could not be restored: {still[0]}")
+    for c in changes:
+        c.binary = c.path in binary
+    return Applied(True, changes=[c for c in changes if not _PROTECTED_RX.search(c.path)],
+                   restored=sorted(c.path for c in prot))
 
 
 def _sources(sb: Sandbox, task: SWETask, path: str) -> tuple[str | None, str | None]:
@@ -148,6 +251,12 @@ def _run_trusted(sb: Sandbox, task: SWETask, cfg: RunConfig, timeout: float, scr
     return r, verify_record(_read_record(sb, cfg.record), cfg.key)
 
 
+def _malformed(task: SWETask, why: str, dropped: list[str]) -> Report:
+    rep = grade("", task.FAIL_TO_PASS, task.PASS_TO_PASS)
+    rep.dropped_files = dropped
+    return rep.reject(f"malformed-patch: {why}", f"the patch cannot be read unambiguously: {why}")
+
+
 def _suspect(task: SWETask, flags, dropped: list[str]) -> Report:
     rep = grade("", task.FAIL_TO_PASS, task.PASS_TO_PASS)
     rep.flags, rep.dropped_files = [str(f) for f in flags], dropped
@@ -168,20 +277,25 @@ def evaluate(host: Host, task: SWETask, patch: str | None, timeout: float = 60, 
     if not patch or not patch.strip():
         patch_text, dropped = "", []
     else:
+        if why := malformed_patch(patch):
+            return _malformed(task, why, []), ""
         patch_text, dropped = filter_patch(patch)
     if screen and patch_text and (flags := screen_patch(patch_text, content=False)):
         return _suspect(task, flags, dropped), ""
-    changed = [p for p, _ in split_patch(patch_text)]
     # a TTL: if the grading process dies (a worker killed mid-grade), the sandbox does not outlive it
     with grader_sandbox(host, task, ttl=timeout + 120) as sb:
-        applied, err = _apply(sb, task, patch_text)
-        if not applied:
+        ap = _apply(sb, task, patch_text)
+        dropped = sorted(set(dropped) | set(ap.restored))
+        if not ap.ok:
             rep = grade_run("", RunRecord(), task.FAIL_TO_PASS, task.PASS_TO_PASS, patch_applied=False)
             rep.dropped_files = dropped
-            return rep, err
-        if screen and patch_text and (flags := screen_patch(patch_text, lambda p: _sources(sb, task, p),
-                                                            paths=False)):
+            return rep, ap.err
+        if ap.malformed:
+            return _malformed(task, ap.malformed, dropped), ""
+        # the screen reads what git says changed, and the files themselves, before anything runs
+        if screen and (flags := screen_changes(ap.changes, lambda p: _sources(sb, task, p))):
             return _suspect(task, flags, dropped), ""
+        changed = [c.path for c in ap.changes]
         cfg = pytest_config(task.repo_dir, task.test_cmd, PROTECTED_PATTERN)
         r, record = _run_trusted(sb, task, cfg, timeout, trusted_eval_script(START, END, EXIT))
         log = r.stdout + r.stderr
@@ -210,9 +324,9 @@ def _confirm(host: Host, task: SWETask, patch_text: str, record: RunRecord, rep:
         cfg = RunConfig(repo=task.repo_dir, protected=PROTECTED_PATTERN, mode=mode, nodeid=nodeid,
                         args=["-q", nodeid])
         with grader_sandbox(host, task, ttl=timeout + 120) as sb:
-            applied, _ = _apply(sb, task, patch_text)
-            if not applied:
-                failed.append((t, "patch did not apply"))
+            ap = _apply(sb, task, patch_text)
+            if not ap.ok or ap.malformed:
+                failed.append((t, "patch did not apply" if not ap.ok else ap.malformed))
                 continue
             _, rec = _run_trusted(sb, task, cfg, timeout)
         st = rec.status.get(nodeid)
