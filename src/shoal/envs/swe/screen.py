@@ -120,10 +120,10 @@ def _features(tree: ast.AST) -> Counter:
     for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
-            for m in mods:
-                top = m.split(".")[0]
+            for mod in mods:
+                top = mod.split(".")[0]
                 if top in MODULES:
-                    out[(MODULES[top], f"import {m}")] += 1
+                    out[(MODULES[top], f"import {mod}")] += 1
         elif isinstance(node, ast.Attribute):
             if node.attr in ATTRS:
                 out[(ATTRS[node.attr], f".{node.attr}")] += 1
