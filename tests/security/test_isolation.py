@@ -298,3 +298,13 @@ def test_files_api_list_stat_and_download_do_not_follow_planted_symlinks_out(san
             members = {m.name: m for m in tf}
         assert all(m.issym() or m.isdir() for m in members.values()), members
     assert {e.name for e in f.list("/tmp/t")} == {"abs", "rel", "file", "etc", "magic"}
+    # uploading into a planted directory link writes inside the sandbox, never into the host dir
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        for name in ("abs/evil.txt", "rel/evil.txt"):
+            ti = tarfile.TarInfo(name)
+            ti.size = 4
+            tf.addfile(ti, io.BytesIO(b"evil"))
+    with pytest.raises(FileOpError, match="No such file"):  # the link's target does not exist in the sandbox
+        f.upload("/tmp/t", buf.getvalue())
+    assert not (tmp_path / "evil.txt").exists()
