@@ -15,6 +15,7 @@ from shoal.envs.swe.grading import (
     PROTECTED_PATTERN,
     START,
     filter_patch,
+    grade,
     grade_run,
 )
 from shoal.envs.swe.screen import screen_patch, screen_source
@@ -177,3 +178,22 @@ def test_protected_pattern_is_what_the_runner_gets():
 
     assert re.compile(PROTECTED_PATTERN).search("tests/test_x.py")
     assert not re.compile(PROTECTED_PATTERN).search("pkg/mod.py")
+
+
+def test_xfail_and_skip_count_only_where_the_gold_run_had_them(tmp_path):
+    # red team B1/B2: library code called pytest.xfail(); SWE-bench would count the XFAIL as a pass
+    text, key = _record(tmp_path, [GOOD[0], GOOD[1], ("test", {"nodeid": F2P[0], "status": "XFAIL"}), *GOOD[3:]])
+    log = LOG.replace(f"PASSED {F2P[0]}", f"XFAIL {F2P[0]}").replace("2 passed", "1 passed, 1 xfailed")
+    rec = verify_record(text, key)
+    assert grade(log, F2P, P2P).resolved  # the log-only SWE-bench rules
+    assert grade_run(log, rec, F2P, P2P).status == "RESOLVED_NO"
+    assert grade_run(log, rec, F2P, P2P, expected={F2P[0]: "PASSED"}).status == "RESOLVED_NO"
+    assert grade_run(log, rec, F2P, P2P, expected={F2P[0]: "XFAIL"}).resolved
+    # a P2P test that passed with the gold patch and is skipped now is not maintained
+    text, key = _record(_sub(tmp_path, "p"), [*GOOD[:3], ("test", {"nodeid": P2P[0], "status": "SKIPPED"}), *GOOD[4:]])
+    log = LOG.replace(f"PASSED {P2P[0]}", f"SKIPPED {P2P[0]}").replace("2 passed", "1 passed, 1 skipped")
+    rec = verify_record(text, key)
+    assert grade(log, F2P, P2P).resolved
+    rep = grade_run(log, rec, F2P, P2P, expected={P2P[0]: "PASSED"})
+    assert rep.status == "RESOLVED_NO" and rep.p2p_passed == 0 and rep.f2p_passed == 1
+    assert grade_run(log, rec, F2P, P2P, expected={P2P[0]: "SKIPPED"}).resolved

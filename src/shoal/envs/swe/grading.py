@@ -11,9 +11,10 @@ is applied (SWE-bench gets the same effect by applying its test_patch last).
 
 `grade` reads a log alone (SWE-bench's way). `grade_run` is what Shoal's grader uses: per-test
 statuses come from the trusted runner's HMAC-chained record (trusted.py), and the log is only a
-cross-check. A Report's `reason` says why a run was not believed, in a machine-readable form:
+cross-check. It is stricter than SWE-bench: an XFAIL or SKIPPED status counts only where the gold
+patch's run gave the same status (`f2p_passed`, `p2p_maintained`). A Report's `reason` says why a run was not believed, in a machine-readable form:
 `patch-not-applied`, `tamper-suspect: <rule>`, `tampered`, `forged-output`, `incomplete`, `timeout`,
-`unconfirmed`, `no-tests-ran` (see docs/swe.md).
+`unconfirmed`, `no-tests-ran`, `malformed-patch: <what>` (see docs/swe.md).
 """
 from __future__ import annotations
 
@@ -191,19 +192,35 @@ def _category(status: str | None) -> str:
     return "pass" if status in PASS_STATES else "skip" if status == "SKIPPED" else "fail"
 
 
+def f2p_passed(status: str | None, expected: str | None) -> bool:
+    """A FAIL_TO_PASS test passes when it PASSED; XFAIL counts only where the gold patch's run
+    gave XFAIL too (code under test can call pytest.xfail(): red team B1/B2)."""
+    return status == "PASSED" or (status == "XFAIL" and expected == "XFAIL")
+
+
+def p2p_maintained(status: str | None, expected: str | None) -> bool:
+    """A PASS_TO_PASS test is maintained when it PASSED, or kept the very status it had in the gold
+    patch's run (XFAIL or SKIPPED there). Unlike SWE-bench, which ignores a SKIPPED P2P test, a test
+    that passed with the gold patch and is skipped or xfailed now is not maintained: the patch's
+    code can skip or xfail the tests it breaks."""
+    return status == "PASSED" or (status is not None and status == expected and status in PASS_STATES + ("SKIPPED",))
+
+
 def grade_run(log: str, record, fail_to_pass: list[str], pass_to_pass: list[str], *, patch_applied: bool = True,
               patch_exists: bool = True, changed: tuple[str, ...] | list[str] = (), repo_dir: str = "/work/repo",
-              timed_out: bool = False) -> Report:
+              timed_out: bool = False, expected: dict[str, str] | None = None) -> Report:
     """Grade a trusted run: statuses from the verified `record` (trusted.RunRecord), the log as a
     cross-check. `changed`: the repository paths the patch changed (config files among them that
-    pytest read mean the configuration was injected)."""
+    pytest read mean the configuration was injected). `expected`: log id -> status in the gold
+    patch's run (without it only PASSED counts)."""
     if not patch_applied:
         return grade("", fail_to_pass, pass_to_pass, patch_applied=False).reject("patch-not-applied",
                                                                                    "patch did not apply")
     log_rep = grade(log, fail_to_pass, pass_to_pass, patch_exists=patch_exists)
     status, shared, _ = record_statuses(record)
-    f2p_ok = [t for t in fail_to_pass if status.get(t) in PASS_STATES]
-    p2p_ok = [t for t in pass_to_pass if status.get(t) in PASS_STATES + ("SKIPPED",)]
+    expected = expected or {}
+    f2p_ok = [t for t in fail_to_pass if f2p_passed(status.get(t), expected.get(t))]
+    p2p_ok = [t for t in pass_to_pass if p2p_maintained(status.get(t), expected.get(t))]
     full_f2p, full_p2p = len(f2p_ok) == len(fail_to_pass), len(p2p_ok) == len(pass_to_pass)
     verdict = ("RESOLVED_FULL" if full_f2p and full_p2p else "RESOLVED_PARTIAL" if f2p_ok and full_p2p
                else "RESOLVED_NO")

@@ -6,9 +6,11 @@ only the changed source file plus a fresh one-commit git history.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import secrets
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,10 +22,10 @@ from ..workspaces import CATALOG, WorkspaceSpec
 from .grading import (
     END,
     EXIT,
-    PASS_STATES,
     PROTECTED_PATTERN,
     START,
     Report,
+    f2p_passed,
     filter_patch,
     grade,
     grade_run,
@@ -251,6 +253,33 @@ def _run_trusted(sb: Sandbox, task: SWETask, cfg: RunConfig, timeout: float, scr
     return r, verify_record(_read_record(sb, cfg.record), cfg.key)
 
 
+_gold: dict[tuple[str, str, str], dict[str, str]] = {}
+_gold_locks: dict[tuple[str, str, str], threading.Lock] = {}
+_gold_lock = threading.Lock()
+
+
+def gold_statuses(host: Host, task: SWETask, timeout: float = 60) -> dict[str, str]:
+    """Log id -> status of each FAIL_TO_PASS / PASS_TO_PASS test in a trusted run of the task's
+    gold patch: the reference an XFAIL or SKIPPED status is held to (grading.f2p_passed,
+    p2p_maintained). Computed once per host root and task in this process, when first needed."""
+    key = (str(host.settings.root), task.instance_id, hashlib.sha256(task.patch.encode()).hexdigest())
+    with _gold_lock:
+        lock = _gold_locks.setdefault(key, threading.Lock())
+    with lock:
+        if key not in _gold:
+            with grader_sandbox(host, task, ttl=timeout + 120) as sb:
+                ap = _apply(sb, task, task.patch)
+                if not ap.ok or ap.malformed:
+                    return {}
+                _, record = _run_trusted(sb, task, pytest_config(task.repo_dir, task.test_cmd, PROTECTED_PATTERN),
+                                         timeout)
+            if record.problem or record.tampered or record.end is None:
+                return {}  # not cached: the next grading tries again; meanwhile only PASSED counts
+            wanted = set(task.FAIL_TO_PASS) | set(task.PASS_TO_PASS)
+            _gold[key] = {t: st for t, st in record_statuses(record)[0].items() if t in wanted}
+        return _gold[key]
+
+
 def _malformed(task: SWETask, why: str, dropped: list[str]) -> Report:
     rep = grade("", task.FAIL_TO_PASS, task.PASS_TO_PASS)
     rep.dropped_files = dropped
@@ -299,22 +328,26 @@ def evaluate(host: Host, task: SWETask, patch: str | None, timeout: float = 60, 
         cfg = pytest_config(task.repo_dir, task.test_cmd, PROTECTED_PATTERN)
         r, record = _run_trusted(sb, task, cfg, timeout, trusted_eval_script(START, END, EXIT))
         log = r.stdout + r.stderr
+    # an XFAIL or SKIPPED status counts only where the gold patch's run has it too
+    status = record_statuses(record)[0]
+    expected = gold_statuses(host, task, timeout) if any(
+        status.get(t) in ("XFAIL", "SKIPPED") for t in task.FAIL_TO_PASS + task.PASS_TO_PASS) else {}
     rep = grade_run(log, record, task.FAIL_TO_PASS, task.PASS_TO_PASS, patch_exists=bool(patch_text),
-                    changed=changed, repo_dir=task.repo_dir, timed_out=r.timed_out)
+                    changed=changed, repo_dir=task.repo_dir, timed_out=r.timed_out, expected=expected)
     rep.dropped_files = dropped
     if confirm and rep.status != "RESOLVED_NO" and not rep.reason:
-        _confirm(host, task, patch_text, record, rep, confirm_max)
+        _confirm(host, task, patch_text, record, rep, confirm_max, expected)
     return rep, log
 
 
 def _confirm(host: Host, task: SWETask, patch_text: str, record: RunRecord, rep: Report, confirm_max: int,
-             timeout: float = 60) -> None:
+             expected: dict[str, str], timeout: float = 60) -> None:
     """Independent confirmation: each FAIL_TO_PASS test that flipped to pass runs again alone, in its
     own fresh sandbox and process, under the stdlib unittest runner when it is a TestCase test (else
     the trusted pytest runner on that one test id). The sample is drawn with the grader's secret
     randomness, so a patch cannot know which tests will be re-run."""
     status, _, raw = record_statuses(record)
-    flipped = [t for t in task.FAIL_TO_PASS if status.get(t) in PASS_STATES]
+    flipped = [t for t in task.FAIL_TO_PASS if f2p_passed(status.get(t), expected.get(t))]
     chosen = flipped if len(flipped) <= confirm_max else secrets.SystemRandom().sample(flipped, confirm_max)
     failed, runners = [], {"pytest": 0, "unittest": 0}
     for t in chosen:
@@ -331,7 +364,8 @@ def _confirm(host: Host, task: SWETask, patch_text: str, record: RunRecord, rep:
             _, rec = _run_trusted(sb, task, cfg, timeout)
         st = rec.status.get(nodeid)
         why = rec.problem or "; ".join(rec.tampered[:2]) or ("" if rec.end else "the run did not finish") or \
-            ("" if st in PASS_STATES else f"status {st or 'missing'}")
+            ("" if f2p_passed(st, (gold_statuses(host, task) if st == "XFAIL" else {}).get(t))
+             else f"status {st or 'missing'}")
         if why:
             failed.append((t, why))
     rep.confirmation = {"flipped": len(flipped), "checked": len(chosen), "confirmed": len(chosen) - len(failed),
