@@ -301,10 +301,11 @@ static void drop_capabilities(void) {
 #define SYS_futex_requeue 456
 #endif
 
-/* The seccomp allowlist: the calls ordinary workloads make (glibc, musl, Python, git, gcc, Node,
- * Go, apt/dpkg, pip, pytest). A call on neither list, including any the kernel adds later, answers
- * ENOSYS. Kept sorted; the filter sorts by number itself. Calls that still need a capability the
- * sandbox lacks (sethostname, chroot of a non-dir, ...) are left to the kernel's own checks. */
+/* The seccomp allowlist: the calls ordinary workloads make (strace of Python, gcc, git, pip, apt/dpkg,
+ * pytest, Node, the JVM, cargo/rustc and Perl finds nothing outside it). A call on neither list,
+ * including any the kernel adds later, answers ENOSYS. Kept sorted; the filter sorts by number
+ * itself. Calls that still need a capability the sandbox lacks (sethostname, ...) are left to the
+ * kernel's own checks. */
 static const int allowed_syscalls[] = {
     SYS_accept, SYS_accept4, SYS_bind, SYS_brk, SYS_cachestat, SYS_capget, SYS_capset, SYS_chdir,
     SYS_chroot, SYS_clock_getres, SYS_clock_gettime, SYS_clock_nanosleep, SYS_close, SYS_close_range,
