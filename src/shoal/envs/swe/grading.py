@@ -242,7 +242,7 @@ def grade_run(log: str, record, fail_to_pass: list[str], pass_to_pass: list[str]
     if injected:
         rep.tampered = [f"pytest read configuration the patch wrote: {p}" for p in injected]
         return rep.reject("tampered", rep.tampered[0])
-    if record.end is None:
+    if record.end is None or record.exit is None:  # the runner writes `exit` after its last checks
         if timed_out:
             return rep.reject("timeout", "the test run timed out")
         return rep.reject("incomplete", "the run ended before pytest finished its session (exit, crash or kill)")

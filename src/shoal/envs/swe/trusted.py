@@ -93,10 +93,11 @@ class RunRecord:
     end: dict | None = None
     exit: dict | None = None
     lines: int = 0
+    audit: list[str] = field(default_factory=list)  # what the runner's audit hook refused, as it happened
 
     @property
     def tampered(self) -> list[str]:
-        found = [*(self.end or {}).get("tampered", []), *(self.exit or {}).get("tampered", [])]
+        found = [*self.audit, *(self.end or {}).get("tampered", []), *(self.exit or {}).get("tampered", [])]
         return sorted(set(found), key=found.index)
 
     @property
@@ -145,6 +146,8 @@ def verify_record(text: str, key: str) -> RunRecord:
             rec.end = d
         elif kind == "exit":
             rec.exit = d
+        elif kind == "tamper":
+            rec.audit.append(str(d.get("what", "")))
     return rec
 
 

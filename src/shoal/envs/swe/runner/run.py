@@ -44,8 +44,8 @@ WATCHED_MODULES = (
     "_pytest.runner", "_pytest.reports", "_pytest.python", "_pytest.capture", "_pytest.terminal", "_pytest.main",
     "_pytest.outcomes", "_pytest.skipping", "_pytest.unittest", "_pytest.fixtures", "_pytest.nodes",
     "_pytest.config", "_pytest.logging", "_pytest.assertion.rewrite", "pluggy._hooks", "pluggy._callers",
-    "pluggy._manager", "pluggy._result", "builtins", "os", "sys", "json", "hmac", "unittest.case", "unittest.result",
-    "unittest.runner", "unittest.suite")
+    "pluggy._manager", "pluggy._result", "builtins", "os", "sys", "json", "hmac", "unittest", "unittest.case",
+    "unittest.result", "unittest.runner", "unittest.suite")
 WATCHED_PLUGINS = ("capturemanager", "terminalreporter", "runner", "python", "main", "skipping", "unittest",
                    "session", "funcmanage", "logging-plugin", "assertion")
 # hooks whose implementations decide or report a test's outcome
@@ -56,17 +56,43 @@ OUTCOME_HOOKS = ("pytest_runtest_protocol", "pytest_runtest_setup", "pytest_runt
                  "pytest_exception_interact", "pytest_unconfigure")
 
 
+def _encoder():
+    """A JSON encoder for the record that depends on nothing code under test can replace: module
+    globals (this file's, json's) are writable without an audit event, so everything it uses is
+    bound here, before that code runs."""
+    from _json import encode_basestring_ascii as quote  # C functions
+
+    def enc(obj, isinstance=isinstance, sorted=sorted, str=str, int_repr=int.__repr__, float_repr=float.__repr__,
+            dict=dict, list=list, tuple=tuple, bool=bool, int=int, float=float, join=",".join, quote=quote):
+        if obj is None:
+            return "null"
+        if obj is True or obj is False:
+            return "true" if obj is True else "false"
+        if isinstance(obj, int) and not isinstance(obj, bool):
+            return int_repr(obj)
+        if isinstance(obj, float):
+            return float_repr(obj)
+        if isinstance(obj, dict):
+            return "{" + join([quote(str.__str__(str(k))) + ": " + enc(obj[k]) for k in sorted(obj)]) + "}"
+        if isinstance(obj, (list, tuple, set, frozenset)):
+            return "[" + join([enc(v) for v in obj]) + "]"
+        return quote(str.__str__(str(obj)))
+
+    return enc
+
+
 def _channel(key: bytes, fd: int):
     """emit(kind, **data): one HMAC-chained JSON line to the record file."""
     from _hashlib import hmac_digest  # a C function: not patchable in place
 
     chain = [b"shoal-record-v1"]
+    enc, write, length = _encoder(), os.write, len  # closure cells: no module global is looked up
 
     def emit(kind: str, **data) -> None:
-        line = _dumps({"seq": len(chain), "kind": kind, **data}, sort_keys=True, default=str)
+        line = enc({"seq": length(chain), "kind": kind, **data})
         mac = hmac_digest(key, chain[-1] + line.encode(), "sha256")
         chain.append(mac)
-        _write(fd, (line + "\t" + mac.hex() + "\n").encode())
+        write(fd, (line + "\t" + mac.hex() + "\n").encode())
 
     return emit
 
@@ -74,7 +100,9 @@ def _channel(key: bytes, fd: int):
 class Provenance:
     """Which files may supply hooks, import hooks and test functions: the grader layer, the
     standard library and site directories (unchanged since the run started), and the files in
-    the repository that the patch filter protects (tests, conftest.py)."""
+    the repository that the patch filter protects (tests, conftest.py). A `<frozen ...>` file name
+    is believed only for code objects of the frozen modules loaded at start (`code_ok`): any code
+    object can be given that name (red team B5)."""
 
     def __init__(self, repo: str, protected: str, trusted_dirs: list[str], started: float):
         import re
@@ -83,23 +111,108 @@ class Provenance:
         self.protected = re.compile(protected)
         self.trusted = tuple(_realpath(d) + "/" for d in trusted_dirs if d)
         self.started = started
+        self._rp, self._st, self._paths = _realpath, _stat, {}
+        self.frozen: dict[int, object] = {}
+        self.add_frozen()
+
+    def add_frozen(self) -> None:
+        """Remember the code objects of every frozen module loaded now (`<frozen os>`, importlib)."""
+        import inspect
+
+        def walk(code):
+            if id(code) not in self.frozen:
+                self.frozen[id(code)] = code  # kept alive: an id is not reused
+                for c in code.co_consts:
+                    if inspect.iscode(c):
+                        walk(c)
+
+        for mod in list(sys.modules.values()):
+            if not _is_frozen(mod):
+                continue
+            for value in list(vars(mod).values()):
+                for v in [value, *(vars(value).values() if inspect.isclass(value) else ())]:
+                    v = getattr(v, "__func__", v)
+                    if isinstance(v, property):
+                        v = v.fget
+                    code = getattr(v, "__code__", None)
+                    if inspect.iscode(code) and code.co_filename.startswith("<frozen "):
+                        walk(code)
+
+    def code_ok(self, code) -> bool:
+        name = code.co_filename
+        if name.startswith("<frozen "):
+            return id(code) in self.frozen and self.frozen[id(code)] is code
+        return self.ok(name)
+
+    def obj_ok(self, obj) -> bool:
+        """Whether a function (or method, partial, property) comes from a trusted file."""
+        code = _code_of(obj)
+        if code is not None:
+            return self.code_ok(code)
+        mod = sys.modules.get(getattr(obj, "__module__", "") or "")
+        return mod is not None and self.module_ok(mod)
+
+    def class_ok(self, cls) -> bool:
+        """A class from a trusted module whose own methods are trusted code (a class can claim any
+        __module__)."""
+        mod = sys.modules.get(getattr(cls, "__module__", "") or "")
+        if mod is None or not self.module_ok(mod):
+            return False
+        if _is_frozen(mod) and vars(mod).get(getattr(cls, "__qualname__", "")) is not cls:
+            return False
+        codes = [_code_of(v) for v in list(vars(cls).values())]
+        return all(self.code_ok(c) for c in codes if c is not None)
+
+    def any_ok(self, obj) -> bool:
+        import inspect
+
+        if inspect.ismodule(obj):
+            return self.module_ok(obj)
+        if inspect.isclass(obj):
+            return self.class_ok(obj)
+        return self.obj_ok(obj)
+
+    def module_ok(self, mod) -> bool:
+        return _is_frozen(mod) or self.ok(getattr(mod, "__file__", None))
 
     def ok(self, filename: str | None) -> bool:
-        if not filename:
-            return False
-        if filename.startswith("<frozen "):
-            return True
-        if filename.startswith("<"):
-            return False  # exec'd or generated code
-        path = _realpath(filename)
+        if not filename or filename.startswith("<"):
+            return False  # exec'd or generated code (frozen code: `code_ok`)
+        path = self._paths.get(filename)
+        if path is None:
+            path = self._paths[filename] = self._rp(filename)
         try:
-            if _stat(path).st_mtime > self.started:
+            if self._st(path).st_mtime > self.started:
                 return False  # written while the run was going on
         except OSError:
             return False
         if path.startswith(self.repo):
             return bool(self.protected.search(path[len(self.repo):]))
         return path.startswith(self.trusted)
+
+
+def _is_frozen(mod) -> bool:
+    spec = getattr(mod, "__spec__", None)
+    return spec is not None and (getattr(spec, "origin", None) == "frozen" or
+                                 type(getattr(spec, "loader", None)).__name__ == "FrozenImporter")
+
+
+def _code_of(obj):
+    import functools
+    import inspect
+
+    fn = obj
+    for _ in range(10):
+        if isinstance(fn, functools.partial):
+            fn = fn.func
+        elif inspect.ismethod(fn) or isinstance(fn, (classmethod, staticmethod)):
+            fn = fn.__func__
+        elif isinstance(fn, property):
+            fn = fn.fget
+        else:
+            break
+    code = getattr(fn, "__code__", None)
+    return code if inspect.iscode(code) else None
 
 
 def _code_file(obj) -> str | None:
@@ -180,7 +293,7 @@ class Integrity:
                 now = _lookup(mod, attr)
                 # pytest's own plugins patch a few of these at configure time (legacypath): a change
                 # counts when the new object is not from the grader layer or the standard library
-                if now is not obj and (now is _MISSING or not self.prov.ok(_code_file(now))):
+                if now is not obj and (now is _MISSING or not self.prov.any_ok(now)):
                     found.append(f"{name}.{attr} replaced")
         if self.plugins:
             pm = self.pm
@@ -195,7 +308,7 @@ class Integrity:
                     continue
                 for impl in caller.get_hookimpls():
                     f = _code_file(impl.function)
-                    if not self.prov.ok(f):
+                    if not self.prov.obj_ok(impl.function):
                         found.append(f"hook {h} implemented in {f} ({impl.plugin_name})")
         # import hooks of the library are fine (six installs one); what loaded the test modules is not
         seen_mods: set[int] = set()
@@ -207,20 +320,139 @@ class Integrity:
             spec = getattr(mod, "__spec__", None)
             loader = getattr(spec, "loader", None) or getattr(mod, "__loader__", None)
             f = _class_file(type(loader)) if loader is not None else None
-            if not self.prov.ok(f):
+            if loader is None or not self.prov.class_ok(type(loader)):
                 found.append(f"test module {mod.__name__} loaded by {type(loader).__name__} from {f}")
         for hookname, getter in (("trace", sys.gettrace), ("profile", sys.getprofile)):
             fn = getter()
-            if fn is not None and not self.prov.ok(_code_file(fn)):
+            if fn is not None and not self.prov.obj_ok(fn):
                 found.append(f"sys.set{hookname} hook from {_code_file(fn)}")
         for item in items:
             fn = getattr(item, "obj", None)
             code = getattr(getattr(fn, "__func__", fn), "__code__", None)
             if codes is not None and item.nodeid in codes and codes[item.nodeid] is not code:
                 found.append(f"test function of {item.nodeid} replaced")
-            if code is not None and not self.prov.ok(code.co_filename):
+            if code is not None and not self.prov.code_ok(code):
                 found.append(f"test function of {item.nodeid} comes from {code.co_filename}")
         return sorted(set(found))[:50]
+
+
+# events code under test raises on the way to the runner's objects (red team B3-B6). ANY_CALLER:
+# suspect whatever the immediate caller when untrusted code is anywhere on the stack, or the event
+# comes from a thread other than the main one (a worker thread's stack shows only the stdlib).
+# CALLER: suspect when the Python code that raised it is untrusted.
+ANY_CALLER = frozenset({"gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._current_frames",
+                        "sys._current_exceptions", "sys.setprofile", "sys.settrace"})
+CALLER = frozenset({"sys._getframe", "code.__new__", "marshal.loads", "marshal.load", "function.__new__"})
+FRAME_ATTRS = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})  # those 3.11 audits
+# stdlib functions that hand their caller a frame: the caller that counts is theirs
+FRAME_HELPERS = (("inspect", "currentframe"), ("inspect", "stack"), ("traceback", "walk_stack"),
+                 ("logging", "currentframe"), ("traceback", "extract_stack"), ("traceback", "print_stack"))
+MAX_FINDINGS = 20
+
+
+def _audit_hook(prov: Provenance, record: str, findings: list[str]):
+    """The runner's own audit hook, installed before any code under test runs (hooks cannot be
+    removed). It refuses further audit hooks and records as tampering what the hacks that reached
+    the runner's objects needed: the garbage collector, other threads' frames, frames and code
+    objects made or read by untrusted code, ctypes, attribute writes on trusted functions and
+    classes from untrusted code, and opening the record or /proc/*/mem."""
+    import _thread
+    import inspect
+
+    getframe, get_ident, main_thread = sys._getframe, _thread.get_ident, _thread.get_ident()
+    busy: set[int] = set()
+    record_base = os.path.basename(record)
+    helpers = set()
+    for mod_name, fn in FRAME_HELPERS:
+        code = _code_of(vars(sys.modules[mod_name]).get(fn)) if mod_name in sys.modules else None
+        if code is not None:
+            helpers.add(code)
+    ctypes_dir = None
+    code_ok, obj_ok, class_ok = prov.code_ok, prov.obj_ok, prov.class_ok
+    isclass, ismodule, append, _len, _str, _isinstance = inspect.isclass, inspect.ismodule, findings.append, len, str, \
+        isinstance
+
+    def note(what: str) -> None:
+        if _len(findings) < MAX_FINDINGS and what not in findings:
+            append(what)
+
+    def where(frame) -> str:
+        return f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else "?"
+
+    def untrusted_on_stack(frame):
+        while frame is not None:
+            if not code_ok(frame.f_code):
+                return frame
+            frame = frame.f_back
+        return None
+
+    def hook(event: str, args) -> None:
+        nonlocal ctypes_dir
+        if event == "sys.addaudithook":
+            note("sys.addaudithook called: code under test tried to add an audit hook")
+            raise RuntimeError("audit hooks are reserved for the grader")
+        suspect_attr = event == "object.__getattr__" and args[1] in FRAME_ATTRS
+        suspect_set = event in ("object.__setattr__", "object.__delattr__")
+        if not (event in ANY_CALLER or event in CALLER or suspect_attr or suspect_set or event == "open" or
+                event == "compile" or event.startswith("ctypes.")):
+            return
+        me = get_ident()
+        if me in busy:
+            return
+        busy.add(me)
+        try:
+            if event == "open":
+                path = args[0]
+                if _isinstance(path, (str, bytes)):
+                    path = path.decode("utf-8", "replace") if _isinstance(path, bytes) else path
+                    if path.endswith(record_base) or (path.startswith("/proc/") and path.endswith("/mem")):
+                        note(f"open({path!r}) by {where(getframe(1))}")
+                return
+            try:
+                frame = getframe(1)  # the Python code that raised the event
+            except ValueError:
+                frame = None  # raised from C with no Python frame (a thread started in C)
+            other_thread = me != main_thread
+            if event.startswith("ctypes."):
+                # ctypes' own module code loading libraries is fine (importing ctypes does it)
+                if ctypes_dir is None and "ctypes" in sys.modules:
+                    ctypes_dir = os.path.dirname(getattr(sys.modules["ctypes"], "__file__", "") or "") + "/"
+                if event in ("ctypes.dlopen", "ctypes.dlsym") and ctypes_dir and frame is not None and \
+                        frame.f_code.co_filename.startswith(ctypes_dir) and code_ok(frame.f_code):
+                    return
+                bad = untrusted_on_stack(frame)
+                if bad is not None or other_thread:
+                    note(f"{event} with {where(bad or frame)} on the stack{' (not the main thread)' * other_thread}")
+                return
+            if event in ANY_CALLER:
+                bad = untrusted_on_stack(frame)
+                if bad is not None or other_thread:
+                    note(f"{event} with {where(bad or frame)} on the stack{' (not the main thread)' * other_thread}")
+                return
+            while frame is not None and frame.f_code in helpers:
+                frame = frame.f_back
+            if frame is None or code_ok(frame.f_code):
+                return
+            if event == "compile":
+                name = args[1]
+                name = name.decode("utf-8", "replace") if _isinstance(name, bytes) else _str(name or "")
+                if name.startswith("<frozen ") or prov.ok(name):
+                    note(f"compile() with the trusted file name {name!r} by {where(frame)}")
+            elif suspect_set:
+                target = args[0]
+                trusted = class_ok(target) if isclass(target) else (not ismodule(target) and obj_ok(target) and
+                                                                    _code_of(target) is not None)
+                if trusted:
+                    note(f"{event} {getattr(target, '__qualname__', type(target).__name__)}.{args[1]} "
+                         f"by {where(frame)}")
+            else:
+                note(f"{event}{'.' + args[1] if suspect_attr else ''} by {where(frame)}")
+        except Exception as e:  # noqa: BLE001 - a broken check is itself a finding
+            note(f"audit check of {event} failed: {type(e).__name__}")
+        finally:
+            busy.discard(me)
+
+    return hook
 
 
 def _status(report, prev: str | None) -> str | None:
@@ -243,9 +475,15 @@ def _status(report, prev: str | None) -> str | None:
     return prev
 
 
+ITEM_METHODS = ("runtest", "setup", "teardown")  # set on an instance, they replace what the item runs
+
+
 class GraderPlugin:
-    def __init__(self, emit, integrity: Integrity):
-        self.emit, self.integrity = emit, integrity
+    def __init__(self, emit, integrity: Integrity, findings: list[str]):
+        self.emit, self.integrity, self.findings = emit, integrity, findings
+        self.session = None
+        self.byid: dict[str, object] = {}
+        self.shape: dict[int, tuple] = {}
         self.status: dict[str, str] = {}
         self.unittest: set[str] = set()
         self.items: list = []
@@ -278,19 +516,50 @@ class GraderPlugin:
             self.codes[item.nodeid] = getattr(getattr(fn, "__func__", fn), "__code__", None)
             if type(item).__name__ == "TestCaseFunction":
                 self.unittest.add(item.nodeid)
+            # what collection set: the item's class and (pytest functions) the object it calls
+            self.shape[id(item)] = (type(item), vars(item).get("_obj", _MISSING))
+            self.byid[item.nodeid] = item
+        self.session = session
         self.emit("collected", n=len(self.items))
+
+    def check_items(self, items) -> list[str]:
+        """Items as collection left them: no instance runtest/setup/teardown, same class, same
+        function object; Session.items a plain list of the collected items (red team B3)."""
+        found = []
+        if self.session is not None:
+            now = vars(self.session).get("items")
+            if type(now) is not list:
+                found.append(f"session.items replaced by a {type(now).__name__}")
+            elif len(now) != len(self.items) or any(a is not b for a, b in zip(now, self.items)):
+                found.append("session.items changed after collection")
+        for item in items:
+            d = vars(item)
+            cls, obj = self.shape.get(id(item), (None, None))
+            for k in ITEM_METHODS:
+                if k in d:
+                    found.append(f"{item.nodeid}: instance attribute {k} set")
+            if type(item) is not cls:
+                found.append(f"{item.nodeid}: class changed to {type(item).__name__}")
+            elif type(item).__name__ == "Function" and d.get("_obj", _MISSING) is not obj:
+                found.append(f"{item.nodeid}: test function object replaced")
+        return found
 
     def pytest_runtest_logreport(self, report):
         st = _status(report, self.status.get(report.nodeid))
         if st is not None:
             self.status[report.nodeid] = st
+        item = self.byid.get(report.nodeid)
+        if item is not None and report.when != "setup":
+            for f in self.check_items([item]):
+                if f not in self.findings:
+                    self.findings.append(f)
         if report.when == "teardown":
             self.emit("test", nodeid=report.nodeid, status=self.status.get(report.nodeid, "ERROR"),
                       unittest=report.nodeid in self.unittest)
 
     def pytest_sessionfinish(self, session, exitstatus):
         self.finished = True
-        tampered = self.integrity.check(self.items, self.codes)
+        tampered = self.integrity.check(self.items, self.codes) + self.check_items(self.items) + list(self.findings)
         self.emit("end", exitstatus=int(exitstatus), tests=len(self.status), collect_errors=self.collect_errors,
                   tampered=tampered)
 
@@ -358,20 +627,28 @@ def _unittest_target(repo: str, nodeid: str):
     return getattr(mod, cls_name)(method)
 
 
-def run_unittest(cfg: dict, emit, integrity: Integrity) -> int:
-    """Confirmation under a different runner: one TestCase test through the stdlib unittest runner."""
-    import unittest
+def run_unittest(cfg: dict, emit, integrity: Integrity, findings: list[str]) -> int:
+    """Confirmation under a different runner: one TestCase test through the stdlib unittest runner.
+    The result class and its methods are bound before the test module (and the library) is
+    imported, and checked after the test ran (red team B4, B6)."""
+    import unittest.result
 
+    result_cls = unittest.result.TestResult
+    methods = {k: v for k, v in vars(result_cls).items() if callable(v)}
     nodeid = cfg["nodeid"]
     emit("config", runner="unittest", nodeid=nodeid)
     try:
         test = _unittest_target(cfg["repo"], nodeid)
     except Exception as e:  # noqa: BLE001 - the test could not be imported: an error, as pytest would report it
         emit("test", nodeid=nodeid, status="ERROR", unittest=True, why=repr(e)[:300])
-        emit("end", exitstatus=2, tests=1, collect_errors=1, tampered=integrity.check())
+        emit("end", exitstatus=2, tests=1, collect_errors=1, tampered=integrity.check() + list(findings))
         return 2
-    result = unittest.TestResult()
+    result = result_cls()
     test.run(result)
+    if type(result) is not result_cls:
+        findings.append(f"the TestResult's class changed to {type(result).__name__}")
+    findings += [f"TestResult.{k} set on the instance" for k in methods if k in vars(result)]
+    findings += [f"TestResult.{k} replaced" for k, v in methods.items() if vars(result_cls).get(k) is not v]
     if result.errors:
         st = "ERROR"
     elif result.failures or result.unexpectedSuccesses:
@@ -387,7 +664,7 @@ def run_unittest(cfg: dict, emit, integrity: Integrity) -> int:
     sys.stdout.write(f"{st} {nodeid}\n")
     emit("test", nodeid=nodeid, status=st, unittest=True)
     code = 0 if st in ("PASSED", "XFAIL", "SKIPPED") else 1
-    emit("end", exitstatus=code, tests=1, collect_errors=0, tampered=integrity.check())
+    emit("end", exitstatus=code, tests=1, collect_errors=0, tampered=integrity.check() + list(findings))
     return code
 
 
@@ -408,27 +685,45 @@ def main() -> int:
     else:
         import unittest  # noqa: F401
     site_dirs = _add_site_dirs()
+    import builtins
     import sysconfig
 
     trusted = [HERE, sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"], *site_dirs]
     prov = Provenance(cfg["repo"], cfg["protected"], trusted, started)
     os.chdir(cfg["repo"])
-    if mode == "unittest":
-        integrity = Integrity(prov)
-        return run_unittest(cfg, emit, integrity)
-    import pytest
-
-    os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     args = ["-p", "no:cacheprovider", "-o", "addopts=", *_trusted_entry_points(cfg["repo"]), *cfg["args"]]
     integrity = Integrity(prov)
-    plugin = GraderPlugin(emit, integrity)
-    emit("start", args=args, python=sys.version.split()[0])
-    code = pytest.main(args, plugins=[plugin])
-    if not plugin.finished:
-        emit("end", exitstatus=int(code), tests=len(plugin.status), collect_errors=plugin.collect_errors,
-             tampered=["pytest ended without finishing its session"])
-    emit("exit", code=int(code), tampered=integrity.check(plugin.items, plugin.codes))
-    return int(code)
+    findings: list[str] = []
+    # this file's globals and the builtins: writable by code under test without an audit event,
+    # compared at the end with code that looks up none of them
+    missing, int_, list_ = object(), int, list
+    watched = [(name, d, {k: v for k, v in d.items() if not k.startswith("__")})
+               for name, d in (("run.py", globals()), ("builtins", vars(builtins)))]
+    # before any code under test runs: hooks cannot be removed, and this one refuses others
+    sys.addaudithook(_audit_hook(prov, cfg["record"], findings))
+    plugin = None
+    if mode == "unittest":
+        code = run_unittest(cfg, emit, integrity, findings)
+    else:
+        import pytest
+
+        os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+        plugin = GraderPlugin(emit, integrity, findings)
+        emit("start", args=args, python=sys.version.split()[0])
+        code = pytest.main(args, plugins=[plugin])
+        if not plugin.finished:
+            emit("end", exitstatus=int(code), tests=len(plugin.status), collect_errors=plugin.collect_errors,
+                 tampered=["pytest ended without finishing its session"])
+    changed = [f"{name}.{k} replaced" for name, live, snap in watched for k in snap if live.get(k, missing) is not snap[k]]
+    try:
+        found = integrity.check(plugin.items, plugin.codes) if plugin is not None else integrity.check()
+        if plugin is not None:
+            found += plugin.check_items(plugin.items)
+    except BaseException as e:  # noqa: BLE001 - a check that cannot run is a finding, not a crash
+        found = [f"the integrity check failed: {type(e).__name__}"]
+    # the grader requires this line: a run that never gets here is incomplete
+    emit("exit", code=int_(code), tampered=changed + list_(findings) + found)
+    return int_(code)
 
 
 if __name__ == "__main__":
