@@ -6,7 +6,7 @@ one workload (named in every table and in the JSON):
 
   agent   an agent-like tool-call sequence: read the task, list and grep the repo, git status,
           import the package (default);
-  tests   the project's quick pytest subset (about 0.5 s of CPU that every side pays alike).
+  tests   the project's quick pytest subset (CPU work that every side pays alike).
 
 Four sides, interleaved (for each run and N, the sides go in a rotated order):
 

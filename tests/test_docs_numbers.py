@@ -1,0 +1,426 @@
+"""Every figure in README.md's tables (and the prose figures listed here) comes from a committed JSON.
+
+The convention, kept by hand:
+
+  * each README table that holds figures has a marker on one of the lines just before it:
+        <!-- numbers: KEY (path/of/the.json) -->
+    KEY names a renderer in TABLES below, which builds the expected rows from that JSON;
+  * a README cell must hold the same numbers, in the same order and with the same rounding, as
+    the rendered cell (words, bold and spacing are free); a row must exist for each rendered row;
+  * a table with digits in its body and no marker fails the test (a figure without a file);
+  * prose figures: each snippet rendered by PROSE must appear in README.md (spaces and ** ignored).
+
+To refresh a table after re-running a benchmark:  python tests/test_docs_numbers.py KEY
+prints the markdown rows to paste. Goals (targets, not measurements) are literal text here.
+"""
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+MARKER = re.compile(r"<!--\s*numbers:\s*(\S+)\s*\(([^)]+)\)\s*-->")
+NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?")
+# Sections exempt from the marker rule (none today), and renderer keys allowed to lack a README table.
+UNSOURCED_SECTIONS: dict[str, str] = {}
+PENDING: set[str] = set()
+
+MiB = 2**20
+
+
+def load(path: str) -> dict:
+    return json.loads((REPO / path).read_text())
+
+
+def lr_str(x: float) -> str:
+    """1e-4, 3e-5: the way the README writes learning rates."""
+    return re.sub(r"e([-+])0*(\d)", r"e\1\2", f"{x:.0e}")
+
+
+def spread_cell(m: dict, fmt: str, scale: float = 1, unit: str = "") -> str:
+    """median [min–max] of a {min, median, max} dict."""
+    f = lambda x: format(x / scale, fmt)  # noqa: E731
+    return f"{f(m['median'])} [{f(m['min'])}–{f(m['max'])}]{unit}"
+
+
+# ------------------------------------------------------------------------------------------ burst
+BURST_SIDES = {"shoal": "Shoal (tmpfs upper)", "shoal-disk": "Shoal (disk upper)",
+               "docker-bind": "Docker bind-mount", "docker-eager": "Docker eager"}
+
+
+def burst_rows(j: dict) -> list[list[str]]:
+    rows = []
+    for row in j["rows"]:
+        for side, label in BURST_SIDES.items():
+            s = row["sides"].get(side)
+            if s is None:
+                continue
+            rows.append([j["workload"], str(row["n"]), label, spread_cell(s["wall_s"], ".1f"),
+                         f"{s['p50_ms']['median']:.0f} / {s['p99_ms']['median']:.0f}",
+                         spread_cell(s["bytes_written"], ".1f", MiB),
+                         f"{s['storage_growth']['median'] / MiB:.1f}",
+                         spread_cell(s["peak_mem_bytes"], ".0f", MiB),
+                         f"{s['peak_cg_mem_bytes']['median'] / MiB:.0f}"])
+    return rows
+
+
+def burst_ratio_rows(j: dict) -> list[list[str]]:
+    rows = []
+    for row in j["rows"]:
+        for pair, r in row["ratios"].items():
+            peer, mine = pair.split("/")
+            rows.append([j["workload"], str(row["n"]), f"{BURST_SIDES[mine]} vs {BURST_SIDES[peer]}",
+                         spread_cell(r["wall_speedup"], ".2f", unit="×"),
+                         spread_cell(r["bytes_written_reduction"], ".0f", 0.01, "%")])
+    return rows
+
+
+# ------------------------------------------------------------------------------------------ api
+def api_rows(j: dict) -> list[list[str]]:
+    e, c, h = j["exec_echo"], j["create"], j["hold"]
+    rss = {k: round(v / 1024) for k, v in h["daemon_rss_kb"].items()}
+    left = h["leftovers_after_kill"]
+    return [
+        ["exec `echo`, in-process", f"{e['in_process']['p50_ms']:.2f} ms", f"{e['in_process']['p99_ms']:.2f} ms",
+         "≤ 2 ms"],
+        ["exec `echo`, through the API", f"{e['api']['p50_ms']:.2f} ms", f"{e['api']['p99_ms']:.2f} ms", "≤ 5 ms"],
+        ["create, in-process / through the API", f"{c['in_process']['p50_ms']:.2f} / {c['api']['p50_ms']:.2f} ms",
+         f"{c['in_process']['p99_ms']:.1f} / {c['api']['p99_ms']:.1f} ms",
+         f"API adds {c['api_overhead_p50_ms']:.1f} ms (goal ≤ 5 ms)"],
+        [f"{h['sandboxes']} sandboxes created through the API", f"{h['create_wall_s']:.1f} s", "",
+         f"held: {h['live_seen']}"],
+        [f"exec churn over the {h['sandboxes']} for {h['churn_s']:.0f} s", f"{h['execs_per_s']:.0f} execs/s", "",
+         f"{h['exec_errors']} errors"],
+        [f"daemon RSS before → holding {h['sandboxes']} → after churn → after kill",
+         f"{rss['before']} → {rss['holding']} → {rss['after_churn']} → {rss['after_kill']} MiB", "", "flat"],
+        ["leftovers after killing all", (f"{left['mounts']} mounts, {left['cgroups']} cgroups, {left['state_dirs']} "
+         f"state dirs; daemon fds {h['daemon_fds']['before']} → {h['daemon_fds']['after']}"), "", "none"],
+    ]
+
+
+# ------------------------------------------------------------------------------------------ rollout
+def rollout_rows(j: dict) -> list[list[str]]:
+    lo, sh, rp, ro = j["log_overhead"], j["log_overhead_agent_shell"], j["replay"], j["rollout"]
+    pol = {p["policy"]: p for p in ro["by_policy"]}
+    lost = ro["episodes_total"] - ro["counts"]["done"] + ro["counts"]["failed"]
+    return [
+        ["exec `true` in-process, direct / through the log",
+         (f"{lo['direct_p50_ms']:.3f} / {lo['logged_p50_ms']:.3f} ms (+{lo['overhead_pct']:.1f}%, "
+         f"+{lo['overhead_ms']:.2f} ms)"), "≤ +5%: not met" if lo["overhead_pct"] > 5 else "≤ +5%"],
+        ["the agent's shell call (`bash -c`), direct / through the log",
+         f"{sh['direct_p50_ms']:.3f} / {sh['logged_p50_ms']:.3f} ms (+{sh['overhead_pct']:.1f}%)",
+         "≤ +5%: not met" if sh["overhead_pct"] > 5 else "≤ +5%"],
+        [f"fast-forward replay of {rp['steps']:,} logged steps",
+         f"{rp['replay_steps_per_s']:,} steps/s ({rp['replay_vs_live']:.0f}× the live rate)", "≥ 5,000 steps/s"],
+        ["oracle episodes through the full loop (worker processes)",
+         (f"{pol['oracle']['resolved']:,}/{pol['oracle']['episodes']:,} resolved "
+         f"({pol['oracle']['resolve_rate'] * 100:.0f}%)"), "100%"],
+        ["null / random-edit policy", (f"{pol['null']['resolved']}/{pol['null']['episodes']} and "
+         f"{pol['random']['resolved']}/{pol['random']['episodes']} resolved"), "null 0%"],
+        [f"all {ro['episodes_total']:,} episodes (oracle + null + random)",
+         f"{ro['wall_s']:.0f} s wall = {ro['episodes_per_s']:.2f} episodes/s", ""],
+        [f"a worker killed with SIGKILL at {ro['killed_worker']['at_done']}/{ro['episodes_total']} done",
+         (f"{lost} episodes lost or failed; {ro['resumed_episodes']} resumed ({ro['resumed_replayed_ops']} ops "
+         f"served from the log); {ro['re_executed_ops']} completed ops re-executed"), "none lost, none re-run"],
+    ]
+
+
+# ------------------------------------------------------------------------------------------ training
+def _acc(runs: list[dict], selector: str, lr: float, budget: float | None = None) -> list[dict]:
+    out = [r for r in runs if r["selector"] == selector and r["lr"] == lr and r.get("variant", "opd") == "opd"
+           and (budget is None or r["budget"] == budget)]
+    assert out, (selector, lr, budget)
+    return out
+
+
+def mean_acc(runs, selector, lr, budget=None) -> float:
+    return statistics.mean(r["accuracy"]["all"] for r in _acc(runs, selector, lr, budget))
+
+
+def kept(runs, selector, lr, budget) -> float:
+    return statistics.mean(r["kept_fraction"] for r in _acc(runs, selector, lr, budget))
+
+
+def training_rows(j: dict) -> list[list[str]]:
+    sweep = load("docs/results/opd_lr_sweep.json")
+    runs, start = j["runs"], j["baseline"]["student"]["all"]
+    lo, hi = j["config"]["opd_lr"], j["config"]["alt_lr"]
+    full, full_hi = mean_acc(runs, "full", lo), mean_acc(runs, "full", hi)
+    tip = mean_acc(runs, "tip", lo, 0.001)
+    k1, k10 = kept(runs, "tip", lo, 0.001), kept(runs, "tip", lo, 0.1)
+    alt = [mean_acc(runs, s, hi, b) for s in j["config"]["alt_selectors"] for b in j["config"]["alt_budgets"]]
+    full_step = statistics.mean(r["step_s"] for r in _acc(runs, "full", lo))
+    grid_sel = statistics.mean(r["selector_s"] for r in _acc(runs, "tip+ier-and", lo))
+    ov = {round(o["params"] / 1e6, 1): o["overhead_pct"] for o in j["overhead"]}
+    mid_lr = sorted(sweep["lrs"])[2]
+    return [
+        [f"full-token OPD, lr {lr_str(lo)} / {lr_str(hi)}", f"{full:.3f} / {full_hi:.3f}"],
+        [f"full-token OPD, lr {lr_str(mid_lr)} (`--lr-sweep`)",
+         (f"{mean_acc(sweep['runs'], 'full', mid_lr):.3f} (below the start); TIP at 0.1%: "
+         f"{mean_acc(sweep['runs'], 'tip', mid_lr, sweep['budget']):.3f}")],
+        [f"TIP on {k1 * 100:.1f}% of tokens ({0.001 * 100:.1f}% budget), lr {lr_str(lo)}",
+         f"{tip:.3f} ({(tip - start) / (full - start) * 100:.0f}% of full OPD's gain at that lr)"],
+        [f"TIP on {k10 * 100:.0f}% of tokens, lr {lr_str(lo)}", f"{mean_acc(runs, 'tip', lo, 0.1):.3f}"],
+        [f"IER alone on {k1 * 100:.1f}% / {k10 * 100:.0f}%, lr {lr_str(lo)}",
+         f"{mean_acc(runs, 'ier', lo, 0.001):.3f} / {mean_acc(runs, 'ier', lo, 0.1):.3f}"],
+        [f"random tokens, {k1 * 100:.1f}% / {k10 * 100:.0f}%, lr {lr_str(lo)}",
+         f"{mean_acc(runs, 'random', lo, 0.001):.3f} / {mean_acc(runs, 'random', lo, 0.1):.3f} (below the start)"],
+        [f"any selection at lr {lr_str(hi)}", (f"{min(alt):.3f}–{max(alt):.3f} (collapse; `--lr-sweep` covers "
+         f"{lr_str(min(sweep['lrs']))}..{lr_str(max(sweep['lrs']))})")],
+        ["selector overhead (TIP + IER-AND, k = 16)",
+         (f"+{grid_sel / full_step * 100:.1f}% of an OPD step in the grid itself (0.1 M params); separate timing: "
+         f"+{ov[0.1]:.1f}% at 0.1 M, +{ov[0.6]:.1f}% at 0.6 M, +{ov[3.2]:.1f}% at 3.2 M")],
+    ]
+
+
+# ------------------------------------------------------------------------------------------ startup
+def _bench_module(script: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"bench_{script}", REPO / "bench" / f"{script}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _bench_renderer(script: str, fn: str) -> Callable[[dict], list[list[str]]]:
+    """A renderer that lives in a bench script (bench/startup.py writes its README tables itself)."""
+    def render(j: dict) -> list[list[str]]:
+        return getattr(_bench_module(script), fn)(j)
+    return render
+
+
+TABLES: dict[str, tuple[str, Callable[[dict], list[list[str]]]]] = {
+    "startup": ("bench/results/startup.json", _bench_renderer("startup", "comparison_rows")),
+    "startup-shoal": ("bench/results/startup.json", _bench_renderer("startup", "shoal_rows")),
+    "burst-agent": ("bench/results/burst.json", burst_rows),
+    "burst-agent-ratios": ("bench/results/burst.json", burst_ratio_rows),
+    "burst-tests": ("bench/results/burst-tests.json", burst_rows),
+    "burst-tests-ratios": ("bench/results/burst-tests.json", burst_ratio_rows),
+    "api": ("bench/results/api.json", api_rows),
+    "rollout": ("bench/results/rollout.json", rollout_rows),
+    "training": ("docs/results/opd_repro.json", training_rows),
+}
+
+
+# ------------------------------------------------------------------------------------------ prose
+def prose_burst(j: dict) -> list[str]:
+    sf = j["snapshot_fork"]
+    snap = sf["snapshot_ms"]
+    big = j["rows"][-1]
+    per_task = big["sides"]["shoal"]["storage_growth"]["median"] / big["n"] / 1024
+    du = sf["disk_upper"]
+    loads = [x for r in j["rows"] for x in (r["loadavg_1m"]["min"], r["loadavg_1m"]["max"])]
+    eager = [r["ratios"][f"docker-eager/{m}"]["wall_speedup"]["median"] for r in j["rows"]
+             for m in ("shoal", "shoal-disk")]
+    out = [f"median of {sf['runs']} runs", f"about {per_task:.0f} KiB per task",
+           f"load average during the windows was {min(loads):.1f}–{max(loads):.1f}",
+           f"{min(eager):.1f}–{max(eager):.1f}× in the `{j['workload']}` rows",
+           (f"ext4's metadata takes {(1 - du['usable_fraction']) * 100:.0f}% of it, measured at "
+           f"{du['disk_mb']} MiB")]
+    for upper in ("tmpfs", "disk"):
+        out.append(f"{upper} upper: " + ", ".join(f"{snap[upper][k]['median']:.1f} ms for {k[:-2]} MB"
+                                                  for k in ("1MB", "10MB", "100MB")))
+    out.append(f"fork(10) {sf['fork_s']['10']['median']:.3f} s, fork(100) {sf['fork_s']['100']['median']:.3f} s "
+               f"({sf['fork_s']['100']['min']:.3f}–{sf['fork_s']['100']['max']:.3f} s)")
+    return out
+
+
+def prose_flood(j: dict) -> list[str]:
+    return [f"over {j['seconds']:.0f} s, {j['total_bytes'] / 2**30:.1f} GiB of output",
+            f"RSS at {j['rss_mib']['start']:.0f} → {j['rss_mib']['max']:.0f} MiB (max)",
+            f"fds at {j['fds']['start']} → {j['fds']['end']}",
+            f"{j['daemon_bytes_written_to_storage'] / 1024:.0f} KiB written to storage by the daemon",
+            f"/v1/health p50 {j['health_ms']['p50']:.1f} ms"]
+
+
+def prose_fuzz(j: dict) -> list[str]:
+    return [f"all {j['operations']} operations", (f"{j['cases']} cases ({j['positive_cases']} with valid input, "
+            f"{j['negative_cases']} with schema-violating input; {j['admin_cases']} of them on admin routes "
+            "with the admin key)"), f"{j['examples_per_case']} examples each", f"{j['cases_failed']} failed"]
+
+
+def prose_rollout(j: dict) -> list[str]:
+    t, suite = j["rollout"]["oracle_timings_p50_ms"], j["suite"]
+    return [f"({suite['tasks']} tasks, {suite['repos']} repos)",
+            f"{suite['tasks']} bundled tasks over {suite['repos']} real repositories",f"An oracle episode takes {t['wall_s'] / 1000:.2f} s (median)", f"is {t['grade_s'] / 1000:.2f} s of it",
+            f"take {t['tools_s']:.0f} ms, and sandbox setup another {t['setup_s']:.0f} ms"]
+
+
+def prose_training(j: dict) -> list[str]:
+    c = j["config"]
+    return [f"in {j['wall_s'] / 60:.1f} min, starting from a student at {j['baseline']['student']['all']:.3f}",
+            f"{j['wall_s'] / 60:.1f} min on this 2-core machine",  # cores: a fact of the machine, not of the JSON
+            f"{len(c['selectors'])} selectors × {sum(b < 1 for b in c['budgets'])} budgets × {len(c['seeds'])} seeds"]
+
+
+PROSE: dict[str, tuple[str, Callable[[dict], list[str]]]] = {
+    "burst-snapshot": ("bench/results/burst.json", prose_burst),
+    "flood": ("bench/results/flood.json", prose_flood),
+    "fuzz": ("bench/results/fuzz.json", prose_fuzz),
+    "rollout-timings": ("bench/results/rollout.json", prose_rollout),
+    "training": ("docs/results/opd_repro.json", prose_training),
+}
+
+
+# ------------------------------------------------------------------------------------------ parsing
+def numbers(cell: str) -> list[str]:
+    return NUMBER.findall(cell)
+
+
+def readme_tables(text: str) -> list[dict]:
+    """Each table: its section heading, marker (key, source) if any, and body rows as cell lists."""
+    lines = text.splitlines()
+    tables, section, i = [], "", 0
+    while i < len(lines):
+        if lines[i].startswith("## "):
+            section = lines[i][3:]
+        if lines[i].startswith("|") and i + 1 < len(lines) and re.match(r"^\|[\s:|-]+\|$", lines[i + 1]):
+            start = i
+            i += 2
+            body = []
+            while i < len(lines) and lines[i].startswith("|"):
+                body.append([c.strip() for c in lines[i].strip().strip("|").split("|")])
+                i += 1
+            marker = None
+            for back in range(start - 1, max(-1, start - 8), -1):
+                if lines[back].startswith(("#", "|")):
+                    break
+                if m := MARKER.search(lines[back]):
+                    marker = (m.group(1), m.group(2))
+                    break
+            tables.append({"section": section, "line": start + 1, "marker": marker, "body": body})
+            continue
+        i += 1
+    return tables
+
+
+def normalize(s: str) -> str:
+    return re.sub(r"\s+", " ", s.replace("**", "").replace("`", "")).strip()
+
+
+def compare(key: str, table: dict) -> list[str]:
+    source, render = TABLES[key]
+    want = render(load(source))
+    got = table["body"]
+    errors = []
+    if len(got) != len(want):
+        errors.append(f"{key}: README has {len(got)} rows, {source} gives {len(want)}")
+    for r, (g, w) in enumerate(zip(got, want)):
+        if len(g) != len(w):
+            errors.append(f"{key} row {r + 1}: {len(g)} cells, expected {len(w)}: {w}")
+            continue
+        for c, (gc, wc) in enumerate(zip(g, w)):
+            if numbers(gc) != numbers(wc):
+                errors.append(f"{key} row {r + 1} col {c + 1}: README {gc!r} vs {source}: {wc!r}")
+    return errors
+
+
+# ------------------------------------------------------------------------------------------ tests
+def test_every_readme_table_with_figures_names_its_json():
+    missing = []
+    for t in readme_tables(README.read_text()):
+        has_figures = any(numbers(c) for row in t["body"] for c in row)
+        if not has_figures or (t["marker"] is None and t["section"].split(",")[0].split(" ")[0] in UNSOURCED_SECTIONS):
+            continue
+        if t["marker"] is None:
+            missing.append(f"README.md:{t['line']} ({t['section']}): a table with figures and no "
+                           f"<!-- numbers: KEY (path.json) --> marker")
+        elif t["marker"][0] not in TABLES:
+            missing.append(f"README.md:{t['line']}: marker key {t['marker'][0]!r} has no renderer in {__file__}")
+        elif t["marker"][1] != TABLES[t["marker"][0]][0]:
+            missing.append(f"README.md:{t['line']}: marker names {t['marker'][1]}, the renderer reads "
+                           f"{TABLES[t['marker'][0]][0]}")
+    assert not missing, "\n".join(missing)
+
+
+def test_every_renderer_is_used_and_its_json_is_committed():
+    keys = {t["marker"][0] for t in readme_tables(README.read_text()) if t["marker"]}
+    unused = set(TABLES) - keys - PENDING
+    assert not unused, f"renderers without a README table: {sorted(unused)}"
+    for source, _ in [*TABLES.values(), *PROSE.values()]:
+        assert (REPO / source).is_file(), source
+
+
+@pytest.mark.parametrize("key", sorted(TABLES))
+def test_readme_table_matches_its_json(key):
+    tables = [t for t in readme_tables(README.read_text()) if t["marker"] and t["marker"][0] == key]
+    if not tables and key in PENDING:
+        pytest.skip(f"TODO(coordinator): README has no {key!r} table yet (see PENDING)")
+    assert len(tables) == 1, f"expected one README table marked {key!r}, found {len(tables)}"
+    errors = compare(key, tables[0])
+    assert not errors, "\n".join(errors)
+
+
+@pytest.mark.parametrize("key", sorted(PROSE))
+def test_readme_prose_figures_match_their_json(key):
+    source, render = PROSE[key]
+    text = normalize(README.read_text())
+    missing = [s for s in render(load(source)) if normalize(s) not in text]
+    assert not missing, f"README.md lacks these figures from {source}: {missing}"
+
+
+def test_startup_section_prose_matches_its_json():
+    """bench/startup.py renders the whole Startup section (readme_section): the README's section must
+    hold the same figures in the same order, prose included."""
+    text = README.read_text()
+    start = text.index("## Startup")
+    got = text[start:text.index("\n## ", start + 1)]
+    want = _bench_module("startup").readme_section(load("bench/results/startup.json"))
+    assert numbers(got) == numbers(want), "README's Startup section differs from bench/startup.py's rendering"
+
+
+def test_training_doc_tables_come_from_the_generated_results():
+    """docs/training.md's result tables restate docs/results/opd_repro.md and opd_lr_sweep.md, which
+    the reproduction writes from its JSON: every number in their bodies must be one of those."""
+    text = (REPO / "docs" / "training.md").read_text()
+    section = text[text.index("### Results"):text.index("### Compared")]
+    generated = {float(n.replace(",", "")) for f in ("opd_repro.md", "opd_lr_sweep.md")
+                 for n in NUMBER.findall((REPO / "docs" / "results" / f).read_text())}
+    stray = []
+    for t in readme_tables(section):
+        for row in t["body"]:
+            for cell in row[1:]:  # the first cell names the row (2 × 64, routed + ExOPD (λ 1.25), ...)
+                stray += [f"{n} in {row}" for n in numbers(cell) if float(n.replace(",", "")) not in generated]
+    assert not stray, "figures in docs/training.md tables that the generated results do not hold:\n" + \
+        "\n".join(stray)
+
+
+def test_the_checker_catches_an_edited_figure():
+    """The comparison itself: change one digit of a rendered burst row and it must be reported."""
+    source, render = TABLES["burst-agent"]
+    rows = render(load(source))
+    edited = [list(r) for r in rows]
+    edited[0][3] = re.sub(r"\d", lambda m: str((int(m.group()) + 1) % 10), edited[0][3], count=1)
+    errs = compare("burst-agent", {"body": edited})
+    assert len(errs) == 1 and "col 4" in errs[0]
+    assert compare("burst-agent", {"body": rows}) == []
+
+
+def write_tables(keys: list[str]) -> None:
+    """Replace the body rows of the README tables marked with these keys by their rendered rows."""
+    lines = README.read_text().splitlines()
+    for t in sorted(readme_tables("\n".join(lines)), key=lambda t: -t["line"]):  # bottom-up: indices hold
+        if t["marker"] and t["marker"][0] in keys:
+            src, fn = TABLES[t["marker"][0]]
+            start = t["line"] + 1  # 0-based index of the first body row (header + separator before it)
+            lines[start:start + len(t["body"])] = ["| " + " | ".join(r) + " |" for r in fn(load(src))]
+    README.write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":  # print a table's rows to paste into README.md, or --write them there
+    if sys.argv[1:2] == ["--write"]:
+        write_tables(sys.argv[2:])
+    for key in [k for k in sys.argv[1:] if k != "--write"] or sorted(TABLES):
+        src, fn = TABLES[key]
+        print(f"<!-- numbers: {key} ({src}) -->")
+        for row in fn(load(src)):
+            print("| " + " | ".join(row) + " |")
+        print()
