@@ -220,7 +220,9 @@ def prose_burst(j: dict) -> list[str]:
     loads = [x for r in j["rows"] for x in (r["loadavg_1m"]["min"], r["loadavg_1m"]["max"])]
     eager = [r["ratios"][f"docker-eager/{m}"]["wall_speedup"]["median"] for r in j["rows"]
              for m in ("shoal", "shoal-disk")]
-    out = [f"median of {sf['runs']} runs", f"about {per_task:.0f} KiB per task",
+    out = [f"N tasks over {j['m']} real workspaces", f"on top of {j['m']} workspaces stored once",
+           f"Concurrency {j['concurrency']} on 2 cores", f"{j['runs']} runs each",
+           f"median of {sf['runs']} runs", f"about {per_task:.0f} KiB per task",
            f"load average during the windows was {min(loads):.1f}–{max(loads):.1f}",
            f"{min(eager):.1f}–{max(eager):.1f}× in the `{j['workload']}` rows",
            (f"ext4's metadata takes {(1 - du['usable_fraction']) * 100:.0f}% of it, measured at "
