@@ -61,6 +61,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from shoal import ContainerArgs, Host, Sandbox  # noqa: E402
+from shoal.errors import ShoalError  # noqa: E402
 from shoal.layers.busybox import make_busybox_tree  # noqa: E402
 from shoal.runtime.container.cgroups import CGROUP_ROOT, cgroup_parent  # noqa: E402
 
@@ -72,7 +73,7 @@ METRICS = ("wall_s", "p50_ms", "p99_ms", "bytes_written", "storage_growth", "pea
 
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
 
 
 def spread(xs: list[float]) -> dict:
@@ -265,8 +266,8 @@ def run_shoal(host: Host, base: str, workspaces: list[dict], n: int, conc: int, 
     for d in task_layers:  # not timed: drop the per-task layers again
         try:
             host.store.remove_layer(d)
-        except Exception:
-            pass
+        except ShoalError as e:  # e.g. still referenced: leave it, say so
+            console.print(f"[yellow]task layer {d[:12]} kept: {e}[/yellow]")
     shutil.rmtree(scratch, ignore_errors=True)
     return _metrics(n, w, lat, fails, growth)
 
