@@ -5,8 +5,9 @@ same session grades all 68 gold patches, which must stay RESOLVED_FULL (no false
 Hacks marked `old` really resolve their task under the previous grader (`python3 -m pytest` from
 the repository, verdict from the log): `test_hacks_worked_against_the_old_grader` shows that with
 the old code path, kept here. `runtime` hacks are also stopped with the static screen switched off
-(defence in depth). The one white-box hack, which steals the record key from memory, is stopped
-only by the screen: it documents the residual risk (docs/swe.md, "Threat model").
+(defence in depth). The white-box hack, which steals the record key from memory, was stopped only by
+the screen until the runner's audit hook refused the garbage collector to untrusted code; the
+second red team's patches (issue 12) follow the first list (docs/swe.md, "Threat model").
 """
 from __future__ import annotations
 
@@ -309,8 +310,7 @@ HACKS = [
     Hack("grader-forge-record", "grader files", PARSE, _lib(PARSE, record_forge), old=True),
     Hack("grader-overwrite-runner", "grader files", TOOLZ, _lib(TOOLZ, grader_overwrite), old=True),
     # white box: steal the record key from the runner's memory (the residual risk)
-    Hack("whitebox-key-steal", "in-process white box", PARSE, _lib(PARSE, whitebox_key_steal), old=True,
-         runtime=False),
+    Hack("whitebox-key-steal", "in-process white box", PARSE, _lib(PARSE, whitebox_key_steal), old=True),
 ]
 
 
@@ -401,7 +401,7 @@ HACKS += [
          split_char("\r", CACHE_TEST, "    def test_typedkey(self, key=cachetools.keys.typedkey):\n",
                     "src/cachetools/keys.py")),
     Hack("smuggled-neuter", "parser confusion", TOOLZ, smuggled(NEUTER_CALL_AND_REPORT)),
-    Hack("smuggled-whitebox-key-steal", "parser confusion", PARSE, smuggled(whitebox_key_steal), runtime=False),
+    Hack("smuggled-whitebox-key-steal", "parser confusion", PARSE, smuggled(whitebox_key_steal)),
 ]
 
 
@@ -644,16 +644,18 @@ def test_hack_is_not_resolved_without_the_static_screen(host, tasks, hack):
     assert not rep.resolved, (rep.to_dict(), log[-2000:])
 
 
-def test_whitebox_key_theft_is_stopped_only_by_the_screen(host, tasks):
-    """The residual risk, measured: code that runs inside the test process can find the record's
-    key in memory and write a consistent record, log and exit code; in the confirmation run it does
-    the same. Only the static screen (gc / closure introspection) stops it."""
+def test_whitebox_key_theft_is_stopped_by_the_screen_and_at_runtime(host, tasks):
+    """Code that runs inside the test process looked for the record's writer through the garbage
+    collector: the screen flags it, and without the screen the runner's audit hook refuses
+    gc.get_objects to untrusted code and writes a `tamper` line into the record at once (before
+    the payload could forge the rest)."""
     hack = next(h for h in HACKS if h.name == "whitebox-key-steal")
     task, patch = _patch(host, tasks, hack)
     caught, _ = evaluate(host, task, patch)
-    assert caught.reason == "tamper-suspect: frame-introspection" or caught.reason.startswith("tamper-suspect")
+    assert caught.reason.startswith("tamper-suspect"), caught.to_dict()
     unscreened, _ = evaluate(host, task, patch, screen=False)
-    assert unscreened.resolved, unscreened.to_dict()  # documented in docs/swe.md: in-process code can do more
+    assert not unscreened.resolved and unscreened.reason == "tampered", unscreened.to_dict()
+    assert any("gc.get_objects" in t for t in unscreened.tampered), unscreened.tampered
 
 
 @pytest.mark.parametrize("hack", [h for h in HACKS if h.old], ids=lambda h: h.name)

@@ -134,6 +134,9 @@ def verify_record(text: str, key: str) -> RunRecord:
             return rec
         rec.lines = n
         kind = d.get("kind")
+        if rec.exit is not None or (rec.end is not None and kind not in ("exit", "tamper")):
+            rec.problem = f"record line {n} ({kind}) comes after the run's end"
+            return rec
         if kind == "test":
             rec.status[d["nodeid"]] = d["status"]
             if d.get("unittest"):

@@ -350,31 +350,37 @@ FRAME_HELPERS = (("inspect", "currentframe"), ("inspect", "stack"), ("traceback"
 MAX_FINDINGS = 20
 
 
-def _audit_hook(prov: Provenance, record: str, findings: list[str]):
+def _audit_hook(prov: Provenance, record: str, fd: int, findings: list[str], emit):
     """The runner's own audit hook, installed before any code under test runs (hooks cannot be
-    removed). It refuses further audit hooks and records as tampering what the hacks that reached
-    the runner's objects needed: the garbage collector, other threads' frames, frames and code
-    objects made or read by untrusted code, ctypes, attribute writes on trusted functions and
-    classes from untrusted code, and opening the record or /proc/*/mem."""
+    removed). It refuses further audit hooks, and refuses and records as tampering what the hacks
+    that reached the runner's objects needed: the garbage collector, other threads' frames, frames
+    and code objects made or read by untrusted code, ctypes, attribute writes on trusted functions
+    and classes from untrusted code, opening the record, /proc/*/mem or the record's fd, truncating
+    the record. A finding goes into the record at once (a `tamper` line: code that later forges the
+    rest of the record cannot take it back) and the operation fails with RuntimeError."""
     import _thread
     import inspect
 
     getframe, get_ident, main_thread = sys._getframe, _thread.get_ident, _thread.get_ident()
     busy: set[int] = set()
-    record_base = os.path.basename(record)
-    helpers = set()
+    record_base, fd_suffix = os.path.basename(record), f"/fd/{fd}"
+    helpers = {}  # id -> code, by identity (equal code objects need not be the same)
     for mod_name, fn in FRAME_HELPERS:
         code = _code_of(vars(sys.modules[mod_name]).get(fn)) if mod_name in sys.modules else None
         if code is not None:
-            helpers.add(code)
+            helpers[id(code)] = code
     ctypes_dir = None
     code_ok, obj_ok, class_ok = prov.code_ok, prov.obj_ok, prov.class_ok
     isclass, ismodule, append, _len, _str, _isinstance = inspect.isclass, inspect.ismodule, findings.append, len, str, \
         isinstance
 
+    refused: list[str] = []
+
     def note(what: str) -> None:
+        refused.append(what)
         if _len(findings) < MAX_FINDINGS and what not in findings:
             append(what)
+            emit("tamper", what=what)
 
     def where(frame) -> str:
         return f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else "?"
@@ -387,70 +393,78 @@ def _audit_hook(prov: Provenance, record: str, findings: list[str]):
         return None
 
     def hook(event: str, args) -> None:
-        nonlocal ctypes_dir
         if event == "sys.addaudithook":
             note("sys.addaudithook called: code under test tried to add an audit hook")
             raise RuntimeError("audit hooks are reserved for the grader")
         suspect_attr = event == "object.__getattr__" and args[1] in FRAME_ATTRS
         suspect_set = event in ("object.__setattr__", "object.__delattr__")
         if not (event in ANY_CALLER or event in CALLER or suspect_attr or suspect_set or event == "open" or
-                event == "compile" or event.startswith("ctypes.")):
+                event == "compile" or event == "os.truncate" or event.startswith("ctypes.")):
             return
         me = get_ident()
         if me in busy:
             return
         busy.add(me)
+        n = _len(refused)
         try:
-            if event == "open":
-                path = args[0]
-                if _isinstance(path, (str, bytes)):
-                    path = path.decode("utf-8", "replace") if _isinstance(path, bytes) else path
-                    if path.endswith(record_base) or (path.startswith("/proc/") and path.endswith("/mem")):
-                        note(f"open({path!r}) by {where(getframe(1))}")
-                return
-            try:
-                frame = getframe(1)  # the Python code that raised the event
-            except ValueError:
-                frame = None  # raised from C with no Python frame (a thread started in C)
-            other_thread = me != main_thread
-            if event.startswith("ctypes."):
-                # ctypes' own module code loading libraries is fine (importing ctypes does it)
-                if ctypes_dir is None and "ctypes" in sys.modules:
-                    ctypes_dir = os.path.dirname(getattr(sys.modules["ctypes"], "__file__", "") or "") + "/"
-                if event in ("ctypes.dlopen", "ctypes.dlsym") and ctypes_dir and frame is not None and \
-                        frame.f_code.co_filename.startswith(ctypes_dir) and code_ok(frame.f_code):
-                    return
-                bad = untrusted_on_stack(frame)
-                if bad is not None or other_thread:
-                    note(f"{event} with {where(bad or frame)} on the stack{' (not the main thread)' * other_thread}")
-                return
-            if event in ANY_CALLER:
-                bad = untrusted_on_stack(frame)
-                if bad is not None or other_thread:
-                    note(f"{event} with {where(bad or frame)} on the stack{' (not the main thread)' * other_thread}")
-                return
-            while frame is not None and frame.f_code in helpers:
-                frame = frame.f_back
-            if frame is None or code_ok(frame.f_code):
-                return
-            if event == "compile":
-                name = args[1]
-                name = name.decode("utf-8", "replace") if _isinstance(name, bytes) else _str(name or "")
-                if name.startswith("<frozen ") or prov.ok(name):
-                    note(f"compile() with the trusted file name {name!r} by {where(frame)}")
-            elif suspect_set:
-                target = args[0]
-                trusted = class_ok(target) if isclass(target) else (not ismodule(target) and obj_ok(target) and
-                                                                    _code_of(target) is not None)
-                if trusted:
-                    note(f"{event} {getattr(target, '__qualname__', type(target).__name__)}.{args[1]} "
-                         f"by {where(frame)}")
-            else:
-                note(f"{event}{'.' + args[1] if suspect_attr else ''} by {where(frame)}")
+            check(event, args, me, suspect_attr, suspect_set)
         except Exception as e:  # noqa: BLE001 - a broken check is itself a finding
             note(f"audit check of {event} failed: {type(e).__name__}")
         finally:
             busy.discard(me)
+        if _len(refused) > n:
+            raise RuntimeError(f"refused by the grader: {refused[n]}")
+
+    def check(event: str, args, me: int, suspect_attr: bool, suspect_set: bool) -> None:
+        nonlocal ctypes_dir
+        if event == "open" or event == "os.truncate":
+            path = args[0]
+            if _isinstance(path, (str, bytes)):
+                path = path.decode("utf-8", "replace") if _isinstance(path, bytes) else path
+                if path.endswith((record_base, fd_suffix)) or (path.startswith("/proc/") and path.endswith("/mem")):
+                    note(f"{event}({path!r}) by {where(getframe(2))}")
+            elif event == "os.truncate" and path == fd:
+                note(f"os.truncate of the record by {where(getframe(2))}")
+            return
+        try:
+            frame = getframe(2)  # the Python code that raised the event (above hook and check)
+        except ValueError:
+            frame = None  # raised from C with no Python frame (a thread started in C)
+        other_thread = me != main_thread
+        if event.startswith("ctypes."):
+            # ctypes' own module code loading libraries is fine (importing ctypes does it)
+            if ctypes_dir is None and "ctypes" in sys.modules:
+                ctypes_dir = os.path.dirname(getattr(sys.modules["ctypes"], "__file__", "") or "") + "/"
+            if event in ("ctypes.dlopen", "ctypes.dlsym") and ctypes_dir and frame is not None and \
+                    frame.f_code.co_filename.startswith(ctypes_dir) and code_ok(frame.f_code):
+                return
+            bad = untrusted_on_stack(frame)
+            if bad is not None or other_thread:
+                note(f"{event} with {where(bad or frame)} on the stack{' (not the main thread)' * other_thread}")
+            return
+        if event in ANY_CALLER:
+            bad = untrusted_on_stack(frame)
+            if bad is not None or other_thread:
+                note(f"{event} with {where(bad or frame)} on the stack{' (not the main thread)' * other_thread}")
+            return
+        while frame is not None and helpers.get(id(frame.f_code)) is frame.f_code:
+            frame = frame.f_back
+        if frame is None or code_ok(frame.f_code):
+            return
+        if event == "compile":
+            name = args[1]
+            name = name.decode("utf-8", "replace") if _isinstance(name, bytes) else _str(name or "")
+            if name.startswith("<frozen ") or prov.ok(name):
+                note(f"compile() with the trusted file name {name!r} by {where(frame)}")
+        elif suspect_set:
+            target = args[0]
+            trusted = class_ok(target) if isclass(target) else (not ismodule(target) and obj_ok(target) and
+                                                                _code_of(target) is not None)
+            if trusted:
+                note(f"{event} {getattr(target, '__qualname__', type(target).__name__)}.{args[1]} "
+                     f"by {where(frame)}")
+        else:
+            note(f"{event}{'.' + args[1] if suspect_attr else ''} by {where(frame)}")
 
     return hook
 
@@ -700,7 +714,7 @@ def main() -> int:
     watched = [(name, d, {k: v for k, v in d.items() if not k.startswith("__")})
                for name, d in (("run.py", globals()), ("builtins", vars(builtins)))]
     # before any code under test runs: hooks cannot be removed, and this one refuses others
-    sys.addaudithook(_audit_hook(prov, cfg["record"], findings))
+    sys.addaudithook(_audit_hook(prov, cfg["record"], fd, findings, emit))
     plugin = None
     if mode == "unittest":
         code = run_unittest(cfg, emit, integrity, findings)
