@@ -23,7 +23,7 @@ from .conftest import probe_results
 pytestmark = pytest.mark.slow
 
 
-def test_task_sandbox_cannot_read_logs_queue_answers_or_other_uppers(host, few_tasks, probe_layer, tmp_path):
+def test_task_sandbox_cannot_read_logs_queue_answers_or_other_uppers(host, few_tasks, probe_layer, tmp_path, daemon):
     task = few_tasks[0]
     token = f"secret-{uuid.uuid4().hex}"  # in every secret below, so a leak anywhere can be searched for
     # a real episode: the log then holds the oracle's patch, i.e. the answer
@@ -45,8 +45,9 @@ def test_task_sandbox_cannot_read_logs_queue_answers_or_other_uppers(host, few_t
         assert other_upper.read_text() == f"not yours {token}"  # the path is right: the host can read it
         targets = [*tmp_path.glob("traj.db*"), *tmp_path.glob("queue.db*"), suite, settings.db_path, other_upper,
                    settings.sandboxes_dir / other.id / "meta.json", settings.root / "admin.key"]
+        assert (settings.root / "admin.key").is_file()  # shoald (the daemon fixture) wrote it
         targets = [str(t) for t in targets if Path(t).is_file()]
-        assert len(targets) >= 6
+        assert len(targets) >= 7
         with Sandbox.create(task.base_image, layers=[task.base_commit, task.image, probe_layer], root=settings.root,
                             **TASK_LIMITS) as sb:
             sb.files.write("/tmp/own", "mine")
