@@ -82,7 +82,7 @@ def build_image() -> Path:
     sys.path.insert(0, str(REPO / "src"))
     from shoal.envs.debian import host_debian_mirror  # the mirror the host's apt already uses
 
-    say("VM image: building or reusing the cached one (first build: debootstrap, ~10 min)")
+    say("VM image: building or reusing the cached one (first build ~6 min: debootstrap, kernel, initrd, venv)")
     t0 = time.monotonic()
     proc = subprocess.run(["bash", str(REPO / "vm/build.sh"), host_debian_mirror(), str(CACHE)],
                           check=False, stdout=subprocess.PIPE, text=True,
