@@ -128,6 +128,9 @@ static int fixed_list(const char *only) {
     TRY("swapon", syscall(SYS_swapon, "/tmp/probe-ioctl", 0));
     TRY("mknod_dev", mknod("/tmp/sda", 0060600, makedev(8, 0)));
     TRY("sethostname", sethostname("renamed", 7)); /* needs CAP_SYS_ADMIN, which is dropped */
+    TRY("personality_query", syscall(SYS_personality, 0xffffffffUL));
+    TRY("personality_no_aslr", syscall(SYS_personality, 0x0040000UL /* ADDR_NO_RANDOMIZE */));
+    TRY("personality_linux32", syscall(SYS_personality, 0x0008UL /* PER_LINUX32 */));
     TRY("unknown_syscall", syscall(1000, 0, 0, 0, 0, 0, 0)); /* not on any list: ENOSYS */
 #if defined(__x86_64__)
     TRY("x32_getpid", syscall(0x40000000 | SYS_getpid));

@@ -40,7 +40,7 @@ def test_every_call_off_the_allowlist_is_refused(probed):
     assert len(allowed) > 200 and len(denied) > 40
     assert not allowed & denied
     top = max(allowed | denied | special) + 64  # past the table: calls a later kernel adds
-    skip = sorted(allowed | special)  # clone, unshare, ioctl: argument checks, tried in test_isolation
+    skip = sorted(allowed | special)  # clone, unshare, ioctl, personality: argument checks, tried by name
     r = probed.commands.run(["probe", "sweep", ",".join(map(str, skip)), str(top)], timeout=120)
     assert r.exit_code == 0, r.stderr
     got = {int(k.split(":")[1]): v for k, v in _lines(r.stdout, "sweep:").items()}
@@ -67,6 +67,8 @@ def test_named_dangerous_calls_answer_eperm(probed):
                  "open_by_handle_at", "setns", "kexec_load", "init_module", "finit_module", "delete_module",
                  "reboot", "swapon", "ioctl_xfs_swapext", "ioctl_ficlone", "ioctl_tiocsti"):
         assert res[name] == "EPERM", f"{name}: {res[name]}"
+    assert res["personality_no_aslr"] == "EPERM" and res["personality_linux32"] == "EPERM"
+    assert res["personality_query"] == "OK"  # reading the persona stays allowed
     assert res["clone3"] == "ENOSYS"  # libc falls back to clone, whose flags the filter reads
     assert res["unknown_syscall"] == "ENOSYS"
     if os.uname().machine == "x86_64":

@@ -369,7 +369,7 @@ static const int denied_syscalls[] = {
     SYS_fspick, SYS_init_module, SYS_io_uring_enter, SYS_io_uring_register, SYS_io_uring_setup,
     SYS_kcmp, SYS_kexec_file_load, SYS_kexec_load, SYS_keyctl, SYS_migrate_pages, SYS_mount,
     SYS_mount_setattr, SYS_move_mount, SYS_move_pages, SYS_name_to_handle_at, SYS_open_by_handle_at,
-    SYS_open_tree, SYS_perf_event_open, SYS_personality, SYS_pidfd_getfd, SYS_pivot_root,
+    SYS_open_tree, SYS_perf_event_open, SYS_pidfd_getfd, SYS_pivot_root,
     SYS_process_madvise, SYS_process_vm_readv, SYS_process_vm_writev, SYS_ptrace, SYS_quotactl,
     SYS_reboot, SYS_request_key, SYS_setns, SYS_settimeofday, SYS_swapoff, SYS_swapon, SYS_syslog,
     SYS_umount2, SYS_userfaultfd, SYS_vhangup,
@@ -476,6 +476,14 @@ static int build_seccomp(struct sock_filter *prog) {
     EMIT(BPF_JMP | BPF_JSET | BPF_K, CLONE_NEWUSER, 0, 1);
     EMIT(BPF_RET | BPF_K, RET_DENIED, 0, 0);
     EMIT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW, 0, 0);
+    /* personality: the query (0xffffffff) and plain PER_LINUX only; other personas turn off ASLR
+     * (ADDR_NO_RANDOMIZE) or change the ABI. The kernel takes the argument as a 32-bit int. */
+    EMIT(BPF_JMP | BPF_JEQ | BPF_K, SYS_personality, 0, 5);
+    EMIT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[0]), 0, 0);
+    EMIT(BPF_JMP | BPF_JEQ | BPF_K, 0xffffffff, 2, 0);
+    EMIT(BPF_JMP | BPF_JEQ | BPF_K, 0 /* PER_LINUX */, 1, 0);
+    EMIT(BPF_RET | BPF_K, RET_DENIED, 0, 0);
+    EMIT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW, 0, 0);
     /* ioctl: compare the low 16 bits (type << 8 | nr) of the request */
     EMIT(BPF_JMP | BPF_JEQ | BPF_K, SYS_ioctl, 0, (uint8_t)(3 + 2 * n_ioctl));
     EMIT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[1]), 0, 0);
@@ -506,8 +514,8 @@ static int print_seccomp_table(void) {
     size_t n = seccomp_rules(rules);
     for (size_t i = 0; i < n; i++) printf("%u %s\n", rules[i].nr, rules[i].action == SECCOMP_RET_ALLOW ? "allow" : "deny");
     /* checked before the table: clone3 always ENOSYS, the others by their arguments */
-    printf("%u special\n%u special\n%u special\n%u special\n", (unsigned)SYS_clone3, (unsigned)SYS_clone,
-           (unsigned)SYS_unshare, (unsigned)SYS_ioctl);
+    printf("%u special\n%u special\n%u special\n%u special\n%u special\n", (unsigned)SYS_clone3,
+           (unsigned)SYS_clone, (unsigned)SYS_unshare, (unsigned)SYS_ioctl, (unsigned)SYS_personality);
     printf("insns %d\n", build_seccomp(prog));
     return 0;
 }
