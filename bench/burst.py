@@ -528,11 +528,12 @@ def main() -> None:
     ap.add_argument("--sequence", choices=("agent", "tests"), default="agent",
                     help="the workload: an agent-like tool-call sequence (default) or the project's quick tests")
     ap.add_argument("--sides", default=",".join(SIDES), help=f"comma-separated subset of {','.join(SIDES)}")
+    ap.add_argument("--no-docker", action="store_true", help="the Shoal sides only (= --sides shoal,shoal-disk)")
     ap.add_argument("--no-snapshot", action="store_true")
     ap.add_argument("--root", default=None, help="Shoal root (default /var/lib/shoal-bench, kept as a cache)")
     ap.add_argument("--out", default=str(RESULTS / "burst.json"))
     args = ap.parse_args()
-    sides = [s for s in args.sides.split(",") if s]
+    sides = [s for s in args.sides.split(",") if s and not (args.no_docker and s.startswith("docker"))]
     if unknown := set(sides) - set(SIDES):
         raise SystemExit(f"--sides: unknown {sorted(unknown)}; choose from {', '.join(SIDES)}")
 

@@ -1,4 +1,4 @@
-"""Smoke run of the burst benchmark (N=32 over busybox workspaces, Shoal side only).
+"""Smoke run of the burst benchmark (N=32 over busybox workspaces, Shoal sides only: tmpfs and disk upper).
 
 The full comparison against Docker is bench/burst.py; here we check that the script runs end to end,
 every task passes, and its accounting is sane. No timing assertions: these machines are shared."""
@@ -17,16 +17,19 @@ def test_burst_smoke(tmp_path):
     root = Path("/tmp") / f"shoal-burst-smoke-{tmp_path.name[-8:]}"
     try:
         r = subprocess.run([sys.executable, str(BENCH), "--workspaces", "busybox", "--m", "4", "--sweep", "32",
-                            "--no-docker", "--root", str(root), "--out", str(out)],
+                            "--runs", "1", "--sides", "shoal,shoal-disk", "--root", str(root), "--out", str(out)],
                            capture_output=True, text=True, timeout=600)
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
         res = json.loads(out.read_text())
-        row = res["sweep"][0]["shoal"]
-        assert row["n"] == 32 and row["failed"] == 0
-        assert row["wall_s"] > 0 and row["p50_ms"] > 0 and row["bytes_written"] >= 0
+        for side in ("shoal", "shoal-disk"):  # tmpfs and disk uppers
+            row = res["rows"][0]["sides"][side]
+            assert row["runs"][0]["n"] == 32 and row["failed"] == 0
+            assert row["wall_s"]["median"] > 0 and row["p50_ms"]["median"] > 0 and row["bytes_written"]["min"] >= 0
         snap = res["snapshot_fork"]
-        assert set(snap["snapshot_ms"]) == {"1MB", "10MB", "100MB"}
-        assert snap["fork_100_failed"] == 0 and snap["fork_10_failed"] == 0
+        for upper in ("tmpfs", "disk"):
+            assert set(snap["snapshot_ms"][upper]) == {"1MB", "10MB", "100MB"}
+        assert snap["fork_failed"] == {"10": 0, "100": 0}
+        assert 0.9 < snap["disk_upper"]["usable_fraction"] <= 1
         assert out.with_suffix(".png").stat().st_size > 1000
     finally:
         from shoal import Host
