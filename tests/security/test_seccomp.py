@@ -18,17 +18,84 @@ from shoal.runtime.container.native import helper_path
 from .conftest import probe_results
 
 
+def _dump() -> str:
+    return subprocess.run([str(helper_path()), "seccomp-table"], capture_output=True, text=True, check=True).stdout
+
+
 def _table() -> tuple[set[int], set[int], set[int]]:
     """(allowed, denied, special) syscall numbers, from the shoal-init this test session runs."""
-    out = subprocess.run([str(helper_path()), "seccomp-table"], capture_output=True, text=True, check=True).stdout
     allowed, denied, special = set(), set(), set()
-    for line in out.splitlines():
-        nr, what = line.split()
-        if nr == "insns":
-            assert int(what) <= 4096
+    for line in _dump().splitlines():
+        nr, what = line.split()[:2]
+        if nr in ("insns", "arch", "bpf"):
             continue
         {"allow": allowed, "deny": denied, "special": special}[what].add(int(nr))
     return allowed, denied, special
+
+
+# classic BPF, the subset a seccomp filter of shoal-init uses
+LD_W_ABS, JA, JEQ_K, JGE_K, JSET_K, AND_K, RET_K = 0x20, 0x05, 0x15, 0x35, 0x45, 0x54, 0x06
+RET_ALLOW, RET_KILL_PROCESS, RET_ERRNO = 0x7FFF0000, 0x80000000, 0x00050000
+EPERM, ENOSYS = 1, 38
+
+
+def _run_bpf(prog: list[tuple[int, int, int, int]], nr: int, arch: int, args: tuple[int, ...] = ()) -> int:
+    """The filter's verdict for one call, as the kernel computes it (struct seccomp_data: nr at 0,
+    arch at 4, instruction pointer at 8, args at 16 + 8 i, little endian)."""
+    words = {0: nr, 4: arch}
+    for i, a in enumerate((*args, 0, 0, 0, 0, 0, 0)[:6]):
+        words[16 + 8 * i], words[20 + 8 * i] = a & 0xFFFFFFFF, a >> 32
+    acc, pc, steps = 0, 0, 0
+    while True:
+        steps += 1
+        assert steps <= len(prog), "the program loops"  # forward jumps only: it cannot
+        code, jt, jf, k = prog[pc]
+        pc += 1
+        if code == LD_W_ABS:
+            acc = words[k]
+        elif code == AND_K:
+            acc &= k
+        elif code == JA:
+            pc += k
+        elif code in (JEQ_K, JGE_K, JSET_K):
+            hit = acc == k if code == JEQ_K else acc >= k if code == JGE_K else bool(acc & k)
+            pc += jt if hit else jf
+        elif code == RET_K:
+            return k
+        else:
+            raise AssertionError(f"instruction {code:#x} not expected in the filter")
+
+
+def test_the_bpf_program_gives_every_number_the_table_s_verdict():
+    """The sweep below proves refused calls are refused; this proves the binary search also lets
+    every allowed call through (a wrong jump would turn an allowed call into ENOSYS, which only
+    the workload that needs it would notice), for every number, on this build's program."""
+    allowed, denied, special = _table()
+    lines = _dump().splitlines()
+    arch = int(next(l for l in lines if l.startswith("arch ")).split()[1])
+    prog = [tuple(int(x) for x in l.split()[1:]) for l in lines if l.startswith("bpf ")]
+    assert len(prog) <= 4096 and int(next(l for l in lines if l.startswith("insns ")).split()[1]) == len(prog)
+    assert all(0 <= jt <= 255 and 0 <= jf <= 255 for _, jt, jf, _ in prog)
+    for nr in range(1024):
+        verdict = _run_bpf(prog, nr, arch)
+        if nr in special:
+            continue
+        want = RET_ALLOW if nr in allowed else RET_ERRNO | (EPERM if nr in denied else ENOSYS)
+        assert verdict == want, (nr, hex(verdict), hex(want))
+    assert _run_bpf(prog, 39, arch ^ 0x80000000) == RET_KILL_PROCESS  # a foreign ABI (AUDIT_ARCH_I386 etc.)
+    if os.uname().machine == "x86_64":
+        assert _run_bpf(prog, 0x40000000 | 39, arch) == RET_ERRNO | EPERM  # x32
+        clone, unshare, ioctl, personality, clone3 = 56, 272, 16, 135, 435
+        assert _run_bpf(prog, clone3, arch) == RET_ERRNO | ENOSYS
+        assert _run_bpf(prog, clone, arch, (0x10000000 | 17,)) == RET_ERRNO | EPERM  # CLONE_NEWUSER
+        assert _run_bpf(prog, clone, arch, (0x3D0F00,)) == RET_ALLOW  # a pthread_create's flags
+        assert _run_bpf(prog, unshare, arch, (0x10000000,)) == RET_ERRNO | EPERM
+        assert _run_bpf(prog, unshare, arch, (0x20000,)) == RET_ALLOW  # CLONE_NEWNS: left to capabilities
+        assert _run_bpf(prog, ioctl, arch, (0, 0x5412)) == RET_ERRNO | EPERM  # TIOCSTI
+        assert _run_bpf(prog, ioctl, arch, (0, 0x40049409)) == RET_ERRNO | EPERM  # FICLONE
+        assert _run_bpf(prog, ioctl, arch, (0, 0x5401)) == RET_ALLOW  # TCGETS
+        assert _run_bpf(prog, personality, arch, (0xFFFFFFFF,)) == RET_ALLOW
+        assert _run_bpf(prog, personality, arch, (0x0040000,)) == RET_ERRNO | EPERM
 
 
 def _lines(out: str, prefix: str = "") -> dict[str, str]:

@@ -506,8 +506,9 @@ static void install_seccomp(void) {
     if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &fprog) < 0) die("seccomp");
 }
 
-/* `shoal-init seccomp-table`: the table as "<nr> allow|deny" lines, for tests that probe every
- * call the filter refuses (the numbers are this build's architecture's). */
+/* `shoal-init seccomp-table`: the table as "<nr> allow|deny|special" lines and the BPF program, for
+ * tests that probe every call the filter refuses and run the program on every number (the numbers
+ * are this build's architecture's). */
 static int print_seccomp_table(void) {
     static struct seccomp_rule rules[N_RULES];
     static struct sock_filter prog[MAX_INSNS];
@@ -516,7 +517,10 @@ static int print_seccomp_table(void) {
     /* checked before the table: clone3 always ENOSYS, the others by their arguments */
     printf("%u special\n%u special\n%u special\n%u special\n%u special\n", (unsigned)SYS_clone3,
            (unsigned)SYS_clone, (unsigned)SYS_unshare, (unsigned)SYS_ioctl, (unsigned)SYS_personality);
-    printf("insns %d\n", build_seccomp(prog));
+    int len = build_seccomp(prog);
+    printf("insns %d\narch %u\n", len, (unsigned)SHOAL_AUDIT_ARCH);
+    /* the program itself, so a test can run it on every number without a kernel in the way */
+    for (int i = 0; i < len; i++) printf("bpf %u %u %u %u\n", prog[i].code, prog[i].jt, prog[i].jf, prog[i].k);
     return 0;
 }
 
