@@ -228,3 +228,14 @@ def test_lines_after_the_end_are_not_believed(tmp_path):
     assert grade_run(LOG, rec, F2P, P2P).reason == "tampered"
     text, key = _record(_sub(tmp_path, "e"), GOOD[:5])  # no exit line: the runner never finished its checks
     assert grade_run(LOG, verify_record(text, key), F2P, P2P).reason == "incomplete"
+
+
+def test_a_test_line_must_agree_with_its_phases(tmp_path):
+    # code that reached the runner's plugin changed its per-test state between the call and teardown
+    phases = [("phase", {"nodeid": F2P[0], "when": w, "outcome": o, "xfail": False})
+              for w, o in (("setup", "passed"), ("call", "failed"), ("teardown", "passed"))]
+    text, key = _record(tmp_path, [*GOOD[:2], *phases, *GOOD[2:]])
+    assert "its phases say FAILED" in verify_record(text, key).problem
+    ok = [(k, {**d, "outcome": "passed"}) if d.get("when") == "call" else (k, d) for k, d in phases]
+    text, key = _record(_sub(tmp_path, "ok"), [*GOOD[:2], *ok, *GOOD[2:]])
+    assert not verify_record(text, key).problem

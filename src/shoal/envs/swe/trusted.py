@@ -94,6 +94,7 @@ class RunRecord:
     exit: dict | None = None
     lines: int = 0
     audit: list[str] = field(default_factory=list)  # what the runner's audit hook refused, as it happened
+    phases: dict[str, str] = field(default_factory=dict)  # nodeid -> status from its phase lines so far
 
     @property
     def tampered(self) -> list[str]:
@@ -137,7 +138,14 @@ def verify_record(text: str, key: str) -> RunRecord:
         if rec.exit is not None or (rec.end is not None and kind not in ("exit", "tamper")):
             rec.problem = f"record line {n} ({kind}) comes after the run's end"
             return rec
-        if kind == "test":
+        if kind == "phase":
+            rec.phases[d["nodeid"]] = phase_status(d, rec.phases.get(d["nodeid"]))
+        elif kind == "test":
+            derived = rec.phases.get(d["nodeid"])
+            if derived is not None and derived != d["status"]:
+                rec.problem = (f"record line {n} says {d['nodeid']} {d['status']}, its phases say {derived}: "
+                               "the runner's state was changed")
+                return rec
             rec.status[d["nodeid"]] = d["status"]
             if d.get("unittest"):
                 rec.unittest.add(d["nodeid"])
@@ -152,6 +160,25 @@ def verify_record(text: str, key: str) -> RunRecord:
         elif kind == "tamper":
             rec.audit.append(str(d.get("what", "")))
     return rec
+
+
+def phase_status(d: dict, prev: str | None) -> str | None:
+    """The status pytest -rA shows, from one setup / call / teardown phase line (run.py's
+    `_status`, computed here from the phases as they were written)."""
+    when, outcome, xfail = d.get("when"), d.get("outcome"), bool(d.get("xfail"))
+    if when == "setup":
+        if outcome == "failed":
+            return "ERROR"
+        if outcome == "skipped":
+            return "XFAIL" if xfail else "SKIPPED"
+        return prev
+    if when == "call":
+        if outcome == "passed":
+            return "XPASS" if xfail else "PASSED"
+        if outcome == "failed":
+            return "FAILED"
+        return "XFAIL" if xfail else "SKIPPED"
+    return "ERROR" if outcome == "failed" else prev
 
 
 def trusted_eval_script(start: str, end: str, exit_marker: str) -> str:

@@ -81,14 +81,20 @@ def _encoder():
     return enc
 
 
-def _channel(key: bytes, fd: int):
-    """emit(kind, **data): one HMAC-chained JSON line to the record file."""
+def _channel(key: bytes, fd: int, callers: dict[int, object] | None = None):
+    """emit(kind, **data): one HMAC-chained JSON line to the record file. Only the runner's own code
+    (`callers`, code objects by identity) may call it: code under test that reaches the writer
+    (pytest's config, then the plugin manager, then this plugin: no audited step) gets a `tamper`
+    line instead."""
     from _hashlib import hmac_digest  # a C function: not patchable in place
 
     chain = [b"shoal-record-v1"]
-    enc, write, length = _encoder(), os.write, len  # closure cells: no module global is looked up
+    enc, write, length, getframe = _encoder(), os.write, len, sys._getframe  # closure cells, not globals
 
     def emit(kind: str, **data) -> None:
+        code = getframe(1).f_code
+        if callers and callers.get(id(code)) is not code:
+            kind, data = "tamper", {"what": f"the record writer called from {code.co_filename}:{code.co_name}"}
         line = enc({"seq": length(chain), "kind": kind, **data})
         mac = hmac_digest(key, chain[-1] + line.encode(), "sha256")
         chain.append(mac)
@@ -277,12 +283,45 @@ class Integrity:
         self.modules = {name: sys.modules[name] for name in WATCHED_MODULES if name in sys.modules}
         self.snap = {name: _snapshot_module(m) for name, m in self.modules.items()}
         self.plugins: dict = {}
+        # (live namespace, key, object) for a cheap identity sweep while tests run (`changed`)
+        self.flat = []
+        for name, mod in self.modules.items():
+            for attr, obj in self.snap[name].items():
+                owner, _, key = attr.rpartition(".")
+                ns = vars(mod) if not owner else vars(_lookup(mod, owner))
+                self.flat.append((ns, key, obj))
+        self.impls: dict = {}
 
     def capture_plugins(self, config) -> None:
         pm = config.pluginmanager
         self.pm, self.hook, self.hookexec = pm, pm.hook, pm._inner_hookexec
         self.plugins = {n: pm.get_plugin(n) for n in WATCHED_PLUGINS if pm.get_plugin(n) is not None}
         self.callers = {h: getattr(config.hook, h) for h in OUTCOME_HOOKS}
+
+    def changed(self) -> bool:
+        """Whether anything `check` looks at may have changed since the start (cheap: identities
+        only; `check` then says what)."""
+        modules = sys.modules
+        for name, mod in self.modules.items():
+            if modules.get(name) is not mod:
+                return True
+        for ns, key, obj in self.flat:
+            if ns.get(key, _MISSING) is not obj:
+                return True
+        if self.plugins:
+            if self.hook is not self.pm.hook or self.pm._inner_hookexec is not self.hookexec:
+                return True
+            for h, caller in self.callers.items():
+                now = [i.function for i in caller.get_hookimpls()]
+                if self.impls.get(h) != now:
+                    self.impls[h] = now  # impls change (conftests register): `check` vets them
+                    return True
+        return sys.gettrace() is not None or sys.getprofile() is not None
+
+    def rebase(self) -> None:
+        """After a `check` found nothing: what changed is trusted code (pytest's legacypath
+        plugin patches a few attributes), so `changed` compares with the objects there now."""
+        self.flat = [(ns, key, ns.get(key, _MISSING)) for ns, key, _ in self.flat]
 
     def check(self, items=(), codes=None) -> list[str]:
         found: list[str] = []
@@ -496,6 +535,9 @@ class GraderPlugin:
     def __init__(self, emit, integrity: Integrity, findings: list[str]):
         self.emit, self.integrity, self.findings = emit, integrity, findings
         self.session = None
+        self.report_cls = sys.modules["_pytest.reports"].TestReport
+        self.car = _code_of(sys.modules["_pytest.runner"].call_and_report)
+        self.pluggy_dir = os.path.dirname(sys.modules["pluggy"].__file__) + "/"
         self.byid: dict[str, object] = {}
         self.shape: dict[int, tuple] = {}
         self.status: dict[str, str] = {}
@@ -558,7 +600,34 @@ class GraderPlugin:
                 found.append(f"{item.nodeid}: test function object replaced")
         return found
 
+    def _genuine(self, report) -> bool:
+        """A report pytest's runner made and passed here, not one that code under test built or
+        sent through the hook."""
+        if type(report) is not self.report_cls:
+            return False
+        frame = sys._getframe(2)
+        while frame is not None and frame.f_code.co_filename.startswith(self.pluggy_dir) and \
+                self.integrity.prov.code_ok(frame.f_code):
+            frame = frame.f_back
+        return frame is not None and frame.f_code is self.car
+
     def pytest_runtest_logreport(self, report):
+        if not self._genuine(report):
+            self.findings.append(f"a test report for {report.nodeid} that pytest's runner did not make")
+            self.emit("tamper", what=self.findings[-1])
+            return
+        # each phase as it happens: the host derives the status from these (trusted.py), so state
+        # kept here between phases (self.status) is not what the verdict rests on
+        self.emit("phase", nodeid=report.nodeid, when=report.when, outcome=report.outcome,
+                  xfail=hasattr(report, "wasxfail"))
+        if report.when == "call" and self.integrity.changed():  # pytest's machinery while tests run
+            found = self.integrity.check()
+            for f in found:
+                if f not in self.findings:
+                    self.findings.append(f)
+                    self.emit("tamper", what=f)
+            if not found:
+                self.integrity.rebase()
         st = _status(report, self.status.get(report.nodeid))
         if st is not None:
             self.status[report.nodeid] = st
@@ -576,6 +645,27 @@ class GraderPlugin:
         tampered = self.integrity.check(self.items, self.codes) + self.check_items(self.items) + list(self.findings)
         self.emit("end", exitstatus=int(exitstatus), tests=len(self.status), collect_errors=self.collect_errors,
                   tampered=tampered)
+
+
+def _own_code() -> dict[int, object]:
+    """id -> code object of every function in this file (the record writer's permitted callers)."""
+    import inspect
+
+    out: dict[int, object] = {}
+
+    def walk(code):
+        if id(code) not in out:
+            out[id(code)] = code
+            for c in code.co_consts:
+                if inspect.iscode(c):
+                    walk(c)
+
+    for value in list(globals().values()):
+        for v in [value, *(vars(value).values() if inspect.isclass(value) else ())]:
+            code = _code_of(v)
+            if code is not None and code.co_filename == __file__:
+                walk(code)
+    return out
 
 
 def _preimport_pytest() -> None:
@@ -691,7 +781,8 @@ def main() -> int:
     os.close(devnull)
     key = bytes.fromhex(cfg.pop("key"))
     fd = os.open(cfg["record"], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o600)
-    emit = _channel(key, fd)
+    callers: dict[int, object] = {}
+    emit = _channel(key, fd, callers)
     del key
     mode = cfg.get("mode", "pytest")
     if mode == "pytest":
@@ -713,6 +804,7 @@ def main() -> int:
     missing, int_, list_ = object(), int, list
     watched = [(name, d, {k: v for k, v in d.items() if not k.startswith("__")})
                for name, d in (("run.py", globals()), ("builtins", vars(builtins)))]
+    callers.update(_own_code())
     # before any code under test runs: hooks cannot be removed, and this one refuses others
     sys.addaudithook(_audit_hook(prov, cfg["record"], fd, findings, emit))
     plugin = None
