@@ -20,8 +20,12 @@ It is not imported on the host: it needs only the standard library and the pytes
   it saw at start, and checks where every hook implementation, import hook and test function
   comes from. Findings go into the record's `end` line as `tampered`.
 
-Code under test runs in this process, so it can still reach the key (e.g. through the garbage
-collector) and forge a record: see docs/swe.md, "Threat model".
+- An audit hook installed before any code under test runs refuses, and writes into the record
+  at once, what reaching the runner's objects took in the red team's hacks (`_audit_hook`); the
+  record writer accepts only the runner's own code as its caller.
+
+Code under test still runs in this process: what CPython does not audit (attribute reads, module
+globals, closure cells) it can still reach; see docs/swe.md, "Threat model".
 """
 from __future__ import annotations
 
