@@ -297,8 +297,10 @@ def evaluate(host: Host, task: SWETask, patch: str | None, timeout: float = 60, 
     """Grade a patch in a fresh sandbox of the task (the agent's sandbox may have been tampered
     with), with the trusted runner; returns (report, test log).
 
-    Layers, in order: the patch filter (tests and test configuration dropped); the static screen
-    (paths, then the added code, read from the sandbox before anything runs); the trusted runner
+    Layers, in order: malformed headers rejected; the patch filter (tests and test configuration
+    dropped), then, after `git apply`, every protected path git says changed restored from HEAD;
+    the static screen (over git's list of changed paths and the files read from the sandbox
+    before anything runs); the trusted runner
     (`python3 -I -S`, pytest from the grader layer) whose HMAC-chained record gives the statuses,
     cross-checked against the log; then each FAIL_TO_PASS test that flipped is re-run on its own
     in another fresh sandbox (under unittest for TestCase tests) and must pass there too.
