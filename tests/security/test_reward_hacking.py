@@ -688,13 +688,16 @@ def test_protected_paths_come_from_git_not_the_parser(host, tasks):
 
     task = tasks[PARSE]
     read = lambda t, p: _read(host, t, p)
+    # also a cached test module: pytest's assertion rewriter would load it if its header matched
     patch = mixed_sections(task, read) + new_file("parse/conftest.py", PLUGIN) + new_file(
-        "pytest.ini", "[pytest]\naddopts = -p parse.conftest\n")
+        "pytest.ini", "[pytest]\naddopts = -p parse.conftest\n") + new_file(
+        "tests/__pycache__/test_bugs.cpython-311-pytest-8.3.4.pyc", "x\n") + new_file("parse/x.pyc", "y\n")
     with grader_sandbox(host, task, ttl=300) as sb:
         ap = _apply(sb, task, patch)
         status = sb.commands.run("git status --porcelain --untracked-files=all; ls parse; ls pytest.ini",
                                  cwd=task.repo_dir)
     assert ap.ok and not ap.malformed, ap
-    assert ap.restored == ["parse/conftest.py", "pytest.ini", "tests/test_bugs.py"]
+    assert ap.restored == ["parse/conftest.py", "parse/x.pyc", "pytest.ini",
+                           "tests/__pycache__/test_bugs.cpython-311-pytest-8.3.4.pyc", "tests/test_bugs.py"]
     assert [c.path for c in ap.changes] == ["README.rst"]
     assert status.stdout.splitlines() == ["M  README.rst", "__init__.py", "__init__.pyi"]  # no pytest.ini either

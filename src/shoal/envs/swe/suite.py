@@ -140,7 +140,9 @@ class Applied:
     malformed: str = ""  # why git's view could not be trusted
 
 
-_PROTECTED_RX = re.compile(PROTECTED_PATTERN)
+# restored / deleted after `git apply`: the protected paths, and compiled files (pytest's assertion
+# rewriter loads a cached test module from __pycache__ when its header matches the source)
+_PROTECTED_RX = re.compile(PROTECTED_PATTERN + r"|(^|/)__pycache__/|\.py[cod]$")
 _GITP = ["git", "-c", "core.quotepath=off", "--literal-pathspecs"]
 
 
