@@ -120,7 +120,7 @@ def _benchmarks(root: Path, host: Host) -> None:
                             "then a burst against Docker (bench/burst.py, reduced N)", style="bold cyan"))
     burst = Path(__file__).resolve().parents[2] / "bench" / "burst.py"
     bargs = [sys.executable, str(burst), "--m", "8", "--sweep", os.environ.get("SHOAL_DEMO_BURST", "32,64"),
-             "--out", str(results / "burst.json")]
+             "--runs", "1", "--out", str(results / "burst.json")]
     if os.environ.get("SHOAL_DEMO_NO_DOCKER"):
         bargs.append("--no-docker")
     subprocess.run(bargs, check=False)
