@@ -24,7 +24,9 @@ def test_burst_smoke(tmp_path):
         for side in ("shoal", "shoal-disk"):  # tmpfs and disk uppers
             row = res["rows"][0]["sides"][side]
             assert row["runs"][0]["n"] == 32 and row["failed"] == 0
-            assert row["wall_s"]["median"] > 0 and row["p50_ms"]["median"] > 0 and row["bytes_written"]["min"] >= 0
+            assert row["wall_s"]["median"] > 0 and row["p50_ms"]["median"] > 0
+        # the disk upper's writes reach the block layer (a tmpfs upper's may not): the counter must see them
+        assert res["rows"][0]["sides"]["shoal-disk"]["bytes_written"]["min"] > 0
         snap = res["snapshot_fork"]
         for upper in ("tmpfs", "disk"):
             assert set(snap["snapshot_ms"][upper]) == {"1MB", "10MB", "100MB"}
