@@ -862,11 +862,16 @@ static int init_main(void *arg) {
 
 static void write_tombstone(const char *reason) {
     if (!cfg.tombstone) return;
-    int fd = open(cfg.tombstone, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    /* written aside, then renamed into place: readers poll for the file and read it at once, and a
+     * file seen between open() and write() would say nothing (the runtime then reported "exited"
+     * for an expired TTL; the slow guest of `make test-vm` hit it) */
+    char tmp[4096];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", cfg.tombstone) >= (int)sizeof tmp) return;
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) return;
     ssize_t w = write(fd, reason, strlen(reason));
-    (void)w;
     close(fd);
+    if (w != (ssize_t)strlen(reason) || rename(tmp, cfg.tombstone) < 0) unlink(tmp);
 }
 
 static void release_resources(void) {
