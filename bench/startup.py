@@ -440,6 +440,21 @@ def interleaved(samplers: dict[str, Callable[[], None]], n: int, runs: int, warm
     return out
 
 
+def headline(res: dict) -> dict:
+    """What `history` keeps of a run: when, under what load, the CLI goal's two figures."""
+    h, g = res.get("host", {}), res.get("goal", {})
+    return {"date": res.get("date"), "command": res.get("command"), "loadavg_1m_before": h.get("loadavg_1m_before"),
+            "loadavg_1m_after": h.get("loadavg_1m_after"), "cli_p50_ms": g.get("cli_p50_ms"),
+            "cli_speedup": g.get("cli_speedup"), "met": g.get("met")}
+
+
+def history(previous: dict, keep: int = 8) -> list[dict]:
+    """The earlier runs' headlines, oldest first, this file's previous run last."""
+    if "goal" not in previous:
+        return list(previous.get("history", []))[-keep:]
+    return [*previous.get("history", []), headline(previous)][-keep:]
+
+
 def compare(rows: dict) -> dict:
     out = {}
     for name, (mine, peer, title, _) in COMPARISONS.items():
@@ -545,10 +560,17 @@ def readme_section(res: dict) -> str:
                         "Shoal faster (p50)"], "lllrrrr", comparison_rows(res))]
     g = res["goal"]
     verdict = "**met**" if g.get("met") else f"**missed**: {g.get('gap')}"
+    hist = [x for x in res.get("history", []) if x.get("cli_p50_ms")]
     lines += ["", f"Goal for the CLI: `shoal run IMG -- true` with a warm daemon at p50 ≤ {g['cli_p50_ms_max']:g} ms "
               f"and ≥ {g['cli_speedup_min']:g}× faster than `docker run --rm`, in one run: {verdict} "
               f"(p50 {_ms(g['cli_p50_ms'])}" + (f", {g['cli_speedup']:.2f}×" if g.get("cli_speedup") else "") +
-              ").", "", "What each row includes "
+              ")." + (" Earlier runs of this benchmark (`history` in the JSON), most under heavier load from "
+                      "other work on the machine: " + "; ".join(
+                          f"p50 {_ms(x['cli_p50_ms'])}, {x['cli_speedup']:.2f}× ("
+                          + (f"load {x['loadavg_1m_before']}–{x['loadavg_1m_after']}, "
+                             if x.get("loadavg_1m_before") is not None else "load not recorded, ")
+                          + ("met" if x.get("met") else "missed") + ")" for x in hist) + "." if hist else ""),
+              "", "What each row includes "
               "(`rows.<key>` in the JSON):", ""]
     for key, r in rows.items():
         lines.append(f"- `{key}`: {r['includes']}.")
@@ -719,6 +741,8 @@ def main() -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
     out.parent.mkdir(parents=True, exist_ok=True)
+    if out.exists():  # keep the headline of earlier runs: one good run must not hide the others
+        res["history"] = history(json.loads(out.read_text()))
     out.write_text(json.dumps(res, indent=2) + "\n")
     plot(res, out.with_suffix(".png"))
     section = readme_section(res)
