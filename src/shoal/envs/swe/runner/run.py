@@ -542,6 +542,7 @@ class GraderPlugin:
         self.report_cls = sys.modules["_pytest.reports"].TestReport
         self.car = _code_of(sys.modules["_pytest.runner"].call_and_report)
         self.pluggy_dir = os.path.dirname(sys.modules["pluggy"].__file__) + "/"
+        self.multicall = _code_of(sys.modules["pluggy._callers"]._multicall)
         self.byid: dict[str, object] = {}
         self.shape: dict[int, tuple] = {}
         self.status: dict[str, str] = {}
@@ -563,6 +564,12 @@ class GraderPlugin:
         f = getattr(plugin, "__file__", None)
         if f and os.path.basename(f) == "conftest.py":
             self.emit("conftest", path=f)
+        # any hook, not only those that decide outcomes: a plugin's logstart can arm the rest
+        for name in dir(plugin):
+            if name.startswith("pytest_"):
+                fn = getattr(plugin, name, None)
+                if callable(fn) and not self.integrity.prov.obj_ok(fn):
+                    self._found(f"plugin {manager.get_name(plugin)} registered with {name} from {_code_file(fn)}")
 
     def pytest_collectreport(self, report):
         if report.failed:
@@ -603,6 +610,35 @@ class GraderPlugin:
             elif type(item).__name__ == "Function" and d.get("_obj", _MISSING) is not obj:
                 found.append(f"{item.nodeid}: test function object replaced")
         return found
+
+    def _vet_running_impls(self, hook: str) -> None:
+        """The implementations pluggy is running for this hook call, read from its `_multicall`
+        frame: a wrapper that unregisters itself while it runs is not in the registry when the
+        session-end or per-test checks look, but it is in that list."""
+        frame = sys._getframe(2)  # the wrapper generator's caller
+        if frame is None or frame.f_code is not self.multicall:
+            self._found(f"{hook} called from outside pluggy's _multicall")
+            return
+        for impl in list(frame.f_locals.get("hook_impls") or ()):
+            if not self.integrity.prov.obj_ok(impl.function):
+                self._found(f"hook {hook} implemented in {_code_file(impl.function)} ({impl.plugin_name})")
+
+    def _found(self, what: str) -> None:
+        if what not in self.findings:
+            self.findings.append(what)
+            self.emit("tamper", what=what)
+
+    def pytest_runtest_makereport(self, item, call):
+        self._vet_running_impls("pytest_runtest_makereport")
+        return (yield)
+
+    def pytest_pyfunc_call(self, pyfuncitem):
+        self._vet_running_impls("pytest_pyfunc_call")
+        return (yield)
+
+    def pytest_runtest_call(self, item):
+        self._vet_running_impls("pytest_runtest_call")
+        return (yield)
 
     def _genuine(self, report) -> bool:
         """A report pytest's runner made and passed here, not one that code under test built or
@@ -670,6 +706,12 @@ def _own_code() -> dict[int, object]:
             if code is not None and code.co_filename == __file__:
                 walk(code)
     return out
+
+
+# the outermost wrappers (pluggy reads these options the way @pytest.hookimpl sets them)
+for _name in ("pytest_runtest_makereport", "pytest_pyfunc_call", "pytest_runtest_call"):
+    vars(GraderPlugin)[_name].pytest_impl = {"wrapper": True, "hookwrapper": False, "optionalhook": False,
+                                             "tryfirst": True, "trylast": False, "specname": None}
 
 
 def _preimport_pytest() -> None:
