@@ -207,7 +207,8 @@ def _is_frozen(mod) -> bool:
                                  type(getattr(spec, "loader", None)).__name__ == "FrozenImporter")
 
 
-def _code_of(obj):
+def _unwrap(obj):
+    """The plain function behind a partial, bound method, class/static method or property."""
     import functools
     import inspect
 
@@ -221,24 +222,18 @@ def _code_of(obj):
             fn = fn.fget
         else:
             break
-    code = getattr(fn, "__code__", None)
+    return fn
+
+
+def _code_of(obj):
+    import inspect
+
+    code = getattr(_unwrap(obj), "__code__", None)
     return code if inspect.iscode(code) else None
 
 
 def _code_file(obj) -> str | None:
-    import functools
-    import inspect
-
-    fn = obj
-    for _ in range(10):
-        if isinstance(fn, functools.partial):
-            fn = fn.func
-        elif inspect.ismethod(fn) or isinstance(fn, (classmethod, staticmethod)):
-            fn = fn.__func__
-        elif isinstance(fn, property):
-            fn = fn.fget
-        else:
-            break
+    fn = _unwrap(obj)
     code = getattr(fn, "__code__", None)
     if code is not None:
         return code.co_filename
