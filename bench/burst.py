@@ -65,6 +65,9 @@ from shoal.errors import ShoalError  # noqa: E402
 from shoal.layers.busybox import make_busybox_tree  # noqa: E402
 from shoal.runtime.container.cgroups import CGROUP_ROOT, cgroup_parent  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from docker_engine import PrivateDockerd  # noqa: E402
+
 console = Console(width=160)
 RESULTS = Path(__file__).parent / "results"
 SIDES = ("shoal", "shoal-disk", "docker-bind", "docker-eager")
@@ -273,50 +276,7 @@ def run_shoal(host: Host, base: str, workspaces: list[dict], n: int, conc: int, 
 
 
 # ------------------------------------------------------------------------------------------ docker
-class Dockerd:
-    """Starts Debian's dockerd if no engine answers; stops only what it started."""
-
-    def __init__(self):
-        self.proc = None
-        self.tmp = None
-
-    CGROUP = "shoal-burst-docker"  # containers' cgroup parent: sampled for the cgroup memory column
-
-    def up(self) -> bool:
-        """Our own engine on a private socket (others may run one on this host), DOCKER_HOST set."""
-        if not shutil.which("docker") or not shutil.which("dockerd"):
-            return False
-        self.tmp = tempfile.mkdtemp(prefix="shoal-burst-dockerd-")
-        os.environ["DOCKER_HOST"] = f"unix://{self.tmp}/docker.sock"
-        log = open(os.path.join(self.tmp, "dockerd.log"), "w")  # noqa: SIM115 (lives as long as dockerd)
-        self.proc = subprocess.Popen(["dockerd", "--iptables=false", "--bridge=none", "--data-root",
-                                      os.path.join(self.tmp, "data"), "--exec-root", os.path.join(self.tmp, "exec"),
-                                      "--pidfile", os.path.join(self.tmp, "docker.pid"),
-                                      "-H", os.environ["DOCKER_HOST"], f"--cgroup-parent=/{self.CGROUP}"],
-                                     stdout=log, stderr=log)
-        for _ in range(300):
-            if subprocess.run(["docker", "info"], capture_output=True, check=False).returncode == 0:
-                return True
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.1)
-        console.print(f"[yellow]dockerd did not start; see {self.tmp}/dockerd.log[/yellow]")
-        return False
-
-    def down(self) -> None:
-        if self.proc:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-            subprocess.run(["umount", "-R", os.path.join(self.tmp, "data")], capture_output=True, check=False)
-            shutil.rmtree(self.tmp, ignore_errors=True)
-            for d in CGROUP_ROOT.glob(f"*/{self.CGROUP}"):  # the empty cgroup parent, per controller
-                try:
-                    d.rmdir()
-                except OSError:
-                    pass
+DOCKER_CGROUP = "shoal-burst-docker"  # containers' cgroup parent: sampled for the cgroup memory column
 
 
 def docker_import_workspaces(host: Host, base: str, workspaces: list[dict]) -> list[str]:
@@ -554,7 +514,7 @@ def main() -> None:
     data_root = Path("/var/lib/docker")
     docker_sides = [s for s in sides if s.startswith("docker")]
     if docker_sides:
-        dockerd = Dockerd()
+        dockerd = PrivateDockerd("shoal-burst-dockerd-", cgroup_parent=DOCKER_CGROUP, export=True)
         if dockerd.up():
             info = json.loads(subprocess.run(["docker", "info", "--format", "{{json .}}"], capture_output=True,
                                              text=True, check=False).stdout or "{}")
@@ -564,13 +524,13 @@ def main() -> None:
             console.print("importing workspace images into Docker (setup, not timed)")
             ws_images = docker_import_workspaces(host, base, workspaces)
         else:
-            raise SystemExit("no Docker engine: install docker.io (make docker-engine) "
+            raise SystemExit(f"no Docker engine ({dockerd.error}): install docker.io (make docker-engine) "
                              "or pass --sides shoal,shoal-disk")
     if "shoal-disk" in sides:  # setup, not timed: the per-size ext4 template of the disk uppers
         from shoal.runtime.container.backend import _upper_template
 
         _upper_template(host.settings.root, 256)
-    docker_cg = cgroup_mem_dirs(Dockerd.CGROUP)
+    docker_cg = cgroup_mem_dirs(DOCKER_CGROUP)
     runs: dict[int, dict[str, list[dict]]] = {n: {s: [] for s in sides} for n in sweep}
     try:
         for run in range(args.runs):

@@ -56,6 +56,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from shoal import Host, Sandbox, WarmPool  # noqa: E402
 from shoal.layers.busybox import make_busybox_tree  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from docker_engine import PrivateDockerd  # noqa: E402
+
 console = Console()
 RESULTS = Path(__file__).parent / "results"
 REPO = Path(__file__).resolve().parents[1]
@@ -163,55 +166,6 @@ def shoal_runs(root: Path, n: int, batch: int, runs: int) -> dict:
 
 
 # ------------------------------------------------------------------------------------------ engines
-class Dockerd:
-    """Starts Debian's dockerd if no engine answers; stops only what it started.
-
-    host=None: the default socket (and an engine already answering there is reused, as burst.py
-    expects); host="unix:///path": always a private engine on that socket, so a benchmark does not
-    share (or stop) someone else's."""
-
-    def __init__(self, host: str | None = None):
-        self.proc: subprocess.Popen | None = None
-        self.tmp: str | None = None
-        self.host = host
-
-    def env(self) -> dict:
-        return dict(os.environ, DOCKER_HOST=self.host) if self.host else dict(os.environ)
-
-    def up(self) -> bool:
-        if not shutil.which("docker"):
-            return False
-        if not self.host and subprocess.run(["docker", "info"], capture_output=True).returncode == 0:
-            return True
-        if not shutil.which("dockerd"):
-            return False
-        self.tmp = tempfile.mkdtemp(prefix="shoal-dockerd-")
-        log = open(os.path.join(self.tmp, "dockerd.log"), "w")
-        cmd = ["dockerd", "--iptables=false", "--bridge=none", "--data-root", os.path.join(self.tmp, "data"),
-               "--exec-root", os.path.join(self.tmp, "exec"), "--pidfile", os.path.join(self.tmp, "docker.pid")]
-        if self.host:
-            cmd += ["-H", self.host]
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=log)
-        for _ in range(300):
-            if subprocess.run(["docker", "info"], capture_output=True, env=self.env()).returncode == 0:
-                return True
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.1)
-        console.print(f"[yellow]dockerd did not start; see {self.tmp}/dockerd.log[/yellow]")
-        return False
-
-    def down(self) -> None:
-        if self.proc:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-            subprocess.run(["umount", "-R", os.path.join(self.tmp, "data")], capture_output=True)
-            shutil.rmtree(self.tmp, ignore_errors=True)
-
-
 class Shoald:
     """`shoal serve` on a root of its own, stopped at the end."""
 
@@ -701,8 +655,10 @@ def main() -> None:
         docker_env = None
         docker_cli = "/usr/bin/docker" if os.path.exists("/usr/bin/docker") else (shutil.which("docker") or "docker")
         if not args.no_docker:
-            dockerd = Dockerd(host=f"unix://{tmp}/docker.sock")
-            if dockerd.up():
+            dockerd = PrivateDockerd()
+            if not dockerd.up():
+                console.print(f"[yellow]{dockerd.error}[/yellow]")
+            else:
                 docker_env = dockerd.env()
                 tar = rootfs_tar(str(tmp / "dockerimg"))
                 subprocess.run([docker_cli, "import", tar, "shoal-bench-busybox:latest"], check=True,
