@@ -63,4 +63,4 @@ repro: setup
 	$(PY) -m shoal.train.repro --config full --out docs/results
 
 clean:
-	rm -rf $(VENV) src/shoal/runtime/container/native/build
+	rm -rf $(VENV) src/shoal/backends/container/native/build

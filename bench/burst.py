@@ -61,9 +61,9 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from shoal import ContainerArgs, Host, Sandbox  # noqa: E402
-from shoal.errors import ShoalError  # noqa: E402
+from shoal.core.errors import ShoalError  # noqa: E402
 from shoal.layers.busybox import make_busybox_tree  # noqa: E402
-from shoal.runtime.container.cgroups import CGROUP_ROOT, cgroup_parent  # noqa: E402
+from shoal.backends.container.cgroups import CGROUP_ROOT, cgroup_parent  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from docker_engine import PrivateDockerd  # noqa: E402
@@ -527,7 +527,7 @@ def main() -> None:
             raise SystemExit(f"no Docker engine ({dockerd.error}): install docker.io (make docker-engine) "
                              "or pass --sides shoal,shoal-disk")
     if "shoal-disk" in sides:  # setup, not timed: the per-size ext4 template of the disk uppers
-        from shoal.runtime.container.backend import _upper_template
+        from shoal.backends.container.backend import _upper_template
 
         _upper_template(host.settings.root, 256)
     docker_cg = cgroup_mem_dirs(DOCKER_CGROUP)

@@ -10,7 +10,7 @@ import subprocess
 import tempfile
 import time
 
-from shoal.runtime.container.cgroups import CGROUP_ROOT
+from shoal.backends.container.cgroups import CGROUP_ROOT
 
 
 class PrivateDockerd:

@@ -33,7 +33,7 @@ RESULTS = HERE / "results"
 
 
 def operations() -> list[str]:
-    from shoal.daemon.app import create_app
+    from shoal.server.app import create_app
 
     spec = create_app(None).openapi()
     return sorted(f"{m.upper()} {p}" for p, ops in spec["paths"].items() for m in ops)

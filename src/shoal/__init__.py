@@ -1,8 +1,8 @@
 """Shoal: composable EROFS-layer sandboxes for agentic RL and agent evaluation."""
 from __future__ import annotations
 
-from . import errors
-from .errors import (BadDigest, CommandTimeout, CorruptArchive, ImageNotFound, InvalidArgument, LayerInUse,
+from .core import errors
+from .core.errors import (BadDigest, CommandTimeout, CorruptArchive, ImageNotFound, InvalidArgument, LayerInUse,
                      LayerNotFound, QuotaExceeded, SandboxError, SandboxNotFound, SessionClosed, ShoalError)
 
 TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs ~5 ms on the CLI's hot path
@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from .host import Host
-    from .runtime.abstract import ExecResult, Limits, SandboxInfo
+    from .core.contract import ExecResult, Limits, SandboxInfo
     from .sdk import AsyncSandbox, ContainerArgs, FnCallArgs, MicroVMArgs, Sandbox, WarmPool
 
 __version__ = "0.1.0"
@@ -21,8 +21,8 @@ __all__ = ["AsyncSandbox", "BadDigest", "CommandTimeout", "ContainerArgs", "Corr
 
 # Imported on first use (PEP 562): `import shoal` must stay cheap so the CLI's hot path
 # (shoal.cli_fast, which talks to shoald) does not pay for pydantic, the layer store and the SDK.
-_LAZY = {"Host": ".host", "ExecResult": ".runtime.abstract", "Limits": ".runtime.abstract",
-         "SandboxInfo": ".runtime.abstract", "AsyncSandbox": ".sdk", "ContainerArgs": ".sdk",
+_LAZY = {"Host": ".host", "ExecResult": ".core.contract", "Limits": ".core.contract",
+         "SandboxInfo": ".core.contract", "AsyncSandbox": ".sdk", "ContainerArgs": ".sdk",
          "FnCallArgs": ".sdk", "MicroVMArgs": ".sdk", "Sandbox": ".sdk", "WarmPool": ".sdk"}
 
 

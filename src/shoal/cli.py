@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .errors import ShoalError
+from .core.errors import ShoalError
 
 if TYPE_CHECKING:
     from .host import Host
@@ -87,7 +87,7 @@ def layer_import(path: Path = typer.Argument(..., help="a layer tar (.tar/.tar.g
     """Import a tar stream as one layer, or a docker save / OCI archive as one layer per image layer."""
     host = _host(root)
     from .layers.archive import read_image_archive
-    from .errors import CorruptArchive
+    from .core.errors import CorruptArchive
 
     try:
         read_image_archive(path)
@@ -356,8 +356,8 @@ def serve(socket: Optional[Path] = typer.Option(None, "--socket", help="Unix soc
           creates_per_s: float = typer.Option(200.0, "--creates-per-s", help="creation rate limit"),
           root: Optional[str] = RootOpt):
     """Run shoald, the host daemon: HTTP API on a Unix socket (and optionally TCP+TLS)."""
-    from .daemon.admission import AdmissionConfig
-    from .daemon.server import serve as run
+    from .server.admission import AdmissionConfig
+    from .server.server import serve as run
 
     run(root, socket, tcp, str(tls_cert) if tls_cert else None, str(tls_key) if tls_key else None,
         AdmissionConfig(max_sandboxes=max_sandboxes, max_starting=max_starting, creates_per_s=creates_per_s))

@@ -17,8 +17,8 @@ What runs where (`dispatch`, used by this entry point and by the typer commands 
   * Anything this parser does not take (another command, an unknown option, `--help`, a command
     not after `--`) goes to the full CLI (shoal.cli), whose run/exec call `dispatch` too.
 
-The wire schema has one source of truth, the daemon's models (`shoal.daemon.app.CreateRequest`,
-`ExecBody`, `shoal.runtime.abstract.ExecResult`): the bodies below are checked against them, and
+The wire schema has one source of truth, the daemon's models (`shoal.server.app.CreateRequest`,
+`ExecBody`, `shoal.core.contract.ExecResult`): the bodies below are checked against them, and
 this module's output against the SDK's, in tests/functional/test_cli.py.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import sys
 
-from .errors import ShoalError  # cheap: the package imports it anyway
+from .core.errors import ShoalError  # cheap: the package imports it anyway
 
 TYPE_CHECKING = False  # not typing's: importing typing costs ~5 ms here
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ except ImportError:  # another Python implementation: the ordinary modules
 
 DEFAULT_ROOT = "/var/lib/shoal"  # = shoal.config.DEFAULT_ROOT (a test keeps them equal)
 DEFAULT_CONFIG = "/etc/shoal/config.toml"  # = shoal.config.DEFAULT_CONFIG
-SOCKET_NAME = "shoald.sock"  # = shoal.daemon.server.default_socket(root).name
+SOCKET_NAME = "shoald.sock"  # = shoal.server.server.default_socket(root).name
 RUN_TIMEOUT_S = 600.0  # `shoal run/exec --timeout` default (same as the typer commands)
 HTTP_TIMEOUT_S = 120.0  # create / delete; exec waits for timeout + 30 s
 

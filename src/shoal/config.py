@@ -10,7 +10,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import InvalidArgument
+from .core.errors import InvalidArgument
 
 DEFAULT_ROOT = Path("/var/lib/shoal")
 DEFAULT_CONFIG = Path("/etc/shoal/config.toml")

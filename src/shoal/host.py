@@ -10,9 +10,9 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from .config import Settings, load_settings
-from .errors import BackendUnavailable, ImageNotFound, InvalidArgument, LayerNotFound
+from .core.errors import BackendUnavailable, ImageNotFound, InvalidArgument, LayerNotFound
 from .layers.store import LayerStore
-from .runtime.abstract import Limits, SandboxInfo, SandboxSpec, SnapshotInfo
+from .core.contract import Limits, SandboxInfo, SandboxSpec, SnapshotInfo
 
 _hosts: dict[Path, "Host"] = {}
 _hosts_lock = threading.Lock()
@@ -40,7 +40,7 @@ class Host:
         """The container runtime; created (and orphans swept) on first use."""
         with self._runtime_lock:
             if self._runtime is None:
-                from .runtime.container.backend import ContainerRuntime
+                from .backends.container.backend import ContainerRuntime
 
                 rt = ContainerRuntime(self.settings)
                 rt.sweep()

@@ -9,7 +9,7 @@ import pytest
 
 from shoal import (BadDigest, CorruptArchive, ImageNotFound, InvalidArgument, LayerNotFound, Sandbox,
                    SandboxNotFound)
-from shoal.errors import BackendUnavailable
+from shoal.core.errors import BackendUnavailable
 from shoal.sdk.args import MicroVMArgs
 
 

@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from shoal import ImageNotFound, InvalidArgument, QuotaExceeded, Sandbox, SandboxNotFound
-from shoal.errors import SandboxError, Unauthorized
+from shoal.core.errors import SandboxError, Unauthorized
 from shoal.sdk.remote import Client, RemoteSandbox
 
 from daemonctl import start_daemon

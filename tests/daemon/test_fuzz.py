@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
-from shoal.daemon.app import create_app
+from shoal.server.app import create_app
 from shoal.sdk.remote import Client
 
 MAX_EXAMPLES = int(os.environ.get("SHOAL_FUZZ_EXAMPLES", "50"))  # per operation and mode

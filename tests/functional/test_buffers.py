@@ -4,7 +4,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shoal.runtime.container.agent import CappedBuffer, RingLog
+from shoal.backends.container.initclient import CappedBuffer, RingLog
 
 chunks = st.lists(st.binary(min_size=0, max_size=300), max_size=40)
 

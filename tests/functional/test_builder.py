@@ -5,7 +5,7 @@ import pytest
 
 from shoal import InvalidArgument, Sandbox
 from shoal.envs import Builder, parse_recipe
-from shoal.errors import BuildError
+from shoal.core.errors import BuildError
 
 
 def _build(host, text, tag, context):

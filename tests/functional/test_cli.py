@@ -15,8 +15,8 @@ import pytest
 
 from shoal import cli_fast
 from shoal.config import DEFAULT_CONFIG, DEFAULT_ROOT, load_settings
-from shoal.daemon.app import CreateRequest, ExecBody
-from shoal.runtime.abstract import ExecResult, SandboxInfo
+from shoal.server.app import CreateRequest, ExecBody
+from shoal.core.contract import ExecResult, SandboxInfo
 from shoal.sdk.remote import Client, list_remote
 from shoal.sdk.sandbox import Sandbox
 

@@ -249,7 +249,7 @@ def test_loop_mount_fallback_serves_the_same_tree(host, make_layer, tmp_path, mo
 
 
 def test_forced_mount_mode_is_checked(host, make_layer, tmp_path, monkeypatch):
-    from shoal.errors import InvalidArgument
+    from shoal.core.errors import InvalidArgument
     from shoal.layers import erofs
 
     digest = make_layer({"x": "1"})

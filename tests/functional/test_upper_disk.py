@@ -13,7 +13,7 @@ import pytest
 from pydantic import ValidationError
 
 from shoal import ContainerArgs, Sandbox
-from shoal.runtime.abstract import Limits
+from shoal.core.contract import Limits
 
 
 def _disk(**kw) -> ContainerArgs:

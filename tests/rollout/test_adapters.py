@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from shoal.errors import InvalidArgument
+from shoal.core.errors import InvalidArgument
 from shoal.rollout.adapters import ShoalSWEAgentLoop, ShoalSWEEnv, parse_tool_calls
 
 pytestmark = pytest.mark.slow

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from shoal.envs.swe.suite import save_suite
-from shoal.errors import LLMUnavailable
+from shoal.core.errors import LLMUnavailable
 from shoal.rollout.episode import run_episode
 from shoal.rollout.policy import ChatEndpointPolicy, make_policy
 from shoal.rollout.runner import Rollout
@@ -87,7 +87,7 @@ def test_long_outage_pauses_the_episode_then_it_resumes(server, root, few_tasks,
 
 
 def test_bad_endpoint_url_is_refused():
-    from shoal.errors import InvalidArgument
+    from shoal.core.errors import InvalidArgument
 
     with pytest.raises(InvalidArgument, match="http"):
         make_policy({"kind": "chat", "url": "localhost:8000", "model": "m"})

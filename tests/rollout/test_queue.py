@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from shoal.errors import InvalidArgument
+from shoal.core.errors import InvalidArgument
 from shoal.rollout.limits import HostRateLimiter
 from shoal.rollout.queue import EpisodeQueue
 

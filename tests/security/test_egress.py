@@ -98,7 +98,7 @@ def test_bad_rules_are_refused(sandbox):
 
 
 def test_veth_is_gone_with_the_sandbox(root, base_image, servers):
-    from shoal.runtime.container.network import EgressManager
+    from shoal.backends.container.network import EgressManager
 
     sb = Sandbox.create(base_image, root=root)
     sb.set_network(allow=[f"{SRV_IP}:8080"])

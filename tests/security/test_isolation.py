@@ -8,7 +8,7 @@ import time
 import pytest
 
 from shoal import Sandbox
-from shoal.errors import FileOpError, PathOutsideSandbox
+from shoal.core.errors import FileOpError, PathOutsideSandbox
 
 from .conftest import probe_results
 

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from shoal import Sandbox
-from shoal.runtime.container.native import helper_path
+from shoal.backends.container.native import helper_path
 
 from .conftest import probe_results
 

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from shoal import Sandbox
-from shoal.errors import FileOpError, TrajectoryDivergence, UnknownOutcome
+from shoal.core.errors import FileOpError, TrajectoryDivergence, UnknownOutcome
 from shoal.trajlog import (DONE, PENDING, UNKNOWN, Entry, JournaledLogStore, LoggedSandbox, SQLiteLogStore,
                            TrajectoryLog, replay, request_hash)
 from shoal.trajlog.sandbox import restore

@@ -7,7 +7,7 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from ..errors import BuildError
+from ..core.errors import BuildError
 from ..host import Host
 from ..layers.store import ImageInfo
 from .builder import Builder

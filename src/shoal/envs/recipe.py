@@ -26,7 +26,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import InvalidArgument
+from ..core.errors import InvalidArgument
 
 ROLES = ("base", "workspace", "toolkit")
 

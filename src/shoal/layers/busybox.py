@@ -6,7 +6,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from ..errors import BuildError
+from ..core.errors import BuildError
 
 BUSYBOX_CANDIDATES = ("/bin/busybox", "/usr/bin/busybox")
 

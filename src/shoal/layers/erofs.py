@@ -17,7 +17,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from ..errors import BuildError, InvalidArgument
+from ..core.errors import BuildError, InvalidArgument
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long

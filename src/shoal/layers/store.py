@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import IO
 
 from ..config import Settings
-from ..errors import BadDigest, CorruptArchive, ImageNotFound, InvalidArgument, LayerInUse, LayerNotFound
+from ..core.errors import BadDigest, CorruptArchive, ImageNotFound, InvalidArgument, LayerInUse, LayerNotFound
 from . import archive, erofs
 from .digest import tree_digest
 from .fold import fold_trees

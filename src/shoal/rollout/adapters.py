@@ -26,7 +26,7 @@ from gymnasium import spaces
 
 from ..envs.swe.suite import evaluate, load_suite, task_sandbox
 from ..envs.swe.task import SWETask
-from ..errors import InvalidArgument
+from ..core.errors import InvalidArgument
 from ..host import Host
 from ..trajlog import LoggedSandbox, TrajectoryLog
 from .episode import SYSTEM_PROMPT

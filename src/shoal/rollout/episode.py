@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 
 from ..envs.swe.suite import evaluate, task_sandbox
 from ..envs.swe.task import SWETask
-from ..errors import SandboxNotFound, UnknownOutcome
+from ..core.errors import SandboxNotFound, UnknownOutcome
 from ..host import Host
 from ..sdk.sandbox import Sandbox
 from ..trajlog import LoggedSandbox, TrajectoryLog, restore

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from ..errors import InvalidArgument, LLMUnavailable
+from ..core.errors import InvalidArgument, LLMUnavailable
 from .tools import TOOLS
 
 

@@ -18,8 +18,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import InvalidArgument
-from ..sqlite import PerThreadDB
+from ..core.errors import InvalidArgument
+from ..core.sqlite import PerThreadDB
 
 QUEUED, RUNNING, DONE, FAILED, PAUSED = "queued", "running", "done", "failed", "paused"
 STATES = (QUEUED, RUNNING, DONE, FAILED, PAUSED)

@@ -13,7 +13,7 @@ import json
 import posixpath
 from dataclasses import dataclass
 
-from ..errors import ShoalError, UnknownOutcome
+from ..core.errors import ShoalError, UnknownOutcome
 from ..trajlog import LoggedSandbox
 
 OBS_MAX_CHARS = 8000  # longer observations are cut in the middle: agents drown in long logs

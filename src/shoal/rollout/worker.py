@@ -19,7 +19,7 @@ from pathlib import Path
 from ..envs.swe.suite import load_suite
 from ..envs.swe.task import SWETask
 from ..config import load_settings
-from ..errors import ImageNotFound, LLMUnavailable
+from ..core.errors import ImageNotFound, LLMUnavailable
 from ..host import Host
 from ..layers.store import LayerStore
 from ..trajlog import TrajectoryLog

@@ -10,7 +10,7 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..runtime.abstract import Limits
+from ..core.contract import Limits
 
 
 class BackendArgs(BaseModel):

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 
 from dataclasses import dataclass
 
-from ..runtime.abstract import ExecResult, FileEntry, SandboxInfo, SnapshotInfo
+from ..core.contract import ExecResult, FileEntry, SandboxInfo, SnapshotInfo
 from .args import BackendArgs
 from .sandbox import BackgroundOutput, Cmd, CommandHandle, OutputEvent, Sandbox, Session
 

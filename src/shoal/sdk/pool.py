@@ -5,7 +5,7 @@ import os
 import queue
 import threading
 
-from ..errors import PoolExhausted
+from ..core.errors import PoolExhausted
 from .sandbox import Sandbox
 
 
@@ -18,7 +18,7 @@ class WarmPool:
     def __init__(self, image: str | None = None, size: int = 4, *, layers: list[str] | None = None,
                  root: str | os.PathLike | None = None, **create_kw):
         if size <= 0:
-            from ..errors import InvalidArgument
+            from ..core.errors import InvalidArgument
 
             raise InvalidArgument(f"pool size must be > 0, got {size}")
         self.size = size

@@ -22,8 +22,8 @@ from typing import Any
 
 import httpx
 
-from .. import errors as E
-from ..runtime.abstract import ExecResult, FileEntry, SandboxInfo, SnapshotInfo
+from ..core import errors as E
+from ..core.contract import ExecResult, FileEntry, SandboxInfo, SnapshotInfo
 from .sandbox import BackgroundOutput, Cmd, ForkResult, OutputEvent, Sandbox, tar_of
 
 DEFAULT_TIMEOUT = 120.0

@@ -25,10 +25,10 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from ..errors import CommandTimeout, InvalidArgument, SessionClosed
+from ..core.errors import CommandTimeout, InvalidArgument, SessionClosed
 from ..host import Host
-from ..runtime.abstract import ExecRequest, ExecResult, FileEntry, SandboxInfo, SandboxState, SnapshotInfo
-from ..runtime.container import agent
+from ..core.contract import ExecRequest, ExecResult, FileEntry, SandboxInfo, SandboxState, SnapshotInfo
+from ..backends.container import initclient
 from .args import BACKEND_ARGS, BackendArgs, ContainerArgs
 
 Cmd = str | list[str]
@@ -62,10 +62,10 @@ class BackgroundOutput:
 class CommandHandle:
     """A background command: poll it, read its output since a cursor, wait for it, kill it."""
 
-    def __init__(self, proc: agent.Process, ring_bytes: int, argv: list[str]):
+    def __init__(self, proc: initclient.Process, ring_bytes: int, argv: list[str]):
         self._proc = proc
         self.argv = argv
-        self._out, self._err = agent.RingLog(ring_bytes), agent.RingLog(ring_bytes)
+        self._out, self._err = initclient.RingLog(ring_bytes), initclient.RingLog(ring_bytes)
         self._done = threading.Event()
         self._pump = threading.Thread(target=self._run, name=f"shoal-bg-{proc.sandbox_id}", daemon=True)
         self._pump.start()
@@ -117,7 +117,7 @@ class CommandHandle:
         """Exit code, or None while running."""
         if not self._done.is_set():
             return None
-        return agent._decode_status(self._proc.status)[0]  # type: ignore[arg-type]
+        return initclient._decode_status(self._proc.status)[0]  # type: ignore[arg-type]
 
     def output(self, since: tuple[int, int] = (0, 0)) -> BackgroundOutput:
         out, c1, l1 = self._out.since(since[0])
@@ -127,7 +127,7 @@ class CommandHandle:
     def wait(self, timeout: float | None = None) -> ExecResult:
         if not self._done.wait(timeout):
             raise CommandTimeout(f"background command {self.argv!r} still running after {timeout} s")
-        code, sig = agent._decode_status(self._proc.status)  # type: ignore[arg-type]
+        code, sig = initclient._decode_status(self._proc.status)  # type: ignore[arg-type]
         o = self.output()
         return ExecResult(exit_code=code, signal=sig, stdout=o.stdout, stderr=o.stderr,
                           stdout_bytes=self._out.end, stderr_bytes=self._err.end,
@@ -169,7 +169,7 @@ class Commands:
         if check and result.timed_out:
             raise CommandTimeout(f"{cmd!r} timed out after {timeout} s in sandbox {self._sb.id}", result)
         if check and result.exit_code != 0:
-            from ..errors import SandboxError
+            from ..core.errors import SandboxError
 
             raise SandboxError(f"{cmd!r} exited with {result.exit_code} in sandbox {self._sb.id}: "
                                f"{result.stderr[-500:]}")
@@ -254,7 +254,7 @@ class Session:
             self._proc.touch(True)
         started = time.monotonic()
         self._write(script.encode("utf-8", "surrogateescape"))
-        bufs = {"out": agent.CappedBuffer(self._cap), "err": agent.CappedBuffer(self._cap)}
+        bufs = {"out": initclient.CappedBuffer(self._cap), "err": initclient.CappedBuffer(self._cap)}
         wins = {"out": b"", "err": b""}
         done = {"out": None, "err": False}
         timed_out = False
@@ -267,14 +267,14 @@ class Session:
                         self.close()
                         raise CommandTimeout(f"session command {cmd!r} timed out and the shell did not recover")
                     timed_out = True
-                    self._proc.signal(9, agent.SIG_MODE_EXCEPT_LEADER)
+                    self._proc.signal(9, initclient.SIG_MODE_EXCEPT_LEADER)
                     deadline = now + 5.0
                 events = self._sel.select(None if deadline is None else max(0.0, deadline - now))
                 for key, _ in events:
                     if key.data == "ctl":
                         if not self._proc.handle_control() or self._proc.status is not None:
                             if self._proc.status is not None:
-                                self.exit_code = agent._decode_status(self._proc.status)[0]
+                                self.exit_code = initclient._decode_status(self._proc.status)[0]
                             self.closed = True
                             self._sel.unregister(self._proc.sock)
                         continue
@@ -614,7 +614,7 @@ def _merge_args(backend: str, args: BackendArgs | None, settings, **kw) -> Backe
     if args is not None and not isinstance(args, cls):
         raise InvalidArgument(f"backend {backend!r} takes {cls.__name__}, got {type(args).__name__}")
     if backend != "container":
-        from ..errors import BackendUnavailable
+        from ..core.errors import BackendUnavailable
 
         raise BackendUnavailable(f"backend {backend!r} is not available on this host yet; use backend='container'")
     base = args or ContainerArgs(cpu=settings.default_cpu, memory_mb=settings.default_memory_mb,

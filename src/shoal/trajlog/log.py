@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from ..errors import TrajectoryDivergence, UnknownOutcome
+from ..core.errors import TrajectoryDivergence, UnknownOutcome
 from .store import DONE, PENDING, UNKNOWN, Entry, JournaledLogStore, LogStore, StreamInfo
 
 

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 
 from .. import errors
-from ..runtime.abstract import ExecResult
+from ..core.contract import ExecResult
 from ..sdk.sandbox import Sandbox
 from .log import Outcome, Stream, TrajectoryLog
 from .store import DONE, ModelResult

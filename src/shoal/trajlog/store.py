@@ -16,7 +16,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..sqlite import PerThreadDB
+from ..core.sqlite import PerThreadDB
 
 PENDING, DONE, UNKNOWN = "PENDING", "DONE", "UNKNOWN"
 

@@ -14,7 +14,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...errors import BuildError, ImageNotFound, InvalidArgument, ShoalError
+from ...core.errors import BuildError, ImageNotFound, InvalidArgument, ShoalError
 from ...host import Host
 from ...sdk.sandbox import Sandbox
 from ..builder import DEFAULT_EXCLUDE

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...errors import InvalidArgument, SandboxError
+from ...core.errors import InvalidArgument, SandboxError
 
 POOL = ipaddress.ip_network("10.201.0.0/16")
 

@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ..errors import InvalidArgument
+from .errors import InvalidArgument
 
 # The longest TTL, idle TTL or command timeout: 7 days. They travel as milliseconds in 32-bit fields
 # (init's protocol, epoll/poll timeouts: at most 24.8 days), so an unbounded float would overflow.

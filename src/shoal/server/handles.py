@@ -12,7 +12,7 @@ import threading
 from collections import OrderedDict
 from typing import Any, Callable
 
-from .. import errors as E
+from ..core import errors as E
 
 
 class HandleTable:

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import InvalidArgument, TenantNotFound
+from ..core.errors import InvalidArgument, TenantNotFound
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS tenants (

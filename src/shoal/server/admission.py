@@ -7,7 +7,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from ..errors import QuotaExceeded
+from ..core.errors import QuotaExceeded
 
 
 @dataclass

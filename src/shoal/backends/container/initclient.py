@@ -17,8 +17,8 @@ import time
 from array import array
 from collections.abc import Callable
 
-from ...errors import CommandTimeout, InvalidArgument, SandboxError, SandboxNotFound
-from ..abstract import ExecResult, check_seconds, to_ms
+from ...core.errors import CommandTimeout, InvalidArgument, SandboxError, SandboxNotFound
+from ...core.contract import ExecResult, check_seconds, to_ms
 
 MAX_REQUEST = 200 * 1024
 FLAG_KILL_ON_CLOSE = 1

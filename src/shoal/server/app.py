@@ -27,9 +27,9 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from pydantic import BaseModel, Field, ValidationError
 
-from .. import errors as E
+from ..core import errors as E
 from ..host import Host
-from ..runtime.abstract import MAX_SECONDS, ExecResult, FileEntry, Limits, SandboxInfo, SnapshotInfo
+from ..core.contract import MAX_SECONDS, ExecResult, FileEntry, Limits, SandboxInfo, SnapshotInfo
 from ..sdk.sandbox import EMBEDDED, CommandHandle, Sandbox, Session
 from .admission import Admission, AdmissionConfig
 from .handles import HandleTable

@@ -25,10 +25,10 @@ import time
 from pathlib import Path
 
 from ...config import Settings
-from ...errors import InvalidArgument, QuotaExceeded, SandboxError, SandboxNotFound
-from ..abstract import (ExecRequest, ExecResult, Limits, OutputCallback, Runtime, SandboxInfo, SandboxSpec,
+from ...core.errors import InvalidArgument, QuotaExceeded, SandboxError, SandboxNotFound
+from ...core.contract import (ExecRequest, ExecResult, Limits, OutputCallback, Runtime, SandboxInfo, SandboxSpec,
                         SandboxState, check_seconds, to_ms)
-from . import agent
+from . import initclient
 from .cgroups import CgroupDriver, cgroup_parent
 from .files import SandboxFiles
 from .native import helper_path
@@ -460,7 +460,7 @@ class ContainerRuntime(Runtime):
         meta.update(ttl=ttl, idle_ttl=idle_ttl)
         self._write_meta(meta)
         try:
-            agent.set_lifetimes(self.sock_path(sandbox_id), sandbox_id, to_ms(ttl), to_ms(idle_ttl))
+            initclient.set_lifetimes(self.sock_path(sandbox_id), sandbox_id, to_ms(ttl), to_ms(idle_ttl))
         except (OSError, SandboxError) as e:
             self._raise_if_ended(sandbox_id, meta, e)
             raise
@@ -484,7 +484,7 @@ class ContainerRuntime(Runtime):
         if meta.get("idle_ttl"):
             self.ensure_running(sandbox_id)
             try:
-                agent.ping(self.sock_path(sandbox_id), sandbox_id)
+                initclient.ping(self.sock_path(sandbox_id), sandbox_id)
             except (OSError, SandboxError) as e:
                 self._raise_if_ended(sandbox_id, meta, e)
                 raise
@@ -502,10 +502,10 @@ class ContainerRuntime(Runtime):
              on_stderr: OutputCallback | None = None) -> ExecResult:
         self.ensure_running(sandbox_id)
         try:
-            return agent.run(self.sock_path(sandbox_id), sandbox_id, req.argv, self.env_for(sandbox_id, req.env),
+            return initclient.run(self.sock_path(sandbox_id), sandbox_id, req.argv, self.env_for(sandbox_id, req.env),
                              cwd=req.cwd, timeout=req.timeout, stdin=req.stdin, output_cap=req.output_cap,
                              on_stdout=on_stdout, on_stderr=on_stderr)
-        except agent.SandboxGone:
+        except initclient.SandboxGone:
             # say why it ended (TTL, killed...) once the supervisor has written the tombstone
             deadline = time.monotonic() + 2
             while not (self.settings.tombstones_dir / sandbox_id).exists() and time.monotonic() < deadline:
@@ -515,11 +515,11 @@ class ContainerRuntime(Runtime):
 
     def spawn(self, sandbox_id: str, argv: list[str], env: dict[str, str] | None = None, cwd: str = "/",
               timeout: float | None = None, stdin_pipe: bool = False, merge_stderr: bool = False,
-              kill_on_close: bool = True, busy: bool = False) -> agent.Process:
+              kill_on_close: bool = True, busy: bool = False) -> initclient.Process:
         """Start a process and hand back its pipes and control connection (background / sessions)."""
         self.ensure_running(sandbox_id)
-        flags = (agent.FLAG_KILL_ON_CLOSE if kill_on_close else 0) | (agent.FLAG_BUSY if busy else 0)
-        return agent.Process(self.sock_path(sandbox_id), sandbox_id, argv, self.env_for(sandbox_id, env), cwd,
+        flags = (initclient.FLAG_KILL_ON_CLOSE if kill_on_close else 0) | (initclient.FLAG_BUSY if busy else 0)
+        return initclient.Process(self.sock_path(sandbox_id), sandbox_id, argv, self.env_for(sandbox_id, env), cwd,
                              timeout, flags, stdin_pipe=stdin_pipe, merge_stderr=merge_stderr)
 
     # ------------------------------------------------------------------ egress

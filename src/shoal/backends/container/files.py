@@ -14,8 +14,8 @@ import stat
 import tarfile
 from pathlib import PurePosixPath
 
-from ...errors import FileOpError, InvalidArgument, PathOutsideSandbox
-from ..abstract import FileEntry
+from ...core.errors import FileOpError, InvalidArgument, PathOutsideSandbox
+from ...core.contract import FileEntry
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long

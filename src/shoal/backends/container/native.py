@@ -7,7 +7,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from ...errors import BackendUnavailable
+from ...core.errors import BackendUnavailable
 
 SOURCE = Path(__file__).parent / "native" / "shoal_init.c"
 
