@@ -1,32 +1,53 @@
-"""One process's handle on the local Shoal host: the layer store plus the runtime backends.
+"""This machine as a sandbox backend: the layer store plus the local backends (container, gvisor).
 
-Everything is embedded (SQLite + files under the root); no daemon is needed for single-host use.
+`Host` implements the whole contract (`SandboxBackend`): it resolves images into layers, mounts them,
+hands a create to the backend it names, and routes every later request by the sandbox id's prefix.
+What all local backends share lives here once: capturing a sandbox's writable upper as a layer
+(snapshots, image builds, SWE task layers) and fork.
+
+Everything is embedded (SQLite + files under the root). Running sandboxes in this process needs
+root; a normal user talks to shoald (`shoal.backends.http`) instead.
 """
 from __future__ import annotations
 
+import os
+import secrets
 import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from pydantic import ValidationError
 
+from .backends import LOCAL_BACKENDS, load_local_backend
+from .backends.local import LocalBackend
 from .config import Settings, load_settings
-from .core.errors import BackendUnavailable, ImageNotFound, InvalidArgument, LayerNotFound
-from .layers.store import LayerStore
-from .core.contract import Limits, SandboxInfo, SandboxSpec, SnapshotInfo
+from .core.contract import (CreateRequest, ExecRequest, ExecResult, FileEntry, ForkFailure, ForkReply, ForkRequest,
+                            Limits, NetworkPolicy, NetworkRequest, OutputCallback, ProcessHandle, SandboxBackend,
+                            SandboxInfo, SandboxSpec, SandboxState, SessionHandle, SessionRequest, SnapshotInfo,
+                            SnapshotRequest, StartRequest, TimeoutRequest, DEFAULT_DOWNLOAD_MAX, DEFAULT_READ_MAX)
+from .core.errors import (BackendUnavailable, ImageNotFound, InvalidArgument, LayerNotFound, SandboxError,
+                          SandboxNotFound)
+from .layers.store import LayerInfo, LayerStore
 
-_hosts: dict[Path, "Host"] = {}
+_hosts: dict[Path, Host] = {}
 _hosts_lock = threading.Lock()
 
+DEFAULT_BACKEND = "container"
 
-class Host:
+
+class Host(SandboxBackend):
+    name = "local"
+
     def __init__(self, settings: Settings):
         self.settings = settings
         self.store = LayerStore(settings)
-        self._runtime = None
-        self._runtime_lock = threading.Lock()
+        self._backends: dict[str, LocalBackend] = {}
+        self._lock = threading.Lock()
 
     @classmethod
-    def get(cls, root: str | Path | None = None) -> "Host":
+    def get(cls, root: str | os.PathLike | None = None) -> Host:
         """The shared Host for a root (one per process and root)."""
         settings = load_settings(root)
         with _hosts_lock:
@@ -35,25 +56,38 @@ class Host:
                 host = _hosts[settings.root] = cls(settings)
             return host
 
-    @property
-    def runtime(self):
-        """The container runtime; created (and orphans swept) on first use."""
-        with self._runtime_lock:
-            if self._runtime is None:
-                from .backends.container.backend import ContainerRuntime
+    # ---------------------------------------------------------------- backends
+    def backend(self, name: str | None = None) -> LocalBackend:
+        """The local backend `name` (default: container); created, and its orphans swept, on first use."""
+        name = name or DEFAULT_BACKEND
+        with self._lock:
+            be = self._backends.get(name)
+            if be is None:
+                if name not in LOCAL_BACKENDS:
+                    raise InvalidArgument(f"unknown backend {name!r}; this host runs: {', '.join(LOCAL_BACKENDS)}")
+                if os.geteuid() != 0:
+                    raise SandboxError(f"backend {name!r} runs sandboxes in this process, which needs root "
+                                       "(mounts, namespaces, cgroups); as a normal user, talk to shoald instead "
+                                       "(the default: start it with `sudo shoal serve`)")
+                be = load_local_backend(name)(self)
+                be.sweep()
+                self._backends[name] = be
+            return be
 
-                rt = ContainerRuntime(self.settings)
-                rt.sweep()
-                self._runtime = rt
-            return self._runtime
+    def started_backends(self) -> list[LocalBackend]:
+        with self._lock:
+            return list(self._backends.values())
 
-    def backend(self, name: str):
-        if name == "container":
-            return self.runtime
-        if name in ("fncall", "microvm"):
-            raise BackendUnavailable(f"backend {name!r} is not available on this host yet; use backend='container'")
-        raise InvalidArgument(f"unknown backend {name!r}; choose one of: container, fncall, microvm")
+    def _route(self, sandbox_id: str) -> LocalBackend:
+        if not isinstance(sandbox_id, str):
+            raise SandboxNotFound(f"invalid sandbox id {sandbox_id!r}")
+        prefix = sandbox_id.split("-", 1)[0]
+        for name, (id_prefix, _) in LOCAL_BACKENDS.items():
+            if prefix == id_prefix:
+                return self.backend(name)
+        raise SandboxNotFound(f"sandbox {sandbox_id} not found")
 
+    # ---------------------------------------------------------------- resolving a create
     def resolve_layers(self, image: str | None, layers: list[str] | None) -> tuple[str, list[str], dict]:
         """An image name[:tag] and/or extra layers (composed on top at creation)
         -> (label, digests bottom -> top, image config)."""
@@ -86,47 +120,57 @@ class Host:
             raise InvalidArgument("give an image (name[:tag]) or a list of layers to create a sandbox")
         return "+".join(label_parts), digests, config
 
-    def create_sandbox(self, image: str | None, layers: list[str] | None, limits: Limits,
-                       ttl: float | None = None, idle_ttl: float | None = None,
-                       env: dict[str, str] | None = None, hostname: str | None = None,
-                       backend: str = "container", workdir: str | None = None,
-                       network: str = "none") -> SandboxInfo:
-        rt = self.backend(backend)
-        label, digests, config = self.resolve_layers(image, layers)
-        mounts = self.store.ensure_mounted(digests)
+    def prepare(self, req: CreateRequest) -> tuple[SandboxSpec, list[Path]]:
+        """A create request -> the resolved spec (host defaults filled in) and the mounted layers."""
+        image = req.image
+        if req.from_snapshot is not None:
+            if image is not None:
+                raise InvalidArgument("give either image or from_snapshot, not both")
+            image = snapshot_image(req.from_snapshot)
+        label, digests, config = self.resolve_layers(image, req.layers)
+        s = self.settings
         try:
-            spec = SandboxSpec(image=label, layers=digests, limits=limits, ttl=ttl, idle_ttl=idle_ttl,
-                               env={**config.get("env", {}), **(env or {})}, base_env=config.get("env", {}),
-                               hostname=hostname,
-                               workdir=workdir or config.get("workdir", "/"), network=network)
+            limits = Limits(cpu=req.cpu or s.default_cpu, memory_mb=req.memory_mb or s.default_memory_mb,
+                            disk_mb=req.disk_mb or s.default_disk_mb, pids=req.pids or s.default_pids,
+                            upper=req.upper or "tmpfs")
+            spec = SandboxSpec(image=label, layers=digests, limits=limits, ttl=req.ttl, idle_ttl=req.idle_ttl,
+                               env={**config.get("env", {}), **(req.env or {})}, base_env=config.get("env", {}),
+                               hostname=req.hostname, workdir=req.workdir or config.get("workdir", "/"),
+                               network=req.network)
         except ValidationError as e:
-            raise InvalidArgument(_describe(e)) from None
-        return rt.create(spec, mounts)
+            raise InvalidArgument(describe(e)) from None
+        return spec, self.store.ensure_mounted(digests)
 
-    # ------------------------------------------------------------------ pack_diff snapshots
-    def snapshot(self, sandbox_id: str, exclude: list[str] | None = None, max_depth: int | None = None) -> "SnapshotInfo":
-        """Turn a sandbox's writable upper into a layer on top of its stack, registered as the image
-        `snapshots/<id>`. Its processes are frozen while the layer is captured, so the snapshot is
-        consistent; `exclude` lists paths (e.g. build residue) left out of the layer."""
-        import secrets
+    # ---------------------------------------------------------------- capture: the one copy
+    @contextmanager
+    def frozen(self, sandbox_id: str) -> Iterator[LocalBackend]:
+        """The sandbox's processes frozen for the block (left paused if they already were)."""
+        be = self._route(sandbox_id)
+        was_paused = be.info(sandbox_id).state == SandboxState.PAUSED
+        if not was_paused:
+            be.pause(sandbox_id)
+        try:
+            yield be
+        finally:
+            if not was_paused:
+                be.resume(sandbox_id)
 
-        rt = self.runtime
-        info = rt.info(sandbox_id)
+    def capture_layer(self, sandbox_id: str, *, source: str, exclude: list[str] | None = None) -> LayerInfo:
+        """The sandbox's writable upper as a layer, its processes frozen meanwhile so it is consistent.
+        `exclude` lists sandbox paths (e.g. build residue) left out."""
         exclude = list(self.settings.snapshot_exclude if exclude is None else exclude)
         for path in exclude:
             if not isinstance(path, str) or not path.strip("/") or "\0" in path:
                 raise InvalidArgument(f"snapshot exclude entries are non-empty sandbox paths without NUL, got {path!r}")
-        was_paused = info.state.value == "paused"
-        if not was_paused:
-            rt.pause(sandbox_id)
-        try:
-            layer = self.store.build_from_dir(rt.upper_dir(sandbox_id), source=f"snapshot:{sandbox_id}",
-                                              exclude=exclude)
-        finally:
-            if not was_paused:
-                rt.resume(sandbox_id)
+        with self.frozen(sandbox_id) as be:
+            return self.store.build_from_dir(be.upper_dir(sandbox_id), source=source, exclude=exclude)
+
+    def capture(self, be: SandboxBackend, sandbox_id: str, req: SnapshotRequest) -> SnapshotInfo:
+        """pack_diff: the captured upper on top of the sandbox's stack, registered as `snapshots/<id>`."""
+        info = be.info(sandbox_id)
+        layer = self.capture_layer(sandbox_id, source=f"snapshot:{sandbox_id}", exclude=req.exclude)
         stack = list(info.layers) + [layer.digest]
-        depth = max_depth or self.settings.max_stack_depth
+        depth = req.max_depth or self.settings.max_stack_depth
         if len(stack) > depth:
             stack = self.store.fold_to_depth(stack, depth)
         snap_id = "snap-" + secrets.token_hex(6)
@@ -136,17 +180,135 @@ class Host:
         return SnapshotInfo(id=snap_id, image=img.ref, layers=list(img.layers), layer=layer.digest,
                             source_sandbox=sandbox_id, created=img.created, size=layer.size)
 
+    def fork(self, sandbox_id: str, req: ForkRequest) -> ForkReply:
+        """n children of one snapshot, each with its own upper, id, hostname and /etc/machine-id."""
+        be = self._route(sandbox_id)
+        info = be.info(sandbox_id)
+        snap = be.snapshot(sandbox_id, SnapshotRequest(exclude=req.exclude))
+        env = {**info.env, **(req.env or {})} if req.copy_env else req.env
+        ttl, idle_ttl = req.ttl, req.idle_ttl
+        if req.inherit_ttl:
+            if ttl is None and info.ttl is not None:
+                ttl = max(0.001, info.created + info.ttl - time.time())
+            idle_ttl = idle_ttl if idle_ttl is not None else info.idle_ttl
+        child = CreateRequest(from_snapshot=snap.id, backend=be.name, cpu=req.cpu or info.limits.cpu,
+                              memory_mb=req.memory_mb or info.limits.memory_mb,
+                              disk_mb=req.disk_mb or info.limits.disk_mb, pids=req.pids or info.limits.pids,
+                              upper=info.limits.upper, ttl=ttl, idle_ttl=idle_ttl, env=env)
+        reply = ForkReply(snapshot=snap, sandboxes=[])
+        for i in range(req.n):
+            try:
+                c = be.create(child)
+                be.write_file(c.id, "/etc/machine-id", (secrets.token_hex(16) + "\n").encode(), mode=0o444)
+                reply.sandboxes.append(c)
+            except Exception as e:  # reported per child, the others are kept
+                reply.failed.append(ForkFailure(index=i, type=type(e).__name__, message=str(e)))
+        return reply
+
+    # ---------------------------------------------------------------- the contract, routed by id
+    def create(self, req: CreateRequest) -> SandboxInfo:
+        return self.backend(req.backend).create(req)
+
+    def info(self, sandbox_id: str) -> SandboxInfo:
+        return self._route(sandbox_id).info(sandbox_id)
+
+    def list(self) -> list[SandboxInfo]:
+        return [info for be in self.started_backends() for info in be.list()]
+
+    def kill(self, sandbox_id: str) -> None:
+        self._route(sandbox_id).kill(sandbox_id)
+
+    def pause(self, sandbox_id: str) -> None:
+        self._route(sandbox_id).pause(sandbox_id)
+
+    def resume(self, sandbox_id: str) -> None:
+        self._route(sandbox_id).resume(sandbox_id)
+
+    def set_ttl(self, sandbox_id: str, req: TimeoutRequest) -> SandboxInfo:
+        return self._route(sandbox_id).set_ttl(sandbox_id, req)
+
+    def exec(self, sandbox_id: str, req: ExecRequest, on_stdout: OutputCallback | None = None,
+             on_stderr: OutputCallback | None = None) -> ExecResult:
+        return self._route(sandbox_id).exec(sandbox_id, req, on_stdout, on_stderr)
+
+    def start(self, sandbox_id: str, req: StartRequest) -> ProcessHandle:
+        return self._route(sandbox_id).start(sandbox_id, req)
+
+    def open_session(self, sandbox_id: str, req: SessionRequest) -> SessionHandle:
+        return self._route(sandbox_id).open_session(sandbox_id, req)
+
+    def read_file(self, sandbox_id: str, path: str, max_bytes: int = DEFAULT_READ_MAX) -> bytes:
+        return self._route(sandbox_id).read_file(sandbox_id, path, max_bytes)
+
+    def write_file(self, sandbox_id: str, path: str, data: bytes, mode: int = 0o644) -> int:
+        return self._route(sandbox_id).write_file(sandbox_id, path, data, mode)
+
+    def list_files(self, sandbox_id: str, path: str = "/") -> list[FileEntry]:
+        return self._route(sandbox_id).list_files(sandbox_id, path)
+
+    def stat_file(self, sandbox_id: str, path: str) -> FileEntry:
+        return self._route(sandbox_id).stat_file(sandbox_id, path)
+
+    def mkdir(self, sandbox_id: str, path: str) -> None:
+        self._route(sandbox_id).mkdir(sandbox_id, path)
+
+    def remove_file(self, sandbox_id: str, path: str) -> None:
+        self._route(sandbox_id).remove_file(sandbox_id, path)
+
+    def upload_tar(self, sandbox_id: str, dest_dir: str, tar: bytes) -> int:
+        return self._route(sandbox_id).upload_tar(sandbox_id, dest_dir, tar)
+
+    def download_tar(self, sandbox_id: str, path: str, max_bytes: int = DEFAULT_DOWNLOAD_MAX) -> bytes:
+        return self._route(sandbox_id).download_tar(sandbox_id, path, max_bytes)
+
+    def snapshot(self, sandbox_id: str, req: SnapshotRequest) -> SnapshotInfo:
+        return self._route(sandbox_id).snapshot(sandbox_id, req)
+
+    def get_network(self, sandbox_id: str) -> NetworkPolicy:
+        return self._route(sandbox_id).get_network(sandbox_id)
+
+    def set_network(self, sandbox_id: str, req: NetworkRequest) -> NetworkPolicy:
+        return self._route(sandbox_id).set_network(sandbox_id, req)
+
+    # ---------------------------------------------------------------- housekeeping
+    def sweep(self) -> list[str]:
+        return [sid for be in self.started_backends() for sid in be.sweep()]
+
+    def live_ids(self) -> set[str]:
+        return {sid for be in self.started_backends() for sid in be.live_ids()}
+
+    def committed(self) -> list[Limits]:
+        return [lim for be in self.started_backends() for lim in be.committed()]
+
+    def live_layers(self) -> set[str]:
+        return {d for be in self.started_backends() for d in be.live_layers()}
+
     def gc(self) -> dict:
-        reaped = self.runtime.sweep()
-        result = self.store.gc(live=self.runtime.live_layers())
+        for name in LOCAL_BACKENDS:  # every backend's sandboxes pin layers, started in this process or not
+            try:
+                self.backend(name)
+            except (BackendUnavailable, SandboxError):
+                continue
+        reaped = self.sweep()
+        result = self.store.gc(live=self.live_layers())
         result["sandboxes_reaped"] = reaped
         return result
 
-    def remove_layer(self, ref: str):
-        return self.store.remove_layer(ref, live=self.runtime.live_layers())
+    def remove_layer(self, ref: str) -> LayerInfo:
+        self.backend()
+        return self.store.remove_layer(ref, live=self.live_layers())
 
 
-def _describe(e: ValidationError) -> str:
+def snapshot_image(snap: str) -> str:
+    """The image holding a snapshot's stack."""
+    import re
+
+    if not isinstance(snap, str) or not re.fullmatch(r"snap-[0-9a-f]{12}", snap):
+        raise InvalidArgument(f"not a snapshot id: {snap!r} (expected snap-<12 hex>)")
+    return f"snapshots/{snap}:latest"
+
+
+def describe(e: ValidationError) -> str:
     """One line per problem, naming the field: 'ttl: must be > 0 seconds, got -1'."""
     return "; ".join(f"{'.'.join(str(x) for x in err['loc'])}: {err['msg'].removeprefix('Value error, ')}"
                      for err in e.errors())

@@ -1,7 +1,14 @@
-"""The runtime contract: request/response models and the abstract Runtime every backend implements.
+"""The sandbox contract: every model that crosses a boundary, and the one `SandboxBackend` ABC.
 
-A backend (container today; function-call pools and microVMs later) is a sibling module that
-subclasses `Runtime`. The SDK (`shoal.sdk`) only talks to this interface.
+Everything a sandbox can do is a method of `SandboxBackend`. Backends are siblings that implement it
+(`shoal.backends.container`, `.gvisor`, `.http`); the SDK (`shoal.sdk`) is written once over it, and
+shoald (`shoal.server`) serves one. The pydantic models below are also the wire schema: the daemon
+parses requests into them and the HTTP backend sends and reads exactly these, so there is no second
+copy of the API's shapes anywhere.
+
+Ownership of handles: `start()` and `open_session()` return live objects (`ProcessHandle`,
+`SessionHandle`) that hold resources (pipes, buffers, a remote id). Close them when done; killing the
+sandbox closes them too.
 """
 from __future__ import annotations
 
@@ -9,15 +16,20 @@ import abc
 import enum
 import math
 from collections.abc import Callable
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .errors import InvalidArgument
 
+API_PREFIX = "/v1"  # every shoald route lives under it; the HTTP backend prefixes the same constant
+
 # The longest TTL, idle TTL or command timeout: 7 days. They travel as milliseconds in 32-bit fields
 # (init's protocol, epoll/poll timeouts: at most 24.8 days), so an unbounded float would overflow.
 MAX_SECONDS = 7 * 24 * 3600.0
+DEFAULT_READ_MAX = 64 << 20  # bytes a files.read returns at most unless asked for more
+DEFAULT_DOWNLOAD_MAX = 1 << 30  # bytes of file content a tar download carries at most
+MAX_OUTPUT_CAP = 64 << 20  # bytes of one stream a command's result may keep
 
 
 def check_seconds(name: str, v: float | None) -> float | None:
@@ -34,15 +46,34 @@ def to_ms(v: float | None) -> int:
     return 0 if v is None else max(1, math.ceil(v * 1000))
 
 
+def _seconds(v: float | None, info) -> float | None:
+    try:
+        return check_seconds(info.field_name, v)
+    except InvalidArgument as e:
+        raise ValueError(str(e)) from None
+
+
+class _Wire(BaseModel):
+    """Base of every wire model: unknown fields are an error (a typo must not be ignored silently),
+    and bytes travel as base64 in JSON."""
+
+    model_config = ConfigDict(extra="forbid", ser_json_bytes="base64", val_json_bytes="base64")
+
+
+# ------------------------------------------------------------------------------------ sandboxes
+UpperKind = Literal["tmpfs", "disk"]
+NetworkMode = Literal["none", "host"]
+
+
 class Limits(BaseModel):
     """Resources of one sandbox. All must be positive."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
     cpu: float = Field(1.0, description="CPU cores (CFS quota); fractional allowed")
     memory_mb: int = Field(512, description="memory limit, MiB (a tmpfs upper's pages count too)")
     disk_mb: int = Field(1024, description="size cap of the writable upper, MiB (ENOSPC past it)")
     pids: int = Field(512, description="maximum number of processes/threads")
-    upper: Literal["tmpfs", "disk"] = Field(
+    upper: UpperKind = Field(
         "tmpfs", description="where the writable upper lives: 'tmpfs' (memory-backed, size=disk_mb) or "
                              "'disk' (an ext4 file system of disk_mb on a loop device, on the Shoal root's disk)")
 
@@ -54,7 +85,34 @@ class Limits(BaseModel):
         return v
 
 
+class CreateRequest(_Wire):
+    """Create a sandbox from an image and/or layers composed on top of it, or from a snapshot.
+    Limits left out (null) take the host's defaults."""
+
+    image: str | None = Field(None, description="image reference name[:tag]")
+    layers: list[str] | None = Field(None, description="layers or images composed on top, bottom -> top")
+    from_snapshot: str | None = Field(None, description="restore this snapshot (snap-<12 hex>) as a new sandbox")
+    backend: str | None = Field(None, description="isolation backend on the host ('container', 'gvisor'); "
+                                                  "null = the host's default")
+    cpu: float | None = Field(None, gt=0, description="cores; null = the host default")
+    memory_mb: int | None = Field(None, gt=0)
+    disk_mb: int | None = Field(None, gt=0)
+    pids: int | None = Field(None, gt=0)
+    upper: UpperKind | None = Field(None, description="'tmpfs' (default) or 'disk'")
+    ttl: float | None = Field(None, description="absolute lifetime in seconds from creation")
+    idle_ttl: float | None = Field(None, description="seconds without any request before the sandbox ends")
+    env: dict[str, str] | None = None
+    hostname: str | None = Field(None, max_length=64)
+    workdir: str | None = Field(None, description="default working directory; null = the image's")
+    network: NetworkMode = Field("none", description="'none': own network namespace with only lo; "
+                                                     "'host': the host's network (image builds only)")
+
+    _ttl = field_validator("ttl", "idle_ttl")(_seconds)
+
+
 class SandboxSpec(BaseModel):
+    """A create request resolved by the host: what a local backend launches."""
+
     image: str = Field(description="image reference name[:tag] (or a layer-stack label)")
     layers: list[str] = Field(description="layer digests, bottom -> top")
     limits: Limits = Limits()
@@ -64,17 +122,9 @@ class SandboxSpec(BaseModel):
     base_env: dict[str, str] = Field(default_factory=dict, description="the part of env that came from the image")
     hostname: str | None = None
     workdir: str = Field("/", description="default working directory of commands")
-    network: Literal["none", "host"] = Field(
-        "none", description="'none': own network namespace with only lo (every task sandbox); "
-                            "'host': the host's network, for image builds that fetch packages")
+    network: NetworkMode = "none"
 
-    @field_validator("ttl", "idle_ttl")
-    @classmethod
-    def _ttl_positive(cls, v, info):
-        try:
-            return check_seconds(info.field_name, v)
-        except InvalidArgument as e:
-            raise ValueError(str(e)) from None
+    _ttl = field_validator("ttl", "idle_ttl")(_seconds)
 
 
 class SandboxState(str, enum.Enum):
@@ -90,6 +140,7 @@ class SandboxInfo(BaseModel):
     limits: Limits
     state: SandboxState
     created: float
+    backend: str = "container"
     ttl: float | None = None
     idle_ttl: float | None = None
     init_pid: int | None = None
@@ -100,30 +151,36 @@ class SandboxInfo(BaseModel):
     network: str = "none"
 
 
-class ExecRequest(BaseModel):
+class TimeoutRequest(_Wire):
+    """Replaces both lifetimes: a field left out is cleared, not kept."""
+
+    ttl: float | None = Field(None, description="absolute seconds from now; null clears")
+    idle_ttl: float | None = Field(None, description="idle seconds; null clears")
+
+    _ttl = field_validator("ttl", "idle_ttl")(_seconds)
+
+
+# ------------------------------------------------------------------------------------ commands
+def _check_argv(v: list[str]) -> list[str]:
+    if not v or not v[0]:
+        raise ValueError("argv must name a program")
+    if any("\0" in a for a in v):
+        raise ValueError("argv may not contain NUL bytes")
+    return v
+
+
+class ExecRequest(_Wire):
     argv: list[str]
-    cwd: str = "/"
+    cwd: str | None = Field(None, description="working directory; null = the sandbox's workdir")
     env: dict[str, str] = Field(default_factory=dict)
-    stdin: bytes | None = None
+    stdin: bytes | None = Field(None, description="bytes fed to the command's stdin (base64 in JSON)")
     timeout: float | None = Field(60.0, description="seconds; the process group is killed on expiry")
-    output_cap: int = Field(1 << 20, description="bytes kept per stream; the rest is counted, not kept")
+    output_cap: int | None = Field(None, gt=0, le=MAX_OUTPUT_CAP,
+                                   description="bytes kept per stream (the rest is counted, not kept); "
+                                               "null = the host default")
 
-    @field_validator("argv")
-    @classmethod
-    def _argv(cls, v):
-        if not v or not v[0]:
-            raise ValueError("argv must name a program")
-        if any("\0" in a for a in v):
-            raise ValueError("argv may not contain NUL bytes")
-        return v
-
-    @field_validator("timeout")
-    @classmethod
-    def _timeout(cls, v):
-        try:
-            return check_seconds("timeout", v)
-        except InvalidArgument as e:
-            raise ValueError(str(e)) from None
+    _argv = field_validator("argv")(classmethod(lambda cls, v: _check_argv(v)))
+    _timeout = field_validator("timeout")(_seconds)
 
 
 class ExecResult(BaseModel):
@@ -143,6 +200,79 @@ class ExecResult(BaseModel):
         return self.exit_code == 0 and not self.timed_out
 
 
+class OutputEvent(BaseModel):
+    """A piece of a running command's output (streamed exec)."""
+
+    stream: Literal["stdout", "stderr"]
+    text: str
+
+
+class StartRequest(_Wire):
+    """Start a background process; its output is kept in a ring buffer of `ring_bytes` per stream."""
+
+    argv: list[str]
+    cwd: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    timeout: float | None = Field(None, description="seconds; null = runs until it exits or is killed")
+    ring_bytes: int = Field(1 << 20, gt=0, le=MAX_OUTPUT_CAP)
+
+    _argv = field_validator("argv")(classmethod(lambda cls, v: _check_argv(v)))
+    _timeout = field_validator("timeout")(_seconds)
+
+
+class ProcessInfo(BaseModel):
+    id: str = Field(description="handle id, unique within the sandbox")
+    pid: int | None = Field(description="pid inside the sandbox")
+
+
+Cursor = tuple[int, int]
+
+
+class ProcessOutput(BaseModel):
+    """Output of a background process since a cursor."""
+
+    stdout: str
+    stderr: str
+    cursor: Cursor = Field(description="pass back as `since` to get only newer output")
+    lost_bytes: int = Field(description="output that fell out of the ring buffer before it was read")
+    exit_code: int | None = Field(None, description="null while running")
+
+
+class SessionRequest(_Wire):
+    shell: str | None = Field(None, description="shell binary; null = /bin/bash if present, else /bin/sh")
+    cwd: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    output_cap: int | None = Field(None, gt=0, le=MAX_OUTPUT_CAP)
+
+
+class SessionInfo(BaseModel):
+    id: str
+    shell: str
+
+
+class SessionRunRequest(_Wire):
+    cmd: str
+    timeout: float | None = 60.0
+
+    _timeout = field_validator("timeout")(_seconds)
+
+
+# ------------------------------------------------------------------------------------ files
+class FileEntry(BaseModel):
+    name: str
+    path: str
+    type: Literal["file", "dir", "symlink", "other"]
+    size: int
+    mode: int
+    mtime: float
+
+
+# ------------------------------------------------------------------------------------ snapshots
+class SnapshotRequest(_Wire):
+    exclude: list[str] | None = Field(None, description="sandbox paths left out of the layer; null = host default")
+    max_depth: int | None = Field(None, gt=0, description="fold the stack to at most this many layers")
+
+
 class SnapshotInfo(BaseModel):
     """A pack_diff snapshot: the source sandbox's writable upper as a layer on top of its stack."""
 
@@ -155,25 +285,113 @@ class SnapshotInfo(BaseModel):
     size: int = Field(description="bytes of file content in the captured layer")
 
 
-class FileEntry(BaseModel):
-    name: str
-    path: str
-    type: Literal["file", "dir", "symlink", "other"]
-    size: int
-    mode: int
-    mtime: float
+class ForkRequest(_Wire):
+    """n children restored from one snapshot of the source. Limits default to the source's; env and
+    TTLs are the source's only when asked (copy_env, inherit_ttl)."""
+
+    n: int = Field(gt=0, le=1000)
+    copy_env: bool = False
+    inherit_ttl: bool = False
+    exclude: list[str] | None = None
+    cpu: float | None = Field(None, gt=0)
+    memory_mb: int | None = Field(None, gt=0)
+    disk_mb: int | None = Field(None, gt=0)
+    pids: int | None = Field(None, gt=0)
+    ttl: float | None = None
+    idle_ttl: float | None = None
+    env: dict[str, str] | None = None
+
+    _ttl = field_validator("ttl", "idle_ttl")(_seconds)
 
 
+class ForkFailure(BaseModel):
+    index: int
+    type: str = Field(description="error class name, as in the error body")
+    message: str
+
+
+class ForkReply(BaseModel):
+    snapshot: SnapshotInfo
+    sandboxes: list[SandboxInfo]
+    failed: list[ForkFailure] = Field(default_factory=list)
+
+
+# ------------------------------------------------------------------------------------ network
+class NetworkRequest(_Wire):
+    """Replaces the egress rules: fields left out are cleared, never merged."""
+
+    allow: list[str] | None = Field(None, description="CIDR, IP, IP:port or host:port entries")
+    presets: dict[str, bool] | None = Field(None, description='named rule sets, e.g. {"pypi": true}')
+
+
+class NetworkPolicy(BaseModel):
+    allow: list[str] = Field(default_factory=list)
+    presets: dict[str, bool] = Field(default_factory=dict)
+    resolved: list[str] = Field(default_factory=list, description="the rules as enforced")
+    subnet: str | None = None
+
+
+# ------------------------------------------------------------------------------------ handles
 OutputCallback = Callable[[str], None]
 
 
-class Runtime(abc.ABC):
-    """What every backend provides. Sandbox ids are strings unique on the host."""
+class ProcessHandle(abc.ABC):
+    """A background process: read its output since a cursor, wait for it, signal it."""
 
-    name: str
+    id: str
+    pid: int | None
+    argv: list[str]
 
     @abc.abstractmethod
-    def create(self, spec: SandboxSpec) -> SandboxInfo: ...
+    def output(self, since: Cursor = (0, 0)) -> ProcessOutput:
+        """Output since `since` and the exit code (None while running)."""
+
+    def poll(self) -> int | None:
+        """Exit code, or None while running."""
+        return self.output((1 << 62, 1 << 62)).exit_code
+
+    @abc.abstractmethod
+    def wait(self, timeout: float | None = None) -> ExecResult:
+        """Block until it exits; CommandTimeout if still running after `timeout` seconds."""
+
+    @abc.abstractmethod
+    def kill(self, signal: int = 9) -> None: ...
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Stop tracking it and free its buffers; kills it if still running."""
+
+
+class SessionHandle(abc.ABC):
+    """A long-lived shell: cwd, env and shell variables persist between run() calls."""
+
+    id: str
+    shell: str
+    closed: bool
+
+    @abc.abstractmethod
+    def run(self, cmd: str, timeout: float | None = 60.0) -> ExecResult: ...
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+    def __enter__(self) -> SessionHandle:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+# ------------------------------------------------------------------------------------ the contract
+class SandboxBackend(abc.ABC):
+    """Everything a sandbox can do. Sandbox ids are strings unique within a fleet (they carry the
+    host's tag). Errors are the classes of `shoal.core.errors`, on every backend."""
+
+    name: ClassVar[str]
+
+    # ---------------------------------------------------------------- lifecycle
+    @abc.abstractmethod
+    def create(self, req: CreateRequest) -> SandboxInfo: ...
 
     @abc.abstractmethod
     def info(self, sandbox_id: str) -> SandboxInfo: ...
@@ -182,17 +400,80 @@ class Runtime(abc.ABC):
     def list(self) -> list[SandboxInfo]: ...
 
     @abc.abstractmethod
-    def exec(self, sandbox_id: str, req: ExecRequest, on_stdout: OutputCallback | None = None,
-             on_stderr: OutputCallback | None = None) -> ExecResult: ...
+    def kill(self, sandbox_id: str) -> None: ...
 
     @abc.abstractmethod
-    def pause(self, sandbox_id: str) -> None: ...
+    def pause(self, sandbox_id: str) -> None:
+        """Freeze every process. Any later request resumes the sandbox transparently."""
 
     @abc.abstractmethod
     def resume(self, sandbox_id: str) -> None: ...
 
     @abc.abstractmethod
-    def kill(self, sandbox_id: str) -> None: ...
+    def set_ttl(self, sandbox_id: str, req: TimeoutRequest) -> SandboxInfo:
+        """Replace both lifetimes (ttl counts from now; None clears)."""
+
+    # ---------------------------------------------------------------- commands
+    @abc.abstractmethod
+    def exec(self, sandbox_id: str, req: ExecRequest, on_stdout: OutputCallback | None = None,
+             on_stderr: OutputCallback | None = None) -> ExecResult:
+        """Run to completion; output is also passed to the callbacks as it arrives."""
 
     @abc.abstractmethod
-    def set_ttl(self, sandbox_id: str, ttl: float | None = None, idle_ttl: float | None = None) -> None: ...
+    def start(self, sandbox_id: str, req: StartRequest) -> ProcessHandle: ...
+
+    @abc.abstractmethod
+    def open_session(self, sandbox_id: str, req: SessionRequest) -> SessionHandle: ...
+
+    # ---------------------------------------------------------------- files
+    # Paths are resolved inside the sandbox root: `..` and symlinks cannot reach the host.
+    @abc.abstractmethod
+    def read_file(self, sandbox_id: str, path: str, max_bytes: int = DEFAULT_READ_MAX) -> bytes: ...
+
+    @abc.abstractmethod
+    def write_file(self, sandbox_id: str, path: str, data: bytes, mode: int = 0o644) -> int:
+        """Write (parents created); returns the number of bytes written."""
+
+    @abc.abstractmethod
+    def list_files(self, sandbox_id: str, path: str = "/") -> list[FileEntry]: ...
+
+    @abc.abstractmethod
+    def stat_file(self, sandbox_id: str, path: str) -> FileEntry: ...
+
+    @abc.abstractmethod
+    def mkdir(self, sandbox_id: str, path: str) -> None:
+        """Create a directory and its parents (no error if it exists)."""
+
+    @abc.abstractmethod
+    def remove_file(self, sandbox_id: str, path: str) -> None:
+        """Remove a file or a directory tree."""
+
+    @abc.abstractmethod
+    def upload_tar(self, sandbox_id: str, dest_dir: str, tar: bytes) -> int:
+        """Extract a tar into dest_dir; returns the number of entries written."""
+
+    @abc.abstractmethod
+    def download_tar(self, sandbox_id: str, path: str, max_bytes: int = DEFAULT_DOWNLOAD_MAX) -> bytes:
+        """A tar of `path` holding at most max_bytes of file content."""
+
+    # ---------------------------------------------------------------- snapshots
+    @abc.abstractmethod
+    def snapshot(self, sandbox_id: str, req: SnapshotRequest) -> SnapshotInfo:
+        """pack_diff: the writable upper (processes frozen meanwhile) as a new layer on top of the
+        sandbox's stack. Filesystem state only: running processes are not captured."""
+
+    @abc.abstractmethod
+    def fork(self, sandbox_id: str, req: ForkRequest) -> ForkReply:
+        """n new sandboxes sharing one snapshot of this one; failures are per child."""
+
+    # ---------------------------------------------------------------- network
+    @abc.abstractmethod
+    def get_network(self, sandbox_id: str) -> NetworkPolicy: ...
+
+    @abc.abstractmethod
+    def set_network(self, sandbox_id: str, req: NetworkRequest) -> NetworkPolicy:
+        """Replace the egress allow rules; with no rules the sandbox has no egress."""
+
+    # ---------------------------------------------------------------- resources
+    def close(self) -> None:
+        """Release what this backend object holds (connections); sandboxes keep running."""

@@ -106,3 +106,47 @@ class LLMUnavailable(ShoalError):
     """The policy's chat endpoint kept failing after the bounded retries."""
 
     retryable = True
+
+
+class InternalError(ShoalError):
+    """A bug on the serving side (logged there with its traceback)."""
+
+
+# ------------------------------------------------------------------------------------ on the wire
+# Every error crosses HTTP as {"error": {"type", "message", "retryable"}}; the client raises the same
+# class. Only ShoalError subclasses defined here can be named, so a body cannot make a client
+# instantiate anything else.
+_HTTP_STATUS: list[tuple[tuple[type[ShoalError], ...], int]] = [
+    ((SandboxNotFound, ImageNotFound, LayerNotFound, TenantNotFound), 404),
+    ((QuotaExceeded, PoolExhausted), 429),
+    ((LayerInUse,), 409),
+    ((CommandTimeout,), 408),
+    ((BackendUnavailable,), 501),
+    ((InvalidArgument, CorruptArchive, FileOpError, SessionClosed), 400),
+    ((Unauthorized,), 401),
+]
+
+
+def http_status(exc: ShoalError) -> int:
+    for classes, code in _HTTP_STATUS:
+        if isinstance(exc, classes):
+            return code
+    return 500
+
+
+def to_wire(exc: ShoalError) -> dict:
+    """The error body's inner object."""
+    return {"type": type(exc).__name__, "message": str(exc), "retryable": exc.retryable}
+
+
+def from_wire(err: dict | object, fallback: str = "") -> ShoalError:
+    """The exception a client raises for an error body's inner object (unknown types: ShoalError)."""
+    if not isinstance(err, dict):
+        return ShoalError(fallback or repr(err))
+    cls = globals().get(str(err.get("type", "")))
+    if not (isinstance(cls, type) and issubclass(cls, ShoalError)):
+        cls = ShoalError
+    exc = cls(str(err.get("message", fallback)))
+    if err.get("retryable") and not exc.retryable:
+        exc.retryable = True
+    return exc

@@ -1,9 +1,11 @@
 """SQLite connections for state shared by threads and processes (queue, trajectory log)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -31,3 +33,20 @@ class PerThreadDB:
         if db is not None:
             db.close()
             self._local.db = None
+
+    def transaction(self, immediate: bool = True) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        """`transaction(self.get())`: this thread's connection inside BEGIN IMMEDIATE ... COMMIT."""
+        return transaction(self.get(), immediate)
+
+
+@contextlib.contextmanager
+def transaction(db: sqlite3.Connection, immediate: bool = True) -> Iterator[sqlite3.Connection]:
+    """BEGIN (IMMEDIATE: take the write lock now, so two writers cannot both read-then-write) ...
+    COMMIT, or ROLLBACK on any exception. For connections opened with isolation_level=None."""
+    db.execute("BEGIN IMMEDIATE" if immediate else "BEGIN")
+    try:
+        yield db
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
