@@ -51,6 +51,10 @@ class HttpBackend(SandboxBackend):
         if url.startswith("unix://"):
             path = url[len("unix://"):]
             if not Path(path).exists():
+                parent = Path(path).parent
+                if parent.exists() and not os.access(parent, os.X_OK):
+                    raise E.BackendUnavailable(f"cannot reach shoald's socket {path}: permission denied; join the "
+                                               "`shoal` group (sudo usermod -aG shoal $USER, then log in again)")
                 raise E.BackendUnavailable(f"no shoald socket at {path}: start the daemon (`sudo shoal serve`), "
                                            "or point $SHOAL_URL at one")
             self.http = httpx.Client(transport=httpx.HTTPTransport(uds=path), base_url="http://shoald",
