@@ -66,6 +66,11 @@ else:
             ("DELETE", "/v1/tenants/x"), ("GET", "/v1/layers"))}
         attempt("tenants", lambda: be.json("GET", "/tenants"))
         attempt("host_network", lambda: be.create(CreateRequest(image="none", network="host")).id)
+    elif step == "sdk":  # the README's quick start, as a normal user: the SDK's default is the daemon
+        from shoal import Sandbox
+        with Sandbox.create(arg) as sb:
+            out["echo"] = sb.commands.run("echo from-sdk; id -u").stdout
+            out["backend"] = type(sb.backend).__name__
     elif step == "kill":
         be.kill(arg)
         attempt("after", lambda: be.info(arg).id)
@@ -122,7 +127,8 @@ def peers(root, base_image):
         c = users.add(f"shoalt-c{suffix}", [])
         # the users import this checkout's shoal and this environment's packages
         paths = [str(Path(shoal.__file__).resolve().parents[1])] + site.getsitepackages()
-        env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": os.pathsep.join(paths), "HOME": "/tmp", "LANG": "C.UTF-8"}
+        env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": os.pathsep.join(paths), "HOME": "/tmp", "LANG": "C.UTF-8",
+               "SHOAL_URL": f"unix://{sock}"}  # where the host daemon's /run/shoal/shoald.sock would be
         python = _python_for(a, env)
 
         def as_user(user: str, step: str, arg: str = "") -> dict:
@@ -169,6 +175,12 @@ def test_group_member_is_a_tenant_that_cannot_reach_another_users_sandbox(peers,
 
     done = as_user(peers["a"], "kill", sid)  # A's sandbox survived B's attempts, and A may end it
     assert done["after"][0] == "SandboxNotFound"
+
+
+def test_group_member_runs_the_sdk_without_root(peers):
+    got = peers["as_user"](peers["b"], "sdk", peers["image"])
+    assert got["backend"] == "HttpBackend"
+    assert got["echo"].splitlines()[0] == "from-sdk"
 
 
 def test_user_outside_the_group_cannot_connect(peers):
