@@ -4,11 +4,10 @@ from __future__ import annotations
 import contextlib
 
 import pytest
+from daemonctl import make_tenants
 
 from shoal.backends.http import HttpBackend
 from shoal.core.contract import CreateRequest
-
-from daemonctl import make_tenants
 
 
 @pytest.fixture(scope="module")

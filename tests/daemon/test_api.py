@@ -14,14 +14,30 @@ import time
 
 import httpx
 import pytest
+from daemonctl import start_daemon
 
 from shoal.backends.http import HttpBackend
-from shoal.core.contract import (CreateRequest, ExecRequest, ForkRequest, NetworkRequest, SessionRequest,
-                                 SnapshotRequest, StartRequest, TimeoutRequest)
-from shoal.core.errors import (CommandTimeout, FileOpError, ImageNotFound, InvalidArgument, QuotaExceeded,
-                               SandboxError, SandboxNotFound, ShoalError, Unauthorized)
-
-from daemonctl import start_daemon
+from shoal.core.contract import (
+    CreateRequest,
+    ExecRequest,
+    ForkRequest,
+    NetworkRequest,
+    SessionRequest,
+    SnapshotRequest,
+    StartRequest,
+    TimeoutRequest,
+)
+from shoal.core.errors import (
+    CommandTimeout,
+    FileOpError,
+    ImageNotFound,
+    InvalidArgument,
+    QuotaExceeded,
+    SandboxError,
+    SandboxNotFound,
+    ShoalError,
+    Unauthorized,
+)
 
 from .conftest import created
 

@@ -18,9 +18,9 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from daemonctl import start_daemon
 
 import shoal
-from daemonctl import start_daemon
 
 # Runs as the test user: one step of the scenario, its outcome as JSON on stdout.
 CLIENT = r"""

@@ -10,7 +10,8 @@ from __future__ import annotations
 import secrets
 import threading
 from collections import OrderedDict
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..core import errors as E
 

@@ -5,6 +5,13 @@
 """
 from __future__ import annotations
 
-from .backend import HttpBackend, HttpProcessHandle, HttpSessionHandle, client_for, close_clients, default_url
+from .backend import (
+    HttpBackend,
+    HttpProcessHandle,
+    HttpSessionHandle,
+    client_for,
+    close_clients,
+    default_url,
+)
 
 __all__ = ["HttpBackend", "HttpProcessHandle", "HttpSessionHandle", "client_for", "close_clients", "default_url"]

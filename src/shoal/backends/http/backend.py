@@ -18,11 +18,34 @@ from pydantic import BaseModel, TypeAdapter
 
 from ...config import DEFAULT_SOCKET
 from ...core import errors as E
-from ...core.contract import (API_PREFIX, DEFAULT_DOWNLOAD_MAX, DEFAULT_READ_MAX, CreateRequest, Cursor,
-                              ExecRequest, ExecResult, FileEntry, ForkReply, ForkRequest, NetworkPolicy,
-                              NetworkRequest, OutputCallback, ProcessHandle, ProcessInfo, ProcessOutput,
-                              SandboxBackend, SandboxInfo, SessionHandle, SessionInfo, SessionRequest,
-                              SessionRunRequest, SnapshotInfo, SnapshotRequest, StartRequest, TimeoutRequest)
+from ...core.contract import (
+    API_PREFIX,
+    DEFAULT_DOWNLOAD_MAX,
+    DEFAULT_READ_MAX,
+    CreateRequest,
+    Cursor,
+    ExecRequest,
+    ExecResult,
+    FileEntry,
+    ForkReply,
+    ForkRequest,
+    NetworkPolicy,
+    NetworkRequest,
+    OutputCallback,
+    ProcessHandle,
+    ProcessInfo,
+    ProcessOutput,
+    SandboxBackend,
+    SandboxInfo,
+    SessionHandle,
+    SessionInfo,
+    SessionRequest,
+    SessionRunRequest,
+    SnapshotInfo,
+    SnapshotRequest,
+    StartRequest,
+    TimeoutRequest,
+)
 
 DEFAULT_TIMEOUT = 120.0  # seconds for a request that does not wait on a command
 COMMAND_SLACK = 30.0  # a request that waits on a command may take its timeout plus this

@@ -10,7 +10,15 @@ from collections.abc import Iterator
 from fastapi import APIRouter, Depends, Query, Response
 from fastapi.responses import StreamingResponse
 
-from ...core.contract import API_PREFIX, MAX_SECONDS, ExecRequest, ExecResult, ProcessInfo, ProcessOutput, StartRequest
+from ...core.contract import (
+    API_PREFIX,
+    MAX_SECONDS,
+    ExecRequest,
+    ExecResult,
+    ProcessInfo,
+    ProcessOutput,
+    StartRequest,
+)
 from ..auth import Caller, caller
 from ..errors import sse_error
 

@@ -3,7 +3,12 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Body, Depends, Query, Response
 
-from ...core.contract import API_PREFIX, DEFAULT_DOWNLOAD_MAX, DEFAULT_READ_MAX, FileEntry
+from ...core.contract import (
+    API_PREFIX,
+    DEFAULT_DOWNLOAD_MAX,
+    DEFAULT_READ_MAX,
+    FileEntry,
+)
 from ..auth import Caller, caller
 
 router = APIRouter(prefix=API_PREFIX + "/sandboxes/{sandbox_id}/files", tags=["files"])

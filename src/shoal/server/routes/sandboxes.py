@@ -4,8 +4,14 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Response
 
 from ...core import errors as E
-from ...core.contract import (API_PREFIX, CreateRequest, NetworkPolicy, NetworkRequest, SandboxInfo,
-                              TimeoutRequest)
+from ...core.contract import (
+    API_PREFIX,
+    CreateRequest,
+    NetworkPolicy,
+    NetworkRequest,
+    SandboxInfo,
+    TimeoutRequest,
+)
 from ..auth import Caller, caller
 from ..quotas import limits_of
 

@@ -3,7 +3,13 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Response
 
-from ...core.contract import API_PREFIX, ExecResult, SessionInfo, SessionRequest, SessionRunRequest
+from ...core.contract import (
+    API_PREFIX,
+    ExecResult,
+    SessionInfo,
+    SessionRequest,
+    SessionRunRequest,
+)
 from ..auth import Caller, caller
 
 router = APIRouter(prefix=API_PREFIX + "/sandboxes/{sandbox_id}/sessions", tags=["sessions"])

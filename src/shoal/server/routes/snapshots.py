@@ -3,7 +3,14 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends
 
-from ...core.contract import API_PREFIX, ForkReply, ForkRequest, Limits, SnapshotInfo, SnapshotRequest
+from ...core.contract import (
+    API_PREFIX,
+    ForkReply,
+    ForkRequest,
+    Limits,
+    SnapshotInfo,
+    SnapshotRequest,
+)
 from ..auth import Caller, caller
 
 router = APIRouter(prefix=API_PREFIX + "/sandboxes/{sandbox_id}", tags=["snapshots"])
