@@ -418,3 +418,29 @@ def test_sessions_and_background_commands_are_capped_per_sandbox(daemon, admin, 
         c.kill(sid)
     time.sleep(0.5)
     assert _daemon_fds(daemon) <= fds_before + 8  # ...and killing the sandbox released all of them
+
+
+def test_streamed_exec_errors_and_a_reader_that_leaves(daemon, admin, base_image):
+    """An error after the stream started arrives as the same class as without streaming; a client that
+    leaves mid-stream costs the daemon nothing once the command's timeout ends it."""
+    from shoal import Host
+
+    with created(admin, base_image) as gone:  # ended behind the daemon's back: it still owns the id
+        Host.get(daemon["root"]).kill(gone.id)
+        with pytest.raises(SandboxNotFound):
+            run(admin, gone.id, "true")
+        with pytest.raises(SandboxNotFound):  # the stream's `error` event, raised as the same class
+            admin.exec(gone.id, ExecRequest(argv=["true"]), on_stdout=lambda _: None)
+    with created(admin, base_image) as info:
+        pid = daemon["proc"].pid
+        threads0 = len(os.listdir(f"/proc/{pid}/task"))
+        raw = httpx.Client(transport=httpx.HTTPTransport(uds=str(daemon["sock"])), base_url="http://x", timeout=30)
+        with raw.stream("POST", f"/v1/sandboxes/{info.id}/exec", params={"stream": "true"},
+                        json={"argv": ["yes"], "timeout": 2}) as resp:
+            assert resp.status_code == 200
+            lines = resp.iter_lines()
+            assert [next(lines) for _ in range(4)][0] == "event: stdout"
+        raw.close()  # gone, with `yes` still writing
+        time.sleep(4)  # its timeout ends it; the runner thread must not stay blocked on a full queue
+        assert len(os.listdir(f"/proc/{pid}/task")) <= threads0 + 2
+        assert run(admin, info.id, "echo", "still").stdout == "still\n"
