@@ -47,14 +47,16 @@ class HandleTable:
 
     def get(self, sandbox_id: str, key: str) -> Any:
         with self._lock:
-            obj = self._by_sandbox.get(sandbox_id, {}).get(key)
+            mine = self._by_sandbox.get(sandbox_id)
+            obj = mine.get(key) if mine is not None else None
         if obj is None:
             raise E.SandboxNotFound(f"{self.what} {key} not found in sandbox {sandbox_id}")
         return obj
 
     def pop(self, sandbox_id: str, key: str) -> None:
         with self._lock:
-            obj = self._by_sandbox.get(sandbox_id, {}).pop(key, None)
+            mine = self._by_sandbox.get(sandbox_id)
+            obj = mine.pop(key, None) if mine is not None else None
         if obj is not None:
             _close(obj)
 

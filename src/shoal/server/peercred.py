@@ -54,4 +54,6 @@ class PeerCredProtocol(_Base):  # type: ignore[misc, valid-type]  # a class chos
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         # a per-connection copy: the shared lifespan state must never carry one peer's identity
-        self.app_state = {**self.app_state, STATE_KEY: peer_of(transport.get_extra_info("socket"))}
+        state = dict(self.app_state)  # type: ignore[has-type]  # set by the base, a class chosen at import time
+        state[STATE_KEY] = peer_of(transport.get_extra_info("socket"))
+        self.app_state = state

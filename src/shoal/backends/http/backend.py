@@ -51,8 +51,9 @@ DEFAULT_TIMEOUT = 120.0  # seconds for a request that does not wait on a command
 COMMAND_SLACK = 30.0  # a request that waits on a command may take its timeout plus this
 WAIT_SLICE = 60.0  # a background wait() is a series of server-side waits of at most this long
 
+FileEntries = list[FileEntry]  # an alias: inside the class, `list` is the contract's method
 _SANDBOXES = TypeAdapter(list[SandboxInfo])
-_ENTRIES = TypeAdapter(list[FileEntry])
+_ENTRIES = TypeAdapter(FileEntries)
 
 
 def default_url() -> str:
@@ -210,7 +211,7 @@ class HttpBackend(SandboxBackend):
         return self.json("PUT", self._sb(sandbox_id) + "/files", params={"path": path, "mode": mode}, content=data,
                          headers={"content-type": "application/octet-stream"})["bytes"]
 
-    def list_files(self, sandbox_id: str, path: str = "/") -> list[FileEntry]:
+    def list_files(self, sandbox_id: str, path: str = "/") -> FileEntries:
         return _ENTRIES.validate_python(self.json("GET", self._sb(sandbox_id) + "/files/list", params={"path": path}))
 
     def stat_file(self, sandbox_id: str, path: str) -> FileEntry:

@@ -21,7 +21,7 @@ class TenantRequest(BaseModel):
 
 def _quotas(fields: dict[str, float]) -> Quotas:
     try:
-        return Quotas(**fields)
+        return Quotas(**fields)  # type: ignore[arg-type]  # JSON numbers; Quotas checks each is > 0
     except TypeError as e:  # an unknown field name: the caller's error, not a 500
         raise E.InvalidArgument(f"unknown quota field: {e}") from None
 
