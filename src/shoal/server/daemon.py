@@ -70,10 +70,8 @@ class Daemon:
         for name in LOCAL_BACKENDS:
             try:
                 starter(name)
-            except E.ShoalError as e:  # e.g. gVisor not installed: its sandboxes cannot exist either
-                log.info("backend %s not started: %s", name, e)
-            except ImportError as e:
-                log.info("backend %s not available: %s", name, e)
+            except Exception as e:  # e.g. gVisor not installed: its sandboxes cannot exist either
+                log.warning("backend %s not started: %s", name, e)
 
     def _reap(self, every_s: float) -> None:
         """Close the sessions and commands of sandboxes that ended on their own (TTL, OOM, crash)."""
