@@ -26,6 +26,7 @@ from ..core.errors import SandboxError
 from .admission import AdmissionConfig
 from .app import create_app
 from .daemon import Daemon
+from .ensure import answering
 from .peercred import PeerCredProtocol
 
 log = logging.getLogger("shoald")
@@ -76,7 +77,7 @@ def bind_socket(path: Path, gid: int) -> socket.socket:
         parent.mkdir(mode=0o750, parents=True, exist_ok=True)
         os.chown(parent, 0, gid)
         os.chmod(parent, 0o750)
-    path.unlink(missing_ok=True)
+    path.unlink(missing_ok=True)  # a dead daemon's (serve() checked that none answers)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     # bound with the umask's mode (no group/other write: nobody else can connect yet), then opened up
     sock.bind(str(path))
@@ -99,6 +100,9 @@ def serve(root: str | Path | None = None, socket_path: str | Path | None = None,
     if os.geteuid() != 0:
         raise SystemExit("shoald runs sandboxes (mounts, namespaces, cgroups): start it as root "
                          "(`sudo shoal serve`); clients in the `shoal` group then need no root")
+    sock_path = Path(socket_path or os.environ.get("SHOAL_SOCKET") or DEFAULT_SOCKET)
+    if answering(sock_path):  # never take the socket of a live daemon (say, the host's, from a test's daemon)
+        raise SystemExit(f"a shoald already answers on {sock_path}: stop it first, or pass another --socket")
     from ..host import Host
 
     os.environ.pop("SHOAL_URL", None)  # the daemon itself always runs sandboxes in-process
@@ -106,7 +110,6 @@ def serve(root: str | Path | None = None, socket_path: str | Path | None = None,
     host = Host.get(root)
     daemon = Daemon(host, admission, admin_key=load_or_create_admin_key(host.settings.root))
     app = create_app(daemon)
-    sock_path = Path(socket_path or os.environ.get("SHOAL_SOCKET") or DEFAULT_SOCKET)
     unix = bind_socket(sock_path, socket_group(group))
     common = dict(log_level=log_level, access_log=False, timeout_keep_alive=30, timeout_graceful_shutdown=GRACE_S)
     servers: list[tuple[uvicorn.Server, list[socket.socket] | None]] = [
