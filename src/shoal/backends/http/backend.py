@@ -9,7 +9,6 @@ import ssl
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -74,13 +73,14 @@ class HttpBackend(SandboxBackend):
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         if url.startswith("unix://"):
             path = url[len("unix://"):]
-            if not Path(path).exists():
-                parent = Path(path).parent
-                if parent.exists() and not os.access(parent, os.X_OK):
-                    raise E.BackendUnavailable(f"cannot reach shoald's socket {path}: permission denied; join the "
-                                               "`shoal` group (sudo usermod -aG shoal $USER, then log in again)")
+            try:
+                os.stat(path)
+            except PermissionError:
+                raise E.BackendUnavailable(f"cannot reach shoald's socket {path}: permission denied; join the "
+                                           "`shoal` group (sudo usermod -aG shoal $USER, then log in again)") from None
+            except OSError:
                 raise E.BackendUnavailable(f"no shoald socket at {path}: start the daemon (`sudo shoal serve`), "
-                                           "or point $SHOAL_URL at one")
+                                           "or point $SHOAL_URL at one") from None
             self.http = httpx.Client(transport=httpx.HTTPTransport(uds=path), base_url="http://shoald",
                                      headers=headers, timeout=DEFAULT_TIMEOUT)
         elif url.startswith(("http://", "https://")):
