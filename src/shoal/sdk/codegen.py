@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..core.contract import ProcessHandle, SessionHandle
-from .sandbox import Commands, Files, ForkResult, Sandbox, Sessions
+from .sandbox import Commands, Files, Sandbox, Sessions
 
 OUT = Path(__file__).with_name("async_sandbox.py")
 
@@ -283,7 +283,7 @@ def _class(spec: Spec) -> str:
     if hasattr(spec.sync, "__enter__"):
         out += ["", f"    async def __aenter__(self) -> {spec.name}:", "        return self", "",
                 "    async def __aexit__(self, *exc: object) -> None:",
-                f"        await _t(self._sync.__exit__, *exc)"]
+                "        await _t(self._sync.__exit__, *exc)"]
     if spec.sync is Sandbox:
         out += ["", "    def __repr__(self) -> str:", '        return "Async" + repr(self._sync)']
     return "\n".join(out)
