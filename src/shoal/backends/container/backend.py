@@ -288,7 +288,8 @@ class ContainerBackend(LocalBackend):
         # overlayfs wants the top-most lower first
         lower = ":".join(str(p) for p in reversed(lower_dirs))
         cmd: list[str] = [self.helper, "launch", "--state", str(d), "--lower", lower,
-                          "--hostname", str(meta["hostname"]), "--disk-mb", str(limits.disk_mb), "--tombstone", str(self.settings.tombstones_dir / sandbox_id)]
+                          "--hostname", str(meta["hostname"]), "--disk-mb", str(limits.disk_mb),
+                          "--tombstone", str(self.settings.tombstones_dir / sandbox_id)]
         for cg in cg_dirs:
             cmd += ["--cgroup", str(cg)]
         if limits.upper == "disk":
