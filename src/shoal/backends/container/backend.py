@@ -75,7 +75,7 @@ def _starttime(pid: int) -> int | None:
 
 
 def _alive(pid: int | None, start: int | None) -> bool:
-    return bool(pid) and start is not None and _starttime(pid) == start  # type: ignore[arg-type]
+    return pid is not None and pid > 0 and start is not None and _starttime(pid) == start
 
 
 # ------------------------------------------------------------------ upper = "disk"

@@ -281,10 +281,9 @@ def run(sock_path: str, sandbox_id: str, argv: list[str], env: dict[str, str], c
                         os.close(proc.stdin_w)
                         proc.stdin_w = -1
                 else:
-                    fd = key.fileobj
-                    data = os.read(fd, 65536)  # type: ignore[arg-type]
+                    data = os.read(key.fd, 65536)
                     if not data:
-                        sel.unregister(fd)
+                        sel.unregister(key.fd)
                         open_streams -= 1
                         continue
                     buf, cb = (out, on_stdout) if tag == "out" else (err, on_stderr)
