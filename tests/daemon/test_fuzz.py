@@ -88,7 +88,7 @@ def tls_daemon(root, base_image, tmp_path_factory):
         proc.send_signal(signal.SIGUSR1)
         time.sleep(1)
         proc.kill()
-        raise AssertionError("shoald did not stop within 20 s of SIGTERM:\n" + log_tail(root))
+        raise AssertionError("shoald did not stop within 20 s of SIGTERM:\n" + log_tail(root)) from None
 
 
 @pytest.fixture(scope="module")

@@ -89,7 +89,8 @@ def test_yes_flood_keeps_daemon_memory_disk_and_latency_flat(daemon, base_image)
         report = (f"{FLOOD_S:.0f} s flood: background `yes` wrote {produced / 2**30:.2f} GiB "
                   f"({lost / 2**30:.2f} GiB fell out of the ring unread); {len(exec_results)} capped execs; "
                   f"daemon RSS {rss0:.0f} -> max {max(rss):.0f} MiB; fds {fds0} -> {fds1}; "
-                  f"stored under the root {stored0:.0f} -> {stored1:.0f} MiB; daemon wrote {written1 - written0:.1f} MiB; "
+                  f"stored under the root {stored0:.0f} -> {stored1:.0f} MiB; "
+                  f"daemon wrote {written1 - written0:.1f} MiB; "
                   f"/v1/health p50 {health_ms[len(health_ms) // 2]:.1f} ms "
                   f"max {health_ms[-1]:.1f} ms")
         print(report)

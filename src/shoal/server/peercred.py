@@ -11,6 +11,7 @@ import asyncio
 import socket
 import struct
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 STATE_KEY = "shoal_peer"  # key in scope["state"]
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
@@ -45,15 +46,18 @@ def _base_protocol() -> type:
         return H11Protocol
 
 
-_Base = _base_protocol()
+if TYPE_CHECKING:  # both parsers' protocols have the same interface; the checker sees one of them
+    from uvicorn.protocols.http.h11_impl import H11Protocol as _Base
+else:
+    _Base = _base_protocol()
 
 
-class PeerCredProtocol(_Base):  # type: ignore[misc, valid-type]  # a class chosen at import time
+class PeerCredProtocol(_Base):
     """uvicorn's HTTP protocol, plus the peer's credentials in each request's scope["state"]."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         # a per-connection copy: the shared lifespan state must never carry one peer's identity
-        state = dict(self.app_state)  # type: ignore[has-type]  # set by the base, a class chosen at import time
+        state = dict(self.app_state)
         state[STATE_KEY] = peer_of(transport.get_extra_info("socket"))
         self.app_state = state
