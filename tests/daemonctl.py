@@ -24,11 +24,13 @@ def start_daemon(root: Path, *args: str, env: dict | None = None, sock: Path | N
 
     Its output goes to <root>/shoald.log, not a pipe: a pipe nobody reads fills after 64 KiB of log
     and then blocks the daemon on its next write."""
-    sock = sock or socket_of(root)
+    if "--socket" in args:  # given among the options: wait on that one
+        sock = Path(args[args.index("--socket") + 1])
+    else:
+        sock = sock or socket_of(root)
+        args = ("--socket", str(sock), *args)
     env = dict(os.environ, SHOAL_ROOT=str(root), **(env or {}))
     env.pop("SHOAL_URL", None)
-    if "--socket" not in args:
-        args = ("--socket", str(sock), *args)
     with open(log_path(root), "ab") as log:
         proc = subprocess.Popen([sys.executable, "-m", "shoal.cli", "serve", *args], env=env,
                                 stdout=log, stderr=subprocess.STDOUT)
