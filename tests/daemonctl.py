@@ -29,6 +29,10 @@ def start_daemon(root: Path, *args: str, env: dict | None = None, sock: Path | N
     else:
         sock = sock or socket_of(root)
         args = ("--socket", str(sock), *args)
+    from shoal.server.ensure import answering
+
+    if answering(sock):  # a leaked daemon: the new one would refuse the socket, and we would test the old one
+        raise RuntimeError(f"a shoald already answers on {sock}; stop it first")
     env = dict(os.environ, SHOAL_ROOT=str(root), **(env or {}))
     env.pop("SHOAL_URL", None)
     with open(log_path(root), "ab") as log:
