@@ -1,0 +1,172 @@
+"""The per-sandbox supervisor of the gvisor backend: lifetimes and cleanup when no caller is alive.
+
+A gVisor sandbox outlives the process that created it (a CLI call, a test), so its TTL, idle TTL
+and cleanup cannot rely on that process. Each sandbox gets one small detached supervisor (this
+file, run as a script: standard library only, ~8 MB RSS, no import of shoal) that:
+  - waits on a pidfd of the sandbox's host process (runsc-sandbox);
+  - ends the sandbox when its absolute TTL or its idle TTL expires (activity = the mtime of
+    `activity`, or any live entry in `busy/`, both written by the backend);
+  - re-reads meta.json on SIGHUP (set_ttl) and ends the sandbox on SIGTERM (kill);
+  - on any end (also a crash or an OOM of the whole sandbox) releases everything: `runsc delete`,
+    the overlay and tmpfs mounts, the state dir, and leaves a tombstone saying why.
+If the supervisor itself dies, the backend's sweep() does the same cleanup ("orphaned").
+
+Usage: supervisor.py <sandbox state dir> <tombstones dir>   (runsc flags are read from meta.json)
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+_MNT_DETACH = 2
+
+
+def _umount(path: str) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if os.path.ismount(path) and libc.umount2(path.encode(), _MNT_DETACH) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"umount {path}: {os.strerror(err)}")
+
+
+def oom_killed(meta: dict) -> bool:
+    """Whether the sandbox's memory cgroup recorded an OOM kill (v1 oom_control / v2 memory.events)."""
+    cg = meta.get("cgroup_path", "").lstrip("/")
+    for path, key in ((f"/sys/fs/cgroup/memory/{cg}/memory.oom_control", "oom_kill"),
+                      (f"/sys/fs/cgroup/{cg}/memory.events", "oom_kill")):
+        try:
+            with open(path) as f:
+                for line in f:
+                    k, _, v = line.partition(" ")
+                    if k == key and int(v) > 0:
+                        return True
+        except (OSError, ValueError):
+            continue
+    return False
+
+
+def cleanup(state_dir: str, tombstones: str, reason: str | None) -> None:
+    """Release everything a sandbox holds on the host; safe to call twice and from any process.
+    The tombstone is written before the state dir goes, so a request never sees neither."""
+    sid = os.path.basename(state_dir.rstrip("/"))
+    try:
+        with open(os.path.join(state_dir, "meta.json")) as f:
+            meta = json.load(f)
+    except (OSError, ValueError):
+        meta = {}
+    runsc = meta.get("runsc")
+    if runsc:
+        # --force kills the sandbox if it still runs; delete also removes its cgroup
+        subprocess.run([*runsc, "delete", "--force", sid], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, check=False, timeout=30)
+    if reason:
+        os.makedirs(tombstones, exist_ok=True)
+        tomb = os.path.join(tombstones, sid)
+        if not os.path.exists(tomb):
+            with open(tomb + ".tmp", "w") as f:
+                f.write(reason)
+            os.replace(tomb + ".tmp", tomb)
+    for sub in ("rootfs", "upper"):  # the overlay first: it sits on the tmpfs upper
+        try:
+            _umount(os.path.join(state_dir, sub))
+        except OSError:
+            pass
+    shutil.rmtree(state_dir, ignore_errors=True)
+
+
+class _Wake(Exception):
+    pass
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def _last_activity(state_dir: str) -> float:
+    """The last request's time; now while a request is in flight (a live busy/<pid>-<token> entry)."""
+    busy = os.path.join(state_dir, "busy")
+    try:
+        for name in os.listdir(busy):
+            pid = name.split("-", 1)[0]
+            if pid.isdigit() and _pid_alive(int(pid)):
+                return time.time()
+            try:
+                os.unlink(os.path.join(busy, name))  # its process died mid-request
+            except OSError:
+                pass
+    except OSError:
+        pass
+    try:
+        return os.stat(os.path.join(state_dir, "activity")).st_mtime
+    except OSError:
+        return time.time()
+
+
+def supervise(state_dir: str, tombstones: str) -> None:
+    wake = {"term": False}
+
+    def on_hup(signum, frame):
+        raise _Wake()
+
+    def on_term(signum, frame):
+        wake["term"] = True
+        raise _Wake()
+
+    signal.signal(signal.SIGHUP, on_hup)
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with open(os.path.join(state_dir, "meta.json")) as f:
+        meta = json.load(f)
+    try:
+        pidfd = os.pidfd_open(meta["sandbox_pid"])
+    except (KeyError, ProcessLookupError):
+        cleanup(state_dir, tombstones, "exited")
+        return
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    reason = None
+    while reason is None:
+        try:
+            try:
+                with open(os.path.join(state_dir, "meta.json")) as f:
+                    meta = json.load(f)
+            except (OSError, ValueError):
+                pass
+            now = time.time()
+            deadline, why = None, None
+            if meta.get("ttl"):
+                deadline, why = meta["ttl_from"] + meta["ttl"], "ttl"
+            if meta.get("idle_ttl"):
+                idle_end = _last_activity(state_dir) + meta["idle_ttl"]
+                if deadline is None or idle_end < deadline:
+                    deadline, why = idle_end, "idle_ttl"
+            if deadline is not None and deadline <= now:
+                reason = why
+                break
+            # idle deadlines move with activity: look again at least every few seconds
+            wait_s = 5.0 if deadline is None else min(5.0, deadline - now) if why == "idle_ttl" else deadline - now
+            if deadline is None and not meta.get("idle_ttl"):
+                wait_s = 3600.0
+            if poller.poll(max(1, int(wait_s * 1000))):
+                reason = "oom" if oom_killed(meta) else "exited"
+        except _Wake:
+            if wake["term"]:
+                reason = "killed"
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the cleanup itself must finish
+    cleanup(state_dir, tombstones, reason)
+
+
+if __name__ == "__main__":
+    supervise(sys.argv[1], sys.argv[2])
