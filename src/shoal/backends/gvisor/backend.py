@@ -33,12 +33,36 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ...core.contract import (DEFAULT_DOWNLOAD_MAX, DEFAULT_READ_MAX, Cursor, ExecRequest, ExecResult, FileEntry,
-                              Limits, NetworkPolicy, NetworkRequest, OutputCallback, ProcessHandle, ProcessOutput,
-                              SandboxInfo, SandboxSpec, SandboxState, SessionHandle, SessionRequest, StartRequest,
-                              TimeoutRequest)
-from ...core.errors import (BackendUnavailable, CommandTimeout, InvalidArgument, QuotaExceeded, SandboxError,
-                            SandboxNotFound, SessionClosed)
+from ...core.contract import (
+    DEFAULT_DOWNLOAD_MAX,
+    DEFAULT_READ_MAX,
+    Cursor,
+    ExecRequest,
+    ExecResult,
+    FileEntry,
+    Limits,
+    NetworkPolicy,
+    NetworkRequest,
+    OutputCallback,
+    ProcessHandle,
+    ProcessOutput,
+    SandboxInfo,
+    SandboxSpec,
+    SandboxState,
+    SessionHandle,
+    SessionRequest,
+    StartRequest,
+    TimeoutRequest,
+)
+from ...core.errors import (
+    BackendUnavailable,
+    CommandTimeout,
+    InvalidArgument,
+    QuotaExceeded,
+    SandboxError,
+    SandboxNotFound,
+    SessionClosed,
+)
 from ..container.cgroups import cgroup_parent
 from ..container.files import SandboxFiles
 from ..container.initclient import CappedBuffer, RingLog
@@ -77,7 +101,8 @@ def _alive(pid: int | None, start: int | None) -> bool:
 def _mount(source: str, target: Path, fstype: str, options: str) -> None:
     if len(options) > 4000:  # the kernel takes one page of mount data
         raise SandboxError(f"{fstype} mount options too long ({len(options)} bytes): too many layers")
-    if _libc.mount(source.encode(), str(target).encode(), fstype.encode(), 2 | 4, options.encode()) != 0:  # nosuid,nodev
+    nosuid_nodev = 2 | 4
+    if _libc.mount(source.encode(), str(target).encode(), fstype.encode(), nosuid_nodev, options.encode()) != 0:
         err = ctypes.get_errno()
         raise SandboxError(f"mount {fstype} on {target}: {os.strerror(err)}")
 
