@@ -22,7 +22,6 @@ import json
 import os
 import re
 import secrets
-import select
 import selectors
 import signal
 import subprocess
@@ -98,6 +97,26 @@ def _alive(pid: int | None, start: int | None) -> bool:
     return bool(pid) and start is not None and _starttime(pid) == start  # type: ignore[arg-type]
 
 
+def _signal_exact(pid: int | None, start: int | None, sig: int) -> bool:
+    """Signal the process (pid, start time) if it still is that process: a pidfd pins it, so a
+    reused pid is never signalled. Returns whether it was alive."""
+    if not pid:
+        return False
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return False
+    try:
+        if _starttime(pid) != start:
+            return False
+        signal.pidfd_send_signal(fd, sig)
+        return True
+    except ProcessLookupError:
+        return False
+    finally:
+        os.close(fd)
+
+
 def _mount(source: str, target: Path, fstype: str, options: str) -> None:
     if len(options) > 4000:  # the kernel takes one page of mount data
         raise SandboxError(f"{fstype} mount options too long ({len(options)} bytes): too many layers")
@@ -141,8 +160,11 @@ class GvisorBackend(LocalBackend):
         return f"sandbox {sandbox_id} no longer exists: {explain}"
 
     def _load(self, sandbox_id: str) -> dict:
+        d = self._dir(sandbox_id)
+        if (d / "killed").exists():  # being released in the background
+            raise SandboxNotFound(self._gone_message(sandbox_id))
         try:
-            return json.loads((self._dir(sandbox_id) / "meta.json").read_text())
+            return json.loads((d / "meta.json").read_text())
         except (FileNotFoundError, NotADirectoryError):
             raise SandboxNotFound(self._gone_message(sandbox_id)) from None
         except ValueError as e:
@@ -335,25 +357,27 @@ class GvisorBackend(LocalBackend):
         return out
 
     def kill(self, sandbox_id: str) -> None:
+        """Ends the sandbox at once for every caller; its resources are released in the background by
+        its supervisor (gVisor's Sentry takes ~1 s to exit under ptrace: no request waits for it)."""
         d = self._dir(sandbox_id)
         meta = self._load(sandbox_id)
         if not meta.get("sandbox_pid") or not _alive(meta["sandbox_pid"], meta.get("sandbox_start")):
             self._await_end(sandbox_id, meta)
             raise SandboxNotFound(self._gone_message(sandbox_id))
-        if _alive(meta.get("sup_pid"), meta.get("sup_start")):
-            try:
-                fd = os.pidfd_open(meta["sup_pid"])
-            except ProcessLookupError:
-                fd = None
-            if fd is not None:
-                try:
-                    signal.pidfd_send_signal(fd, signal.SIGTERM)
-                    waiter = select.poll()
-                    waiter.register(fd, select.POLLIN)
-                    waiter.poll(10_000)  # it runs `runsc delete` and unmounts: ~100 ms
-                finally:
-                    os.close(fd)
-        if d.exists():
+        # the tombstone first, then the marker that makes every later request see the end
+        tomb = self.tombstones / sandbox_id
+        tmp = tomb.with_name(f".{sandbox_id}.{os.getpid()}")
+        tmp.write_text("killed")
+        os.replace(tmp, tomb)
+        (d / "killed").touch()
+        _signal_exact(meta["sandbox_pid"], meta.get("sandbox_start"), signal.SIGKILL)  # stop it now
+        # SIGTERM before its handler is in place would end it without cleaning up: wait for it
+        deadline = time.monotonic() + 5.0
+        while not (d / "supervised").exists() and _alive(meta.get("sup_pid"), meta.get("sup_start")) \
+                and time.monotonic() < deadline:
+            time.sleep(0.005)
+        if not (d / "supervised").exists() or \
+                not _signal_exact(meta.get("sup_pid"), meta.get("sup_start"), signal.SIGTERM):  # it runs runsc delete
             cleanup(str(d), str(self.tombstones), "killed")
 
     def sweep(self) -> list[str]:
@@ -406,9 +430,10 @@ class GvisorBackend(LocalBackend):
         meta = self.ensure_running(sandbox_id)
         meta.update(ttl=req.ttl, idle_ttl=req.idle_ttl, ttl_from=time.time())
         self._write_meta(meta)
-        if _alive(meta.get("sup_pid"), meta.get("sup_start")):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(meta["sup_pid"], signal.SIGHUP)  # re-read the lifetimes now
+        # re-read the lifetimes now; a supervisor still starting (no handler yet: SIGHUP would end it)
+        # reads meta.json after it is ready, so it sees this write anyway
+        if (self._dir(sandbox_id) / "supervised").exists():
+            _signal_exact(meta.get("sup_pid"), meta.get("sup_start"), signal.SIGHUP)
         return self._info(meta)
 
     # ------------------------------------------------------------------ commands

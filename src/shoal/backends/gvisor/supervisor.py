@@ -15,6 +15,7 @@ Usage: supervisor.py <sandbox state dir> <tombstones dir>   (runsc flags are rea
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -80,10 +81,6 @@ def cleanup(state_dir: str, tombstones: str, reason: str | None) -> None:
     shutil.rmtree(state_dir, ignore_errors=True)
 
 
-class _Wake(Exception):
-    pass
-
-
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -115,18 +112,15 @@ def _last_activity(state_dir: str) -> float:
 
 
 def supervise(state_dir: str, tombstones: str) -> None:
-    wake = {"term": False}
-
-    def on_hup(signum, frame):
-        raise _Wake()
-
-    def on_term(signum, frame):
-        wake["term"] = True
-        raise _Wake()
-
-    signal.signal(signal.SIGHUP, on_hup)
-    signal.signal(signal.SIGTERM, on_term)
+    # handlers only note the signal; the wakeup pipe ends the poll (a handler that raised could
+    # interrupt the cleanup half-way)
+    got: set[int] = set()
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake_w)
+    for sig in (signal.SIGHUP, signal.SIGTERM):
+        signal.signal(sig, lambda signum, frame: got.add(signum))
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    open(os.path.join(state_dir, "supervised"), "w").close()  # from now on a signal is handled, not fatal
     with open(os.path.join(state_dir, "meta.json")) as f:
         meta = json.load(f)
     try:
@@ -136,35 +130,40 @@ def supervise(state_dir: str, tombstones: str) -> None:
         return
     poller = select.poll()
     poller.register(pidfd, select.POLLIN)
+    poller.register(wake_r, select.POLLIN)
     reason = None
     while reason is None:
         try:
-            try:
-                with open(os.path.join(state_dir, "meta.json")) as f:
-                    meta = json.load(f)
-            except (OSError, ValueError):
-                pass
-            now = time.time()
-            deadline, why = None, None
-            if meta.get("ttl"):
-                deadline, why = meta["ttl_from"] + meta["ttl"], "ttl"
-            if meta.get("idle_ttl"):
-                idle_end = _last_activity(state_dir) + meta["idle_ttl"]
-                if deadline is None or idle_end < deadline:
-                    deadline, why = idle_end, "idle_ttl"
-            if deadline is not None and deadline <= now:
-                reason = why
-                break
-            # idle deadlines move with activity: look again at least every few seconds
-            wait_s = 5.0 if deadline is None else min(5.0, deadline - now) if why == "idle_ttl" else deadline - now
-            if deadline is None and not meta.get("idle_ttl"):
-                wait_s = 3600.0
-            if poller.poll(max(1, int(wait_s * 1000))):
+            with open(os.path.join(state_dir, "meta.json")) as f:
+                meta = json.load(f)
+        except (OSError, ValueError):
+            pass
+        now = time.time()
+        deadline, why = None, None
+        if meta.get("ttl"):
+            deadline, why = meta["ttl_from"] + meta["ttl"], "ttl"
+        if meta.get("idle_ttl"):
+            idle_end = _last_activity(state_dir) + meta["idle_ttl"]
+            if deadline is None or idle_end < deadline:
+                deadline, why = idle_end, "idle_ttl"
+        if deadline is not None and deadline <= now:
+            reason = why
+            break
+        if deadline is None:
+            wait_s = 3600.0
+        elif why == "idle_ttl" or meta.get("idle_ttl"):
+            wait_s = min(5.0, deadline - now)  # idle deadlines move with activity: look again soon
+        else:
+            wait_s = deadline - now
+        for fd, _ in poller.poll(max(1, int(wait_s * 1000))):
+            if fd == wake_r:
+                with contextlib.suppress(OSError):
+                    os.read(wake_r, 512)
+            elif fd == pidfd:
                 reason = "oom" if oom_killed(meta) else "exited"
-        except _Wake:
-            if wake["term"]:
-                reason = "killed"
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the cleanup itself must finish
+        if signal.SIGTERM in got:
+            reason = "killed"
+        got.discard(signal.SIGHUP)  # set_ttl: the loop re-reads meta.json
     cleanup(state_dir, tombstones, reason)
 
 
