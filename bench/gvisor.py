@@ -121,9 +121,9 @@ def plot(res: dict, path: Path) -> None:
         bars = ax.bar(xs, med, width, yerr=[lo, hi], capsize=3, label=be)
         ax.bar_label(bars, labels=[f"{m:.0f}" for m in med], padding=2, fontsize=8)
     ax.set_xticks(range(len(ROWS)), [r.replace("_", " ") for r in ROWS])
-    ax.set_ylabel("p50 latency, ms (bars: median of runs; whiskers: min-max)")
-    ax.set_title(f"gvisor vs container, {res['runs']} runs x n={res['n']} (load {res['load'][0]['loadavg_1m_before']})",
-                 fontsize=9)
+    ax.set_ylabel("p50 latency (ms)")
+    ax.set_title(f"gvisor vs container: median of {res['runs']} run p50s (whiskers: min-max), n={res['n']} per run, "
+                 f"load {res['load'][0]['loadavg_1m_before']}", fontsize=8)
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -134,7 +134,11 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=30, help="samples per row and run")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--out", type=Path, default=RESULTS / "gvisor.json")
+    ap.add_argument("--plot-only", action="store_true", help="redraw the PNG from the JSON, measure nothing")
     args = ap.parse_args()
+    if args.plot_only:
+        plot(json.loads(args.out.read_text()), args.out.with_suffix(".png"))
+        return
     if os.geteuid() != 0 or not shutil.which("runsc"):
         sys.exit("bench/gvisor.py needs root and runsc (apt-get install -y runsc)")
     root = Path(tempfile.mkdtemp(prefix="shoal-bgv-", dir="/tmp"))
