@@ -2,7 +2,7 @@
 
 A gVisor sandbox outlives the process that created it (a CLI call, a test), so its TTL, idle TTL
 and cleanup cannot rely on that process. Each sandbox gets one small detached supervisor (this
-file, run as a script: standard library only, ~8 MB RSS, no import of shoal) that:
+file, run as a script: standard library only, ~13 MB RSS, no import of shoal) that:
   - waits on a pidfd of the sandbox's host process (runsc-sandbox);
   - ends the sandbox when its absolute TTL or its idle TTL expires (activity = the mtime of
     `activity`, or any live entry in `busy/`, both written by the backend);
