@@ -28,6 +28,7 @@ from shoal.core.errors import (
     FileOpError,
     InvalidArgument,
     PathOutsideSandbox,
+    SandboxError,
     SandboxNotFound,
     SessionClosed,
 )
@@ -383,3 +384,30 @@ def test_bad_requests_are_typed_errors(host, gv):
         host.exec("gv-../../etc", ExecRequest(argv=["true"]))
     with pytest.raises(InvalidArgument):
         sh(host, gv, "true", env={"A=B": "x"})
+
+
+def test_disk_upper_and_its_size_cap(host, base_image):
+    info = create(host, base_image, upper="disk", disk_mb=16)
+    try:
+        assert info.limits.upper == "disk"
+        r = sh(host, info.id, "dd if=/dev/zero of=/work/big bs=1M count=64 2>&1; echo rc=$?", timeout=60)
+        assert "No space left" in r.stdout or "rc=1" in r.stdout, r.stdout
+        assert sh(host, info.id, "rm /work/big; echo ok > /work/f; cat /work/f").stdout == "ok\n"
+        snap = host.snapshot(info.id, SnapshotRequest())
+        assert snap.size > 0
+    finally:
+        host.kill(info.id)
+
+
+def test_init_stdio_cannot_fill_the_host(host, gv):
+    # pid 1's stdio come from `runsc create`: they must lead nowhere on the host
+    r = sh(host, gv, "head -c 1000000 /dev/zero > /proc/1/fd/2; echo rc=$?; head -c 1000 /dev/zero > /proc/1/fd/1")
+    state = host.backend("gvisor").base / gv
+    assert all(p.stat().st_size < 100_000 for p in state.rglob("*") if p.is_file() and "upper" not in p.parts
+               and "rootfs" not in p.parts), r
+
+
+def test_an_image_without_a_shell_is_a_clear_error(host, make_layer):
+    digest = make_layer({"data/file.txt": "no shell here"})
+    with pytest.raises(SandboxError, match="/bin/sh"):
+        host.create(CreateRequest(layers=[digest], backend="gvisor"))

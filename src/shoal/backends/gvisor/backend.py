@@ -267,17 +267,7 @@ class GvisorBackend(LocalBackend):
             config = oci.bundle_config(d / "rootfs", meta["hostname"], self._env(meta), limits, meta["cgroup_path"],
                                        spec.network)
             (d / "bundle" / "config.json").write_text(json.dumps(config))
-            # init's stdio are runsc create's: a file, never a pipe we would have to drain
-            with open(d / "runsc.log", "wb") as log:
-                r = subprocess.run([*runsc, "create", "--bundle", str(d / "bundle"), "--pid-file",
-                                    str(d / "sandbox.pid"), sandbox_id], stdin=subprocess.DEVNULL, stdout=log,
-                                   stderr=log, env={}, timeout=RUNSC_TIMEOUT_S, check=False)
-                if r.returncode == 0:
-                    r = subprocess.run([*runsc, "start", sandbox_id], stdin=subprocess.DEVNULL, stdout=log,
-                                       stderr=log, env={}, timeout=RUNSC_TIMEOUT_S, check=False)
-            if r.returncode != 0:
-                detail = (d / "runsc.log").read_text(errors="replace").strip()[-800:]
-                raise SandboxError(f"sandbox {sandbox_id} failed to start under gVisor: {detail}")
+            self._runsc_create(runsc, d, sandbox_id)
             pid = int((d / "sandbox.pid").read_text())
             meta.update(sandbox_pid=pid, sandbox_start=_starttime(pid))
             self._write_meta(meta)
@@ -294,6 +284,37 @@ class GvisorBackend(LocalBackend):
                 raise SandboxError(f"sandbox {sandbox_id} failed to start: {e}") from e
             raise
         return self._info(meta)
+
+    def _runsc_create(self, runsc: list[str], d: Path, sandbox_id: str) -> None:
+        """`runsc create` + `runsc start`. The container's pid 1 inherits create's stdio, so its
+        stderr is a pipe we read only until create exits: a host file there would let the sandbox
+        fill the host's disk through /proc/1/fd/2; once we close our end, its writes fail (EPIPE)."""
+        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        try:
+            proc = subprocess.Popen([*runsc, "create", "--bundle", str(d / "bundle"), "--pid-file",
+                                     str(d / "sandbox.pid"), sandbox_id], stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.DEVNULL, stderr=err_w, env={})
+        finally:
+            os.close(err_w)
+        try:
+            rc = proc.wait(timeout=RUNSC_TIMEOUT_S)
+            os.set_blocking(err_r, False)
+            try:
+                detail = os.read(err_r, 65536).decode(errors="replace")
+            except BlockingIOError:
+                detail = ""
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise SandboxError(f"sandbox {sandbox_id}: runsc create took over {RUNSC_TIMEOUT_S:.0f} s") from None
+        finally:
+            os.close(err_r)
+        if rc == 0:
+            r = subprocess.run([*runsc, "start", sandbox_id], stdin=subprocess.DEVNULL, capture_output=True, env={},
+                               timeout=RUNSC_TIMEOUT_S, check=False)
+            rc, detail = r.returncode, r.stderr.decode(errors="replace")
+        if rc != 0:
+            raise SandboxError(f"sandbox {sandbox_id} failed to start under gVisor: {detail.strip()[-800:]}")
 
     def _mount_root(self, d: Path, sandbox_id: str, limits: Limits, lower_dirs: list[Path]) -> None:
         """The writable upper (tmpfs capped at disk_mb, or the ext4 disk upper) and the overlay on it."""
