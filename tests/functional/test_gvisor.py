@@ -411,3 +411,42 @@ def test_an_image_without_a_shell_is_a_clear_error(host, make_layer):
     digest = make_layer({"data/file.txt": "no shell here"})
     with pytest.raises(SandboxError, match="/bin/sh"):
         host.create(CreateRequest(layers=[digest], backend="gvisor"))
+
+
+def test_pid1_ignores_signals_and_has_no_environment(host, gv):
+    r = sh(host, gv, "for s in 1 2 3 10 12 13 14 15 34 64; do kill -$s 1; done; kill -9 -1; echo sent")
+    assert r.stdout == "sent\n"
+    assert run(host, gv, "echo", "alive").stdout == "alive\n"
+    # nothing of the host or of the sandbox's env (runsc itself adds HOME)
+    assert sh(host, gv, "tr '\\0' ' ' < /proc/1/environ").stdout.split() in ([], ["HOME=/root"])
+    # orphans are reaped: no zombie is left behind
+    sh(host, gv, "for i in 1 2 3 4 5; do sleep 0.1 & done")
+    time.sleep(1)
+    assert " Z " not in run(host, gv, "ps", "-o", "pid,stat,comm").stdout
+
+
+def test_pid1_killed_from_inside_ends_the_sandbox_with_a_reason(host, base_image):
+    info = create(host, base_image)
+    try:
+        sh(host, info.id, "kill -9 1")
+    except SandboxNotFound:
+        pass
+    assert "pid 1 exited" in str(wait_gone(host, info.id, 10))
+
+
+def test_a_fork_bomb_is_contained(host, base_image):
+    info = create(host, base_image, pids=64, memory_mb=128)
+    try:
+        r = sh(host, info.id, "bomb() { bomb | bomb & }; bomb; sleep 2; echo done", timeout=4)
+        assert "can't fork" in r.stderr or r.timed_out
+    except SandboxNotFound as e:  # under ptrace the Sentry may run out of host threads first
+        assert "process limit" in str(e)
+    other = create(host, base_image)  # the host is fine
+    try:
+        assert run(host, other.id, "echo", "fine").stdout == "fine\n"
+    finally:
+        host.kill(other.id)
+        try:
+            host.kill(info.id)
+        except SandboxNotFound:
+            pass

@@ -78,6 +78,12 @@ RUNSC_TIMEOUT_S = 60.0  # one runsc control call (create, pause, kill...); they 
 _ID = re.compile(r"gv-[a-z0-9]{1,12}-[0-9a-f]{12}")
 _SUPERVISOR = str(Path(__file__).with_name("supervisor.py"))
 _libc = ctypes.CDLL(None, use_errno=True)
+# tombstone reason -> what a request for the ended sandbox is told
+_WHY = {"ttl": "its absolute TTL expired", "idle_ttl": "its idle TTL expired", "killed": "it was killed",
+        "oom": "it ran out of memory (under gVisor an OOM ends the whole sandbox)",
+        "pids": "it hit its process limit on the host (under gVisor a fork bomb can end the whole sandbox)",
+        "orphaned": "its supervisor died and it was reaped",
+        "exited": "its pid 1 exited (under gVisor `kill -9 1` from inside ends the sandbox)"}
 
 
 def _starttime(pid: int) -> int | None:
@@ -154,10 +160,7 @@ class GvisorBackend(LocalBackend):
             reason = (self.tombstones / sandbox_id).read_text().strip() or "exited"
         except OSError:
             return f"sandbox {sandbox_id} not found"
-        explain = {"ttl": "its absolute TTL expired", "idle_ttl": "its idle TTL expired", "killed": "it was killed",
-                   "oom": "it ran out of memory (under gVisor an OOM ends the whole sandbox)",
-                   "orphaned": "its supervisor died and it was reaped"}.get(reason, reason)
-        return f"sandbox {sandbox_id} no longer exists: {explain}"
+        return f"sandbox {sandbox_id} no longer exists: {_WHY.get(reason, reason)}"
 
     def _load(self, sandbox_id: str) -> dict:
         d = self._dir(sandbox_id)
@@ -264,8 +267,7 @@ class GvisorBackend(LocalBackend):
             if not tmp.is_dir() and not tmp.is_symlink():  # the /tmp bind mount needs it
                 tmp.mkdir(mode=0o1777)
                 os.chmod(tmp, 0o1777)
-            config = oci.bundle_config(d / "rootfs", meta["hostname"], self._env(meta), limits, meta["cgroup_path"],
-                                       spec.network)
+            config = oci.bundle_config(d / "rootfs", meta["hostname"], limits, meta["cgroup_path"], spec.network)
             (d / "bundle" / "config.json").write_text(json.dumps(config))
             self._runsc_create(runsc, d, sandbox_id)
             pid = int((d / "sandbox.pid").read_text())

@@ -22,9 +22,15 @@ HOST_PIDS_HEADROOM = 1024
 CAPS = ["CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL", "CAP_SETGID", "CAP_SETUID",
         "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_MKNOD", "CAP_AUDIT_WRITE", "CAP_SETFCAP"]
 # The container's pid 1: reaps orphans (a shell's `wait` calls waitpid(-1), which reaps any child)
-# and ignores the signals a process inside could send it, with nothing but the image's /bin/sh.
-INIT_ARGV = ["/bin/sh", "-c", "trap '' TERM INT HUP QUIT USR1 USR2; while :; do sleep 2147483647 & wait $!; done"]
+# and ignores every signal it can (not KILL and STOP; not CHLD, which the reaping needs), with
+# nothing but the image's /bin/sh. gVisor does not shield pid 1 from signals sent inside as Linux
+# does, so without the traps `kill -ALRM 1` would end the sandbox.
+_IGNORED = " ".join(str(n) for n in [*range(1, 9), *range(10, 17), 18, *range(20, 32), *range(34, 65)])
+INIT_ARGV = ["/bin/sh", "-c", f"trap '' {_IGNORED}; while :; do sleep 2147483647 & wait $!; done"]
 PLATFORMS = ("ptrace", "kvm")
+# No OCI seccomp list: runsc (this build) applies `linux.seccomp` to the container's pid 1 only,
+# never to `runsc exec` processes, i.e. to none of the commands. Calls such as unshare(CLONE_NEWUSER)
+# therefore succeed inside, acting on the Sentry's namespaces only (docs/backends.md).
 
 
 def find_runsc() -> str:
@@ -51,8 +57,12 @@ def runsc_argv(runsc: str, state_root: Path, network: str) -> list[str]:
     --file-access=shared: the gofer revalidates its caches, so files written on the host (the files
     API, uploads) are seen inside at once; --overlay2=none: writes go to our upper on the host, not
     to a gVisor-internal memory overlay that snapshots could not see."""
-    return [runsc, "--root", str(state_root), f"--platform={platform()}",
+    argv = [runsc, "--root", str(state_root), f"--platform={platform()}",
             f"--network={'host' if network == 'host' else 'none'}", "--overlay2=none", "--file-access=shared"]
+    debug_dir = os.environ.get("SHOAL_GVISOR_DEBUG_LOG")  # runsc's own logs, one file per command
+    if debug_dir:
+        argv += ["--debug", f"--debug-log={debug_dir.rstrip('/')}/"]
+    return argv
 
 
 def process_spec(argv: list[str], env: dict[str, str], cwd: str, nproc: int) -> dict:
@@ -63,14 +73,15 @@ def process_spec(argv: list[str], env: dict[str, str], cwd: str, nproc: int) -> 
                         {"type": "RLIMIT_NPROC", "hard": nproc, "soft": nproc}]}
 
 
-def bundle_config(rootfs: Path, hostname: str, env: dict[str, str], limits: Limits, cgroup_path: str,
-                  network: str) -> dict:
+def bundle_config(rootfs: Path, hostname: str, limits: Limits, cgroup_path: str, network: str) -> dict:
     namespaces = [{"type": t} for t in ("pid", "ipc", "uts", "mount")]
     if network != "host":
         namespaces.append({"type": "network"})
     return {
         "ociVersion": "1.0.0",
-        "process": process_spec(INIT_ARGV, env, "/", limits.pids),
+        # no environment for pid 1: nothing may show in /proc/1/environ (commands get their own);
+        # shells fall back to a built-in PATH to find `sleep`
+        "process": process_spec(INIT_ARGV, {}, "/", limits.pids),
         "root": {"path": str(rootfs), "readonly": False},
         "hostname": hostname,
         "mounts": [

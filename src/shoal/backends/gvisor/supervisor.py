@@ -36,20 +36,28 @@ def _umount(path: str) -> None:
         raise OSError(err, f"umount {path}: {os.strerror(err)}")
 
 
-def oom_killed(meta: dict) -> bool:
-    """Whether the sandbox's memory cgroup recorded an OOM kill (v1 oom_control / v2 memory.events)."""
+def _counter(path: str, key: str) -> int:
+    try:
+        with open(path) as f:
+            for line in f:
+                k, _, v = line.partition(" ")
+                if k == key:
+                    return int(v)
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def end_reason(meta: dict) -> str:
+    """Why the sandbox's host process died on its own: the memory cgroup's OOM kill, the pids
+    cgroup's limit (the Sentry cannot make a thread and panics), or something else."""
     cg = meta.get("cgroup_path", "").lstrip("/")
-    for path, key in ((f"/sys/fs/cgroup/memory/{cg}/memory.oom_control", "oom_kill"),
-                      (f"/sys/fs/cgroup/{cg}/memory.events", "oom_kill")):
-        try:
-            with open(path) as f:
-                for line in f:
-                    k, _, v = line.partition(" ")
-                    if k == key and int(v) > 0:
-                        return True
-        except (OSError, ValueError):
-            continue
-    return False
+    if _counter(f"/sys/fs/cgroup/memory/{cg}/memory.oom_control", "oom_kill") or \
+            _counter(f"/sys/fs/cgroup/{cg}/memory.events", "oom_kill"):
+        return "oom"
+    if _counter(f"/sys/fs/cgroup/pids/{cg}/pids.events", "max") or _counter(f"/sys/fs/cgroup/{cg}/pids.events", "max"):
+        return "pids"
+    return "exited"
 
 
 def cleanup(state_dir: str, tombstones: str, reason: str | None) -> None:
@@ -160,7 +168,7 @@ def supervise(state_dir: str, tombstones: str) -> None:
                 with contextlib.suppress(OSError):
                     os.read(wake_r, 512)
             elif fd == pidfd:
-                reason = "oom" if oom_killed(meta) else "exited"
+                reason = end_reason(meta)
         if signal.SIGTERM in got:
             reason = "killed"
         got.discard(signal.SIGHUP)  # set_ttl: the loop re-reads meta.json
