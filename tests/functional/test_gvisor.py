@@ -6,6 +6,7 @@ import io
 import os
 import shutil
 import signal
+import subprocess
 import tarfile
 import time
 
@@ -286,6 +287,17 @@ def test_sweep_reaps_a_sandbox_whose_supervisor_died(host, base_image):
     with pytest.raises(SandboxNotFound, match="supervisor died"):
         host.info(info.id)
     assert not os.path.exists(be.base / info.id)
+    assert not [n for n in os.listdir(be.runsc_root) if info.id in n]  # runsc's own state too
+    # runsc state left without a sandbox dir (a crash between the two) is deleted as well
+    other = create(host, base_image)
+    state = be.base / other.id
+    os.kill(be._load(other.id)["sup_pid"], signal.SIGKILL)
+    for sub in ("rootfs", "upper"):
+        subprocess.run(["umount", "-l", str(state / sub)], check=True)
+    shutil.rmtree(state)
+    assert [n for n in os.listdir(be.runsc_root) if other.id in n]
+    be.sweep()
+    assert not [n for n in os.listdir(be.runsc_root) if other.id in n]
     assert not os.path.exists(f"/proc/{meta['sandbox_pid']}/root/bin")  # runsc's sandbox process is gone
 
 

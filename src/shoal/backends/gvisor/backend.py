@@ -76,6 +76,7 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 STARTUP_GRACE_S = 30.0
 RUNSC_TIMEOUT_S = 60.0  # one runsc control call (create, pause, kill...); they take ~20-150 ms
 _ID = re.compile(r"gv-[a-z0-9]{1,12}-[0-9a-f]{12}")
+_RUNSC_STATE = re.compile(r"(gv-[a-z0-9]{1,12}-[0-9a-f]{12})_sandbox:")
 _SUPERVISOR = str(Path(__file__).with_name("supervisor.py"))
 _libc = ctypes.CDLL(None, use_errno=True)
 # tombstone reason -> what a request for the ended sandbox is told
@@ -414,17 +415,20 @@ class GvisorBackend(LocalBackend):
                 meta = {}
             if _alive(meta.get("sup_pid"), meta.get("sup_start")):
                 continue
-            started = meta.get("created") or (d.stat().st_mtime if d.exists() else 0)
+            try:
+                started = meta.get("created") or d.stat().st_mtime
+            except OSError:  # released meanwhile
+                continue
             if not meta.get("sup_pid") and time.time() - started < STARTUP_GRACE_S:
                 continue  # a create in flight (maybe in another process)
             cleanup(str(d), str(self.tombstones), "orphaned")
             reaped.append(sid)
-        live = self.live_ids()
-        for name in os.listdir(self.runsc_root):  # runsc state without a sandbox dir: a crash mid-create
-            if _ID.fullmatch(name.split(".")[0]) and name.split(".")[0] not in live:
-                sid = name.split(".")[0]
-                subprocess.run([*oci.runsc_argv(self.runsc, self.runsc_root, "none"), "delete", "--force", sid],
-                               capture_output=True, check=False, timeout=RUNSC_TIMEOUT_S)
+        # runsc state (`<id>_sandbox:<id>.state`) without a sandbox dir: a crash between the two. The
+        # state is listed before the dirs: a create makes its dir first, so one in flight is never taken
+        states = {m.group(1) for m in map(_RUNSC_STATE.match, os.listdir(self.runsc_root)) if m}
+        for sid in states - self.live_ids():
+            subprocess.run([*oci.runsc_argv(self.runsc, self.runsc_root, "none"), "delete", "--force", sid],
+                           capture_output=True, check=False, timeout=RUNSC_TIMEOUT_S)
         cutoff = time.time() - 86400
         for t in self.tombstones.iterdir():
             with contextlib.suppress(OSError):
