@@ -380,6 +380,15 @@ class GvisorBackend(LocalBackend):
                 continue
         return out
 
+    def live_layers(self) -> set[str]:
+        """Layers under every sandbox that holds mounts, those still being released after a kill too
+        (their overlays use the layer mounts until the supervisor unmounts them)."""
+        out: set[str] = set()
+        for sid in self.live_ids():
+            with contextlib.suppress(OSError, ValueError):
+                out.update(json.loads((self.base / sid / "meta.json").read_text()).get("layers", []))
+        return out
+
     def kill(self, sandbox_id: str) -> None:
         """Ends the sandbox at once for every caller; its resources are released in the background by
         its supervisor (gVisor's Sentry takes ~1 s to exit under ptrace: no request waits for it)."""
