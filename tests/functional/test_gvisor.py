@@ -266,9 +266,7 @@ def test_kill_releases_everything(host, base_image):
     with pytest.raises(SandboxNotFound, match="killed"):
         host.info(info.id)
     assert info.id not in {i.id for i in host.list()}
-    deadline = time.monotonic() + 15
-    while state.exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
+    assert be.wait_released(15)
     assert not state.exists() and not os.path.exists(f"/sys/fs/cgroup/memory{meta['cgroup_path']}")
     assert not os.path.exists(f"/proc/{meta['sandbox_pid']}/root/bin")
     with pytest.raises(SandboxNotFound, match="killed"):
@@ -462,3 +460,13 @@ def test_a_fork_bomb_is_contained(host, base_image):
             host.kill(info.id)
         except SandboxNotFound:
             pass
+
+
+def test_memory_bytes_counts_the_tmpfs_upper(host, base_image):
+    info = create(host, base_image, disk_mb=128, memory_mb=512)
+    try:
+        before = host.info(info.id).memory_bytes
+        assert sh(host, info.id, "dd if=/dev/zero of=/work/f bs=1M count=64 2>/dev/null && echo ok").stdout == "ok\n"
+        assert host.info(info.id).memory_bytes - before > 48 << 20
+    finally:
+        host.kill(info.id)

@@ -438,12 +438,27 @@ class GvisorBackend(LocalBackend):
         for sid in states - self.live_ids():
             subprocess.run([*oci.runsc_argv(self.runsc, self.runsc_root, "none"), "delete", "--force", sid],
                            capture_output=True, check=False, timeout=RUNSC_TIMEOUT_S)
+        # a disk-upper image is unlinked right after its mount; one still here is from a crash between
+        for img in (self.settings.root / "uppers").glob("gv-*.img"):
+            with contextlib.suppress(OSError):
+                if time.time() - img.stat().st_mtime > STARTUP_GRACE_S:
+                    img.unlink()
         cutoff = time.time() - 86400
         for t in self.tombstones.iterdir():
             with contextlib.suppress(OSError):
                 if t.stat().st_mtime < cutoff:
                     t.unlink()
         return reaped
+
+    def wait_released(self, timeout: float = 15.0) -> bool:
+        """Wait until every ended sandbox has released its mounts and state (kill returns before
+        that); for tests and tools that remove a whole root. True if none is left."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not any((self.base / sid / "killed").exists() for sid in self.live_ids()):
+                return True
+            time.sleep(0.05)
+        return False
 
     # ------------------------------------------------------------------ pause / TTL
     def pause(self, sandbox_id: str) -> None:
