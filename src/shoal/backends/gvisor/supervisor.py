@@ -60,20 +60,33 @@ def end_reason(meta: dict) -> str:
     return "exited"
 
 
-def cleanup(state_dir: str, tombstones: str, reason: str | None) -> None:
+def _scandir(path: str) -> list[os.DirEntry]:
+    try:
+        return [e for e in os.scandir(path) if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []
+
+
+def cleanup(state_dir: str, tombstones: str, reason: str | None, known: dict | None = None) -> None:
     """Release everything a sandbox holds on the host; safe to call twice and from any process.
-    The tombstone is written before the state dir goes, so a request never sees neither."""
+    The tombstone is written before the state dir goes, so a request never sees neither. `known`:
+    the sandbox's meta as read earlier, used if meta.json is gone (a root wiped under us)."""
     sid = os.path.basename(state_dir.rstrip("/"))
     try:
         with open(os.path.join(state_dir, "meta.json")) as f:
             meta = json.load(f)
     except (OSError, ValueError):
-        meta = {}
+        meta = known or {}
     runsc = meta.get("runsc")
     if runsc:
         # --force kills the sandbox if it still runs; delete also removes its cgroup
         subprocess.run([*runsc, "delete", "--force", sid], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL, check=False, timeout=30)
+    cg = meta.get("cgroup_path", "").strip("/")
+    if cg:  # runsc delete removes them; if it failed (its state gone with a wiped root), do it here
+        for d in [f"/sys/fs/cgroup/{cg}", *(os.path.join(c.path, cg) for c in _scandir("/sys/fs/cgroup"))]:
+            with contextlib.suppress(OSError):
+                os.rmdir(d)
     if reason:
         os.makedirs(tombstones, exist_ok=True)
         tomb = os.path.join(tombstones, sid)
@@ -172,7 +185,7 @@ def supervise(state_dir: str, tombstones: str) -> None:
         if signal.SIGTERM in got:
             reason = "killed"
         got.discard(signal.SIGHUP)  # set_ttl: the loop re-reads meta.json
-    cleanup(state_dir, tombstones, reason)
+    cleanup(state_dir, tombstones, reason, known=meta)
 
 
 if __name__ == "__main__":
