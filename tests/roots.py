@@ -6,6 +6,7 @@ import subprocess
 from pathlib import Path
 
 from shoal import Host
+from shoal.core.errors import BackendUnavailable
 
 
 def wipe_root(d: Path) -> None:
@@ -15,6 +16,10 @@ def wipe_root(d: Path) -> None:
             host.kill(info.id)
         except Exception:
             pass
+    try:  # a gVisor kill returns at once and releases in the background: let it finish first
+        host.backend("gvisor").wait_released(20)  # type: ignore[attr-defined]  # gvisor-only helper
+    except (BackendUnavailable, ImportError):
+        pass
     host.store.gc()
     for m in (d / "mnt").iterdir() if (d / "mnt").exists() else []:
         subprocess.run(["umount", "-l", str(m)], capture_output=True)

@@ -556,7 +556,10 @@ class GvisorBackend(LocalBackend):
         return SandboxFiles(str(self._dir(sandbox_id) / "rootfs"), sandbox_id)
 
     def _f(self, sandbox_id: str) -> SandboxFiles:
-        self.ensure_running(sandbox_id)
+        """File operations work on the host overlay: they count as activity but, as on the container
+        backend, do not resume a paused sandbox (reading a frozen sandbox's files is a use case)."""
+        self._live_meta(sandbox_id)
+        self._touch(sandbox_id)
         return self._files(sandbox_id)
 
     def read_file(self, sandbox_id: str, path: str, max_bytes: int = DEFAULT_READ_MAX) -> bytes:
