@@ -4,6 +4,7 @@ Each benchmark starts its own, so it neither shares nor stops an engine someone 
 host, and tears it down (containers, mounts, data) when done."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -42,6 +43,14 @@ class PrivateDockerd:
                "-H", self.host]
         if self.cgroup_parent:
             cmd.append(f"--cgroup-parent=/{self.cgroup_parent}")
+        runsc = shutil.which("runsc")
+        if runsc:  # Docker's way to gVisor (`docker run --runtime=runsc`), the peer of Shoal's gvisor backend:
+            # the flags Shoal's backend passes too (no network stack, ptrace platform)
+            conf = os.path.join(self.tmp, "daemon.json")
+            with open(conf, "w") as f:
+                json.dump({"runtimes": {"runsc": {"path": runsc, "runtimeArgs": ["--network=none",
+                                                                                 "--platform=ptrace"]}}}, f)
+            cmd.append(f"--config-file={conf}")
         with open(os.path.join(self.tmp, "dockerd.log"), "w") as log:  # dockerd keeps its own copy of the fd
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=log)
         for _ in range(300):

@@ -261,6 +261,12 @@ ROWS = {  # key -> (comparison, side, label, what one sample includes)
                    "remove(force=True), client reused"),
     "sdk_shoal_in_process": ("sdk_in_process", "shoal", "Shoal SDK in-process: create + exec `true` + kill",
                              "in a running Python process, no daemon hop: Sandbox.create(root=) + commands.run + kill"),
+    "sdk_shoal_gvisor": ("sdk_gvisor", "shoal", "Shoal SDK via shoald, backend=\"gvisor\": create + exec `true` + kill",
+                         "in a running Python process: Sandbox.create(url=unix socket, backend='gvisor') + "
+                         "commands.run + kill, client reused; runsc on the ptrace platform"),
+    "sdk_docker_gvisor": ("sdk_gvisor", "peer", "Docker SDK, runtime=runsc: run detached + exec_run `true` + remove",
+                          "in a running Python process: containers.run(sleep, detach, network none, runtime='runsc') "
+                          "+ exec_run + remove(force=True), client reused; the same runsc binary"),
     "runtime_runc": ("runtime", "peer", "`runc run` of an OCI bundle (+ its delete)",
                      "fresh process: runc create + start + wait + delete, rootfs already unpacked, no engine"),
     # context, no peer: where a fresh Shoal process spends its time before any sandbox exists
@@ -277,6 +283,8 @@ COMPARISONS = {  # comparison -> (Shoal row, peer row, title, short title for th
                        "SDK in-process\nvs Docker SDK"),
     "runtime": ("cli_shoal_no_daemon", "runtime_runc", "runtime vs runtime (fresh process, no engine daemon)",
                 "runtime vs runtime"),
+    "sdk_gvisor": ("sdk_shoal_gvisor", "sdk_docker_gvisor", "gVisor: SDK vs SDK (both through their daemon)",
+                   "gVisor SDK vs SDK"),
 }
 
 
@@ -304,6 +312,11 @@ def make_samplers(shoal_sock: Path, proc_root: Path, docker_env: dict | None, do
         assert sb.commands.run(["true"]).exit_code == 0
         sb.kill()
 
+    def sdk_shoal_gvisor() -> None:
+        sb = Sandbox.create(IMAGE, url=url, backend="gvisor")
+        assert sb.commands.run(["true"]).exit_code == 0
+        sb.kill()
+
     def sdk_in_process() -> None:
         sb = Sandbox.create(IMAGE, root=proc_root, url="local")
         assert sb.commands.run(["true"]).exit_code == 0
@@ -317,6 +330,8 @@ def make_samplers(shoal_sock: Path, proc_root: Path, docker_env: dict | None, do
         "sdk_shoal": sdk_shoal,
         "sdk_shoal_in_process": sdk_in_process,
     }
+    if shutil.which("runsc"):
+        out["sdk_shoal_gvisor"] = sdk_shoal_gvisor
     if docker_env is not None:
         import docker
 
@@ -332,6 +347,15 @@ def make_samplers(shoal_sock: Path, proc_root: Path, docker_env: dict | None, do
         out["cli_docker"] = sh([docker_cli, "run", "--rm", "--network=none", "shoal-bench-busybox:latest", "true"],
                                docker_env)
         out["sdk_docker"] = sdk_docker
+        if shutil.which("runsc"):
+            def sdk_docker_gvisor() -> None:
+                c = client.containers.run("shoal-bench-busybox:latest", ["sleep", "3600"], detach=True,
+                                          network_mode="none", runtime="runsc")
+                code, _ = c.exec_run(["true"])
+                assert code == 0
+                c.remove(force=True)
+
+            out["sdk_docker_gvisor"] = sdk_docker_gvisor
     if bundle is not None:
         counter = [0]
 
@@ -446,7 +470,7 @@ def _ms(v: float) -> str:
     return f"{v:.2f} ms" if v < 10 else f"{v:.1f} ms" if v < 100 else f"{v:.0f} ms"
 
 
-ORDER = ("cli", "sdk", "runtime", "cli_no_daemon", "sdk_in_process")  # headline pairs first
+ORDER = ("cli", "sdk", "runtime", "cli_no_daemon", "sdk_in_process", "sdk_gvisor")  # headline pairs first
 
 
 def _spread(r: dict) -> str:
