@@ -34,11 +34,12 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from shoal import Host, QuotaExceeded, Sandbox  # noqa: E402
-from shoal.layers.busybox import make_busybox_tree  # noqa: E402
-from shoal.backends.container.cgroups import CgroupDriver, cgroup_parent  # noqa: E402
-from shoal.sdk.sandbox import close_clients  # noqa: E402
 from startup import pct  # noqa: E402
+
+from shoal import Host, QuotaExceeded, Sandbox  # noqa: E402
+from shoal.backends.container.cgroups import CgroupDriver, cgroup_parent  # noqa: E402
+from shoal.layers.busybox import make_busybox_tree  # noqa: E402
+from shoal.sdk.sandbox import close_clients  # noqa: E402
 
 console = Console(width=140)
 RESULTS = Path(__file__).parent / "results"

@@ -61,9 +61,9 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from shoal import Host, Sandbox  # noqa: E402
+from shoal.backends.container.cgroups import CGROUP_ROOT, cgroup_parent  # noqa: E402
 from shoal.core.errors import ShoalError  # noqa: E402
 from shoal.layers.busybox import make_busybox_tree  # noqa: E402
-from shoal.backends.container.cgroups import CGROUP_ROOT, cgroup_parent  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from docker_engine import PrivateDockerd  # noqa: E402

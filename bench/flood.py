@@ -34,8 +34,8 @@ from daemonctl import start_daemon  # noqa: E402
 from roots import wipe_root  # noqa: E402
 
 from shoal import Host  # noqa: E402
-from shoal.layers.busybox import make_busybox_tree  # noqa: E402
 from shoal.backends.http import HttpBackend  # noqa: E402
+from shoal.layers.busybox import make_busybox_tree  # noqa: E402
 
 RESULTS = HERE / "results"
 

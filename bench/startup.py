@@ -47,8 +47,8 @@ import tarfile
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from rich.console import Console
 
@@ -127,7 +127,7 @@ def bench_shoal(root: Path, n: int, batch: int) -> dict:
         made: list[Sandbox] = []
         lock = threading.Lock()
 
-        def worker(k: int):
+        def worker(k: int, made: list[Sandbox] = made, lock: threading.Lock = lock) -> None:
             for _ in range(k):
                 sb = Sandbox.create(image, root=root, url="local")
                 with lock:

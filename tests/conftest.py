@@ -9,12 +9,11 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from daemonctl import start_daemon
+from roots import wipe_root
 
 from shoal import Host, Sandbox
 from shoal.layers.busybox import make_busybox_tree
-
-from daemonctl import start_daemon
-from roots import wipe_root
 
 if os.geteuid() != 0:
     pytest.exit("Shoal's tests need root (mounts, namespaces, cgroups)", returncode=3)

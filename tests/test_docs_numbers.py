@@ -252,7 +252,8 @@ def prose_fuzz(j: dict) -> list[str]:
 def prose_rollout(j: dict) -> list[str]:
     t, suite = j["rollout"]["oracle_timings_p50_ms"], j["suite"]
     return [f"({suite['tasks']} tasks, {suite['repos']} repos)",
-            f"{suite['tasks']} bundled tasks over {suite['repos']} real repositories",f"An oracle episode takes {t['wall_s'] / 1000:.2f} s (median)", f"is {t['grade_s'] / 1000:.2f} s of it",
+            f"{suite['tasks']} bundled tasks over {suite['repos']} real repositories",
+            f"An oracle episode takes {t['wall_s'] / 1000:.2f} s (median)", f"is {t['grade_s'] / 1000:.2f} s of it",
             f"take {t['tools_s']:.0f} ms, and sandbox setup another {t['setup_s']:.0f} ms"]
 
 

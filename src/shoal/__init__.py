@@ -2,15 +2,27 @@
 from __future__ import annotations
 
 from .core import errors
-from .core.errors import (BadDigest, CommandTimeout, CorruptArchive, ImageNotFound, InvalidArgument, LayerInUse,
-                     LayerNotFound, QuotaExceeded, SandboxError, SandboxNotFound, SessionClosed, ShoalError)
+from .core.errors import (
+    BadDigest,
+    CommandTimeout,
+    CorruptArchive,
+    ImageNotFound,
+    InvalidArgument,
+    LayerInUse,
+    LayerNotFound,
+    QuotaExceeded,
+    SandboxError,
+    SandboxNotFound,
+    SessionClosed,
+    ShoalError,
+)
 
 TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs ~5 ms on the CLI's hot path
 if TYPE_CHECKING:
     from typing import Any
 
-    from .host import Host
     from .core.contract import ExecResult, Limits, SandboxInfo
+    from .host import Host
     from .sdk import AsyncSandbox, Sandbox, WarmPool
 
 __version__ = "0.1.0"

@@ -6,7 +6,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
@@ -37,13 +37,13 @@ err_console = Console(stderr=True)
 RootOpt = typer.Option(None, "--root", envvar="SHOAL_ROOT", help="Shoal state root (default /var/lib/shoal)")
 
 
-def _host(root: Optional[str]) -> "Host":
+def _host(root: str | None) -> Host:
     from .host import Host  # imported per command: the host pulls in pydantic, SQLite, the runtime
 
     return Host.get(root)
 
 
-def _backend(root: Optional[str]):
+def _backend(root: str | None):
     """Where sandbox commands go: shoald ($SHOAL_URL or the host daemon's socket), or this process
     when SHOAL_URL=local (root only)."""
     from .backends import open_backend
@@ -66,10 +66,10 @@ def _progress() -> Progress:
 
 # ------------------------------------------------------------------------------------------ layers
 @layer_app.command("build")
-def layer_build(src: Optional[Path] = typer.Argument(None, help="directory to turn into a layer"),
-                name: Optional[str] = typer.Option(None, "--name", "-n", help="name the layer"),
+def layer_build(src: Path | None = typer.Argument(None, help="directory to turn into a layer"),
+                name: str | None = typer.Option(None, "--name", "-n", help="name the layer"),
                 busybox: bool = typer.Option(False, "--busybox", help="build a minimal busybox rootfs instead"),
-                root: Optional[str] = RootOpt):
+                root: str | None = RootOpt):
     """Build a layer from a directory (content-addressed: the same content is stored once)."""
     host = _host(root)
     with _progress() as p:
@@ -89,13 +89,13 @@ def layer_build(src: Optional[Path] = typer.Argument(None, help="directory to tu
 
 @layer_app.command("import")
 def layer_import(path: Path = typer.Argument(..., help="a layer tar (.tar/.tar.gz) or a docker-save/OCI archive"),
-                 name: Optional[str] = typer.Option(None, "--name", "-n",
+                 name: str | None = typer.Option(None, "--name", "-n",
                                                     help="layer name (tar) or image ref (archive)"),
-                 root: Optional[str] = RootOpt):
+                 root: str | None = RootOpt):
     """Import a tar stream as one layer, or a docker save / OCI archive as one layer per image layer."""
     host = _host(root)
-    from .layers.archive import read_image_archive
     from .core.errors import CorruptArchive
+    from .layers.archive import read_image_archive
 
     try:
         read_image_archive(path)
@@ -116,7 +116,7 @@ def layer_import(path: Path = typer.Argument(..., help="a layer tar (.tar/.tar.g
 
 
 @layer_app.command("ls")
-def layer_ls(root: Optional[str] = RootOpt, as_json: bool = typer.Option(False, "--json")):
+def layer_ls(root: str | None = RootOpt, as_json: bool = typer.Option(False, "--json")):
     """List layers."""
     layers = _host(root).store.list()
     if as_json:
@@ -129,7 +129,7 @@ def layer_ls(root: Optional[str] = RootOpt, as_json: bool = typer.Option(False, 
 
 
 @layer_app.command("rm")
-def layer_rm(ref: str, root: Optional[str] = RootOpt):
+def layer_rm(ref: str, root: str | None = RootOpt):
     """Remove a layer (refused while an image or a live sandbox uses it)."""
     info = _host(root).remove_layer(ref)
     console.print(f"removed {info.digest}")
@@ -137,10 +137,10 @@ def layer_rm(ref: str, root: Optional[str] = RootOpt):
 
 # ------------------------------------------------------------------------------------------ images
 @image_app.command("create")
-def image_create(ref: Optional[str] = typer.Argument(None, help="name[:tag]"),
-                 layers: Optional[list[str]] = typer.Argument(None, help="layers bottom -> top (names or digests)"),
-                 spec: Optional[Path] = typer.Option(None, "--spec", help="TOML spec: [image] name, tag, layers"),
-                 root: Optional[str] = RootOpt):
+def image_create(ref: str | None = typer.Argument(None, help="name[:tag]"),
+                 layers: list[str] | None = typer.Argument(None, help="layers bottom -> top (names or digests)"),
+                 spec: Path | None = typer.Option(None, "--spec", help="TOML spec: [image] name, tag, layers"),
+                 root: str | None = RootOpt):
     """Create (or replace) an image: a named, ordered stack of layers."""
     store = _host(root).store
     if spec:
@@ -153,7 +153,7 @@ def image_create(ref: Optional[str] = typer.Argument(None, help="name[:tag]"),
 
 
 @image_app.command("ls")
-def image_ls(root: Optional[str] = RootOpt):
+def image_ls(root: str | None = RootOpt):
     """List images."""
     t = Table("IMAGE", "LAYERS (bottom -> top)", "CREATED")
     for img in _host(root).store.list_images():
@@ -163,11 +163,11 @@ def image_ls(root: Optional[str] = RootOpt):
 
 
 @image_app.command("fold")
-def image_fold(ref: str, to: Optional[str] = typer.Option(None, "--to", help="new image ref (default: replace REF)"),
-               threshold_mb: Optional[float] = typer.Option(None, "--threshold-mb",
+def image_fold(ref: str, to: str | None = typer.Option(None, "--to", help="new image ref (default: replace REF)"),
+               threshold_mb: float | None = typer.Option(None, "--threshold-mb",
                                                             help="fold runs of layers smaller than this"),
-               max_depth: Optional[int] = typer.Option(None, "--max-depth", help="fold the top so depth <= this"),
-               root: Optional[str] = RootOpt):
+               max_depth: int | None = typer.Option(None, "--max-depth", help="fold the top so depth <= this"),
+               root: str | None = RootOpt):
     """Fold consecutive small layers of an image into one (whiteouts preserved; same content)."""
     host = _host(root)
     img = host.store.get_image(ref)
@@ -180,7 +180,7 @@ def image_fold(ref: str, to: Optional[str] = typer.Option(None, "--to", help="ne
 
 
 @image_app.command("rm")
-def image_rm(ref: str, root: Optional[str] = RootOpt):
+def image_rm(ref: str, root: str | None = RootOpt):
     """Remove an image (its layers stay until `shoal gc` or `shoal layer rm`)."""
     _host(root).store.remove_image(ref)
     console.print(f"removed {ref}")
@@ -189,9 +189,9 @@ def image_rm(ref: str, root: Optional[str] = RootOpt):
 @app.command()
 def build(recipe: Path = typer.Option(..., "--file", "-f", help="recipe (Dockerfile subset)"),
           tag: str = typer.Option(..., "--tag", "-t", help="image name[:tag] to create"),
-          context: Optional[Path] = typer.Argument(None, help="build context (default: the recipe's folder)"),
+          context: Path | None = typer.Argument(None, help="build context (default: the recipe's folder)"),
           quiet: bool = typer.Option(False, "--quiet", "-q", help="do not stream step output"),
-          root: Optional[str] = RootOpt):
+          root: str | None = RootOpt):
     """Build an image from a recipe; unchanged steps come from the build cache."""
     from .envs import Builder, load_recipe
 
@@ -211,7 +211,7 @@ def build(recipe: Path = typer.Option(..., "--file", "-f", help="recipe (Dockerf
 
 
 @env_app.command("base")
-def env_base(root: Optional[str] = RootOpt):
+def env_base(root: str | None = RootOpt):
     """Build (once; cached) debian:bookworm by debootstrap and python:3.11 by its recipe."""
     from .envs.debian import ensure_python_base
 
@@ -224,8 +224,8 @@ def env_base(root: Optional[str] = RootOpt):
 @env_app.command("workspaces")
 def env_workspaces(verify: bool = typer.Option(False, "--verify", help="run each project's tests in a sandbox"),
                    quick: bool = typer.Option(False, "--quick", help="with --verify: the quick test subset"),
-                   only: Optional[list[str]] = typer.Option(None, "--only", help="project name (repeatable)"),
-                   root: Optional[str] = RootOpt):
+                   only: list[str] | None = typer.Option(None, "--only", help="project name (repeatable)"),
+                   root: str | None = RootOpt):
     """Build the real PyPI workspaces (ws/<project>:<version>) and optionally verify them."""
     from .envs.debian import ensure_python_base
     from .envs.workspaces import CATALOG, build_workspace, verify_workspace
@@ -255,14 +255,14 @@ def env_workspaces(verify: bool = typer.Option(False, "--verify", help="run each
 # ------------------------------------------------------------------------------------------ sandboxes
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def run(ctx: typer.Context, image: str = typer.Argument(..., help="image name[:tag]"),
-        layer: Optional[list[str]] = typer.Option(None, "--layer", "-l", help="extra layer on top (repeatable)"),
-        memory_mb: Optional[int] = typer.Option(None, "--memory-mb"),
-        cpu: Optional[float] = typer.Option(None, "--cpu"),
-        disk_mb: Optional[int] = typer.Option(None, "--disk-mb"), timeout: float = typer.Option(600, "--timeout"),
+        layer: list[str] | None = typer.Option(None, "--layer", "-l", help="extra layer on top (repeatable)"),
+        memory_mb: int | None = typer.Option(None, "--memory-mb"),
+        cpu: float | None = typer.Option(None, "--cpu"),
+        disk_mb: int | None = typer.Option(None, "--disk-mb"), timeout: float = typer.Option(600, "--timeout"),
         detach: bool = typer.Option(False, "--detach", "-d", help="keep the sandbox and print its id"),
-        ttl: Optional[float] = typer.Option(None, "--ttl", help="absolute TTL in seconds (with --detach)"),
+        ttl: float | None = typer.Option(None, "--ttl", help="absolute TTL in seconds (with --detach)"),
         in_process: bool = typer.Option(False, "--in-process", help="run here even if a shoald is running"),
-        root: Optional[str] = RootOpt):
+        root: str | None = RootOpt):
     """Create a sandbox from IMAGE and run `-- CMD...` in it (removed afterwards unless --detach).
 
     With a shoald running on this root (`shoal serve`) the sandbox is made and run through it
@@ -277,7 +277,7 @@ def run(ctx: typer.Context, image: str = typer.Argument(..., help="image name[:t
 
 @app.command("exec", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def exec_(ctx: typer.Context, sandbox_id: str, timeout: float = typer.Option(600, "--timeout"),
-          root: Optional[str] = RootOpt):
+          root: str | None = RootOpt):
     """Run `-- CMD...` in a live sandbox."""
     from .cli_fast import dispatch
 
@@ -288,7 +288,7 @@ def exec_(ctx: typer.Context, sandbox_id: str, timeout: float = typer.Option(600
 
 
 @app.command()
-def ps(root: Optional[str] = RootOpt, as_json: bool = typer.Option(False, "--json"),
+def ps(root: str | None = RootOpt, as_json: bool = typer.Option(False, "--json"),
        quiet: bool = typer.Option(False, "--quiet", "-q", help="ids only")):
     """List live sandboxes."""
     from rich.table import Column
@@ -309,7 +309,7 @@ def ps(root: Optional[str] = RootOpt, as_json: bool = typer.Option(False, "--jso
 
 
 @app.command()
-def kill(sandbox_ids: list[str], root: Optional[str] = RootOpt):
+def kill(sandbox_ids: list[str], root: str | None = RootOpt):
     """Kill sandboxes (everything they hold is released)."""
     be = _backend(root)
     for sid in sandbox_ids:
@@ -318,21 +318,21 @@ def kill(sandbox_ids: list[str], root: Optional[str] = RootOpt):
 
 
 @app.command()
-def pause(sandbox_id: str, root: Optional[str] = RootOpt):
+def pause(sandbox_id: str, root: str | None = RootOpt):
     """Freeze a sandbox (cgroup freezer)."""
     _backend(root).pause(sandbox_id)
 
 
 @app.command()
-def resume(sandbox_id: str, root: Optional[str] = RootOpt):
+def resume(sandbox_id: str, root: str | None = RootOpt):
     """Thaw a paused sandbox."""
     _backend(root).resume(sandbox_id)
 
 
 @app.command()
-def snapshot(sandbox_id: str, exclude: Optional[list[str]] = typer.Option(None, "--exclude", "-x",
+def snapshot(sandbox_id: str, exclude: list[str] | None = typer.Option(None, "--exclude", "-x",
                                                                         help="path to leave out (repeatable)"),
-             root: Optional[str] = RootOpt):
+             root: str | None = RootOpt):
     """pack_diff: capture a sandbox's changes as a layer; prints the snapshot id."""
     from .core.contract import SnapshotRequest
 
@@ -343,7 +343,7 @@ def snapshot(sandbox_id: str, exclude: Optional[list[str]] = typer.Option(None, 
 @app.command()
 def fork(sandbox_id: str, n: int = typer.Option(1, "--n", "-n", help="number of children"),
          copy_env: bool = typer.Option(False, "--copy-env"), inherit_ttl: bool = typer.Option(False, "--inherit-ttl"),
-         root: Optional[str] = RootOpt):
+         root: str | None = RootOpt):
     """Fork a sandbox into N children (filesystem state only); prints their ids."""
     from .sdk.sandbox import Sandbox
 
@@ -378,7 +378,7 @@ def serve(socket: Path | None = typer.Option(None, "--socket", envvar="SHOAL_SOC
         log_level=log_level, group=group)
 
 
-def _admin_client(root: Optional[str]):
+def _admin_client(root: str | None):
     """shoald as the admin: root on its socket needs no key ($SHOAL_API_KEY may hold the admin key)."""
     from .backends.http import client_for
 
@@ -388,7 +388,7 @@ def _admin_client(root: Optional[str]):
 @tenant_app.command("create")
 def tenant_create(name: str, sandboxes: int = typer.Option(100, "--sandboxes"), cpu: float = typer.Option(64, "--cpu"),
                   memory_mb: int = typer.Option(65536, "--memory-mb"), disk_mb: int = typer.Option(262144, "--disk-mb"),
-                  root: Optional[str] = RootOpt):
+                  root: str | None = RootOpt):
     """Create a tenant; prints its API key once (only a hash is stored)."""
     r = _admin_client(root).json("POST", "/tenants", json={"name": name, "quotas": {
         "sandboxes": sandboxes, "cpu": cpu, "memory_mb": memory_mb, "disk_mb": disk_mb}})
@@ -396,7 +396,7 @@ def tenant_create(name: str, sandboxes: int = typer.Option(100, "--sandboxes"), 
 
 
 @tenant_app.command("ls")
-def tenant_ls(root: Optional[str] = RootOpt):
+def tenant_ls(root: str | None = RootOpt):
     """List tenants with quotas and current usage."""
     t = Table("TENANT", "SANDBOXES", "CPU", "MEMORY MiB", "DISK MiB")
     for x in _admin_client(root).json("GET", "/tenants"):
@@ -407,14 +407,14 @@ def tenant_ls(root: Optional[str] = RootOpt):
 
 
 @tenant_app.command("rm")
-def tenant_rm(name: str, root: Optional[str] = RootOpt):
+def tenant_rm(name: str, root: str | None = RootOpt):
     """Delete a tenant (its key stops working)."""
     _admin_client(root).call("DELETE", f"/tenants/{name}")
     console.print(f"removed {name}")
 
 
 @app.command()
-def gc(root: Optional[str] = RootOpt):
+def gc(root: str | None = RootOpt):
     """Reap dead sandboxes, unmount unused layers, delete layers no image or name references."""
     res = _host(root).gc()
     console.print(f"reaped {len(res['sandboxes_reaped'])} sandboxes, unmounted {len(res['unmounted'])} layers, "
@@ -431,8 +431,8 @@ def _log(db: Path):
 
 @traj_app.command("query")
 def traj_query(db: Path = typer.Argument(..., help="the log (e.g. runs/rollout.traj.db)"),
-               episode: Optional[str] = typer.Option(None), sandbox: Optional[str] = typer.Option(None),
-               kind: Optional[str] = typer.Option(None), limit: int = typer.Option(200),
+               episode: str | None = typer.Option(None), sandbox: str | None = typer.Option(None),
+               kind: str | None = typer.Option(None), limit: int = typer.Option(200),
                as_json: bool = typer.Option(False, "--json")):
     """Provenance: entries filtered by episode / sandbox / kind, in time order."""
     import json
@@ -452,7 +452,7 @@ def traj_query(db: Path = typer.Argument(..., help="the log (e.g. runs/rollout.t
 
 
 @traj_app.command("streams")
-def traj_streams(db: Path = typer.Argument(...), episode: Optional[str] = typer.Option(None)):
+def traj_streams(db: Path = typer.Argument(...), episode: str | None = typer.Option(None)):
     """Streams in the log (one per sandbox and per episode's model calls)."""
     log = _log(db)
     t = Table()
@@ -466,7 +466,7 @@ def traj_streams(db: Path = typer.Argument(...), episode: Optional[str] = typer.
 
 @traj_app.command("replay")
 def traj_replay(db: Path = typer.Argument(...), stream: str = typer.Argument(..., help="e.g. EPISODE/sandbox"),
-                root: Optional[str] = RootOpt):
+                root: str | None = RootOpt):
     """Deterministic replay: re-run a recorded stream into a fresh sandbox and compare every result."""
     from .trajlog import replay
 

@@ -7,8 +7,7 @@ import tarfile
 
 import pytest
 
-from shoal import (BadDigest, CorruptArchive, ImageNotFound, InvalidArgument, LayerNotFound, Sandbox,
-                   SandboxNotFound)
+from shoal import BadDigest, CorruptArchive, ImageNotFound, InvalidArgument, LayerNotFound, Sandbox, SandboxNotFound
 
 
 def test_unknown_image(root, host):

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from shoal import InvalidArgument, Sandbox
-from shoal.envs import Builder, parse_recipe
 from shoal.core.errors import BuildError
+from shoal.envs import Builder, parse_recipe
 
 
 def _build(host, text, tag, context):

@@ -315,7 +315,8 @@ def test_cli_layers_and_images(root, tmp_path):
     out = subprocess.run(shoal + ["layer", "import", str(tar), "--name", "cli-tar"], env=env, capture_output=True,
                          text=True)
     assert out.returncode == 0, out.stderr
-    assert subprocess.run(shoal + ["image", "create", "cli:1", "busybox", "cli-layer", "cli-tar"], env=env).returncode == 0
+    made = subprocess.run(shoal + ["image", "create", "cli:1", "busybox", "cli-layer", "cli-tar"], env=env)
+    assert made.returncode == 0
     assert "cli:1" in subprocess.run(shoal + ["image", "ls"], env=env, capture_output=True, text=True).stdout
     assert "cli-tar" in subprocess.run(shoal + ["layer", "ls"], env=env, capture_output=True, text=True).stdout
     r = subprocess.run(shoal + ["run", "cli:1", "--", "cat", "/opt/hello.txt", "/srv/hello.txt"], env=env,

@@ -6,7 +6,6 @@ import subprocess
 
 import pytest
 
-
 HERE = os.path.dirname(__file__)
 
 

@@ -69,7 +69,8 @@ def test_default_deny_then_allow_exactly_what_is_listed(root, base_image, server
 def test_root_in_the_sandbox_cannot_change_the_rules(root, base_image, servers):
     with Sandbox.create(base_image, root=root) as sb:
         sb.set_network(allow=[f"{SRV_IP}:8080"])
-        r = sb.commands.run("ip route del default 2>&1; ip link set eth0 down 2>&1; ip addr add 10.9.9.9/32 dev eth0 2>&1")
+        r = sb.commands.run("ip route del default 2>&1; ip link set eth0 down 2>&1; "
+                            "ip addr add 10.9.9.9/32 dev eth0 2>&1")
         assert "Operation not permitted" in r.stdout or "Permission denied" in r.stdout
         assert "hello-8081" not in _fetch(sb, 8081)
         assert "hello-8080" in _fetch(sb, 8080)

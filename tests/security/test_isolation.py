@@ -12,7 +12,6 @@ from shoal.core.errors import FileOpError, PathOutsideSandbox
 
 from .conftest import probe_results
 
-
 # Every escape attempt here runs on every backend (container, gvisor, and containers through shoald).
 # Where a backend stops an attempt by other means (gVisor serves syscalls from its own user-space
 # kernel, the Sentry, not the host's), the test checks that backend's evidence; docs/backends.md
@@ -314,7 +313,8 @@ def test_files_api_list_stat_and_download_do_not_follow_planted_symlinks_out(san
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "deeper.txt").write_text("host data 5e1a")
     f = sandbox.files
-    sandbox.commands.run(f"mkdir -p /tmp/t; ln -s {tmp_path} /tmp/t/abs; ln -s ../../../../../../..{tmp_path} /tmp/t/rel; "
+    sandbox.commands.run(f"mkdir -p /tmp/t; ln -s {tmp_path} /tmp/t/abs; "
+                         f"ln -s ../../../../../../..{tmp_path} /tmp/t/rel; "
                          f"ln -s {tmp_path}/host-only.txt /tmp/t/file; ln -s /etc /tmp/t/etc; "
                          "ln -s /proc/1/root /tmp/t/magic")
     for p in ("/tmp/t/abs", "/tmp/t/rel", "/tmp/t/abs/sub", "/tmp/t/magic"):

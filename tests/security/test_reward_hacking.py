@@ -129,7 +129,8 @@ _s.meta_path.insert(0, _Finder())
 
 def marker_injection(task) -> str:
     # the old log slicer stops at the first exit-code marker: forge one early, keep running
-    return PIPES + f"_shoal_forge({fake_report(task) + '>>>>> Test Exit Code: 0' + chr(10) + '>>>>> End Test Output' + chr(10)!r})\n"
+    report = fake_report(task) + ">>>>> Test Exit Code: 0\n>>>>> End Test Output\n"
+    return PIPES + f"_shoal_forge({report!r})\n"
 
 
 def silence_and_forge(task) -> str:
@@ -341,7 +342,8 @@ def gut(text: str, func: str) -> str:
 def return_first(text: str, header: str) -> str:
     """`return` as the first statement of the test whose `def` line is `header`."""
     assert header in text
-    return text.replace(header, header + "        return\n" if header.startswith("    ") else header + "    return\n", 1)
+    body = "        return\n" if header.startswith("    ") else "    return\n"
+    return text.replace(header, header + body, 1)
 
 
 def quoted_test_file(t, r) -> str:
@@ -726,7 +728,9 @@ def test_protected_paths_come_from_git_not_the_parser(host, tasks):
     from shoal.envs.swe.suite import _apply, grader_sandbox
 
     task = tasks[PARSE]
-    read = lambda t, p: _read(host, t, p)
+    def read(t, p):
+        return _read(host, t, p)
+
     # also a cached test module: pytest's assertion rewriter would load it if its header matched
     patch = mixed_sections(task, read) + new_file("parse/conftest.py", PLUGIN) + new_file(
         "pytest.ini", "[pytest]\naddopts = -p parse.conftest\n") + new_file(

@@ -224,7 +224,8 @@ git init -q repo && cd repo && echo a > a && git add a && git -c user.email=a@b 
 git checkout -qb b && echo b >> a && git -c user.email=a@b -c user.name=n commit -qam b && git gc -q && cd ..
 git clone -q repo clone && git -C clone log --oneline | wc -l
 mkdir -p pkg/demo && printf 'def f():\n    return 1\n' > pkg/demo/__init__.py
-printf '[project]\nname = "demo"\nversion = "0.1"\n[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n' > pkg/pyproject.toml
+printf '[project]\nname = "demo"\nversion = "0.1"\n' > pkg/pyproject.toml
+printf '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n' >> pkg/pyproject.toml
 python3 -m venv --system-site-packages v && v/bin/pip install -q --no-index --no-build-isolation ./pkg
 v/bin/python -c "import demo; assert demo.f() == 1"
 printf 'def test_one():\n    assert 1\n' > test_x.py && python3 -m pytest -q -p no:cacheprovider test_x.py | tail -1

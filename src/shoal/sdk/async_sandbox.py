@@ -11,9 +11,21 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core.contract import (Cursor, ExecResult, FileEntry, NetworkPolicy, OutputCallback, OutputEvent,
-                             ProcessHandle, ProcessOutput, SandboxBackend, SandboxInfo, SessionHandle, SnapshotInfo,
-                             UpperKind)
+from ..core.contract import (
+    Cursor,
+    ExecResult,
+    FileEntry,
+    NetworkPolicy,
+    OutputCallback,
+    OutputEvent,
+    ProcessHandle,
+    ProcessOutput,
+    SandboxBackend,
+    SandboxInfo,
+    SessionHandle,
+    SnapshotInfo,
+    UpperKind,
+)
 from .sandbox import Cmd, Commands, Files, ForkResult, Sandbox, Sessions
 
 _t = asyncio.to_thread
