@@ -17,7 +17,7 @@ import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from ..core.errors import CorruptArchive
 
@@ -71,7 +71,7 @@ def make_whiteout(path: str) -> None:
 
 # extract_layer_tar's own checks are the filter; tarfile's (`filter=`, Python >= 3.11.4) must not second-guess them.
 # Debian 12's python3 is 3.11.2, which has no `filter` argument at all and behaves as "fully_trusted".
-_NO_TAR_FILTER = {"filter": "fully_trusted"} if hasattr(tarfile, "fully_trusted_filter") else {}
+_NO_TAR_FILTER: dict[str, Any] = {"filter": "fully_trusted"} if hasattr(tarfile, "fully_trusted_filter") else {}
 
 
 def extract_layer_tar(fileobj: IO[bytes] | None, dest: Path, path: Path | None = None) -> int:
@@ -137,7 +137,7 @@ def read_image_archive(path: Path) -> ImageArchive:
         raise CorruptArchive(f"{path} is not a readable image archive ({e})") from e
     members = {_clean_name(m.name): m for m in outer.getmembers() if m.isfile()}
 
-    def read_json(name: str) -> object:
+    def read_json(name: str) -> Any:  # JSON of unknown shape: every use checks what it needs
         if name not in members:
             raise CorruptArchive(f"{path}: {name} missing from image archive")
         try:

@@ -15,6 +15,7 @@ import errno
 import os
 import shutil
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 from ..core.errors import BuildError, InvalidArgument
@@ -36,7 +37,7 @@ def mkfs_available() -> bool:
     return shutil.which("mkfs.erofs") is not None
 
 
-def build_image(src_dir: Path, out: Path, compression: str | None = None, exclude: list[str] = ()) -> None:
+def build_image(src_dir: Path, out: Path, compression: str | None = None, exclude: Sequence[str] = ()) -> None:
     """Build an EROFS image of `src_dir` into `out` (xattrs and device nodes kept).
 
     `exclude`: paths relative to `src_dir` left out with their subtrees."""

@@ -268,7 +268,7 @@ class GvisorBackend(LocalBackend):
             if not tmp.is_dir() and not tmp.is_symlink():  # the /tmp bind mount needs it
                 tmp.mkdir(mode=0o1777)
                 os.chmod(tmp, 0o1777)
-            config = oci.bundle_config(d / "rootfs", meta["hostname"], limits, meta["cgroup_path"], spec.network)
+            config = oci.bundle_config(d / "rootfs", str(meta["hostname"]), limits, str(meta["cgroup_path"]), spec.network)
             (d / "bundle" / "config.json").write_text(json.dumps(config))
             self._runsc_create(runsc, d, sandbox_id)
             pid = int((d / "sandbox.pid").read_text())
@@ -356,17 +356,6 @@ class GvisorBackend(LocalBackend):
 
     def info(self, sandbox_id: str) -> SandboxInfo:
         return self._info(self._live_meta(sandbox_id))
-
-    def list(self) -> list[SandboxInfo]:
-        out = []
-        for sid in sorted(self.live_ids()):
-            try:
-                meta = self._load(sid)
-            except (SandboxNotFound, SandboxError):
-                continue
-            if meta.get("sandbox_pid") and _alive(meta["sandbox_pid"], meta.get("sandbox_start")):
-                out.append(self._info(meta))
-        return out
 
     def live_ids(self) -> set[str]:
         return {n for n in os.listdir(self.base) if n.startswith("gv-")}
@@ -604,6 +593,18 @@ class GvisorBackend(LocalBackend):
                                      "with runsc --network=none (no interface but lo); use backend='container' "
                                      "for allow-listed egress")
         return NetworkPolicy()
+
+    # last in the class body: a method named `list` shadows the builtin in the annotations after it
+    def list(self) -> list[SandboxInfo]:
+        out = []
+        for sid in sorted(self.live_ids()):
+            try:
+                meta = self._load(sid)
+            except (SandboxNotFound, SandboxError):
+                continue
+            if meta.get("sandbox_pid") and _alive(meta["sandbox_pid"], meta.get("sandbox_start")):
+                out.append(self._info(meta))
+        return out
 
 
 # ---------------------------------------------------------------------------------------- processes
