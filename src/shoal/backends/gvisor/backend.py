@@ -268,7 +268,8 @@ class GvisorBackend(LocalBackend):
             if not tmp.is_dir() and not tmp.is_symlink():  # the /tmp bind mount needs it
                 tmp.mkdir(mode=0o1777)
                 os.chmod(tmp, 0o1777)
-            config = oci.bundle_config(d / "rootfs", str(meta["hostname"]), limits, str(meta["cgroup_path"]), spec.network)
+            config = oci.bundle_config(d / "rootfs", str(meta["hostname"]), limits, str(meta["cgroup_path"]),
+                                       spec.network)
             (d / "bundle" / "config.json").write_text(json.dumps(config))
             self._runsc_create(runsc, d, sandbox_id)
             pid = int((d / "sandbox.pid").read_text())
