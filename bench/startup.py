@@ -571,11 +571,11 @@ def readme_section(res: dict) -> str:
               f"(CLI {v.get('docker_cli') or 'n/a'}, Python SDK `docker` {v.get('docker_sdk') or 'n/a'}), "
               f"{v.get('runc') or 'runc n/a'}. Shoal's bytecode is compiled before timing, as an install "
               "leaves it.", "",
-              "`shoal run` and `shoal exec` use the daemon when one answers on the root's socket "
-              "(`<root>/shoald.sock`, or `SHOAL_URL=local|unix://…`): that path is `shoal.cli_fast`, which "
-              "imports no third-party module. Without a daemon (no socket, or nothing listening on it), or "
-              "with `--in-process`, the sandbox runs in the CLI's own process through the SDK (typer and rich "
-              "are imported only for the other commands).", "",
+              "`shoal run` and `shoal exec` go to shoald (`$SHOAL_URL=unix://…`, else the host's "
+              "`/run/shoal/shoald.sock`): that path is `shoal.cli_fast`, which imports no third-party module. "
+              "With `--in-process` or `SHOAL_URL=local` (root only), or when no daemon answers, the sandbox "
+              "runs in the CLI's own process through the SDK (typer and rich are imported only for the other "
+              "commands). The benchmark's own daemon listens on a private socket.", "",
               f"Shoal's own figures, in-process (no CLI, no daemon; {s['cold_create_exec']['n']} samples per run, "
               f"{cfg['runs']} runs, after the rounds above):", "",
               "<!-- numbers: startup-shoal (bench/results/startup.json) -->",
