@@ -107,7 +107,7 @@ def swe_tasks(host):
     """The bundled SWE suite, with the environments it needs built in this root (cached builds: free
     when test_real_envs ran first). Needs the package registries on first build."""
     from shoal.envs.debian import ensure_python_base
-    from shoal.envs.swe import load_suite
+    from shoal.tasks.swe import load_suite
     from shoal.envs.workspaces import CATALOG, build_workspace
 
     if not shutil.which("debootstrap"):

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from shoal.core.errors import InvalidArgument
-from shoal.rollout.limits import HostRateLimiter
+from shoal.rollout.ratelimit import HostRateLimiter
 from shoal.rollout.queue import EpisodeQueue
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from shoal import Host
-from shoal.envs.swe.suite import save_suite
+from shoal.tasks.swe.suite import save_suite
 from shoal.rollout.queue import EpisodeQueue
 from shoal.rollout.runner import Rollout
 

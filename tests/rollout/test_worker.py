@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from shoal.envs.swe import SUITE_PATH
-from shoal.envs.swe.suite import save_suite
+from shoal.tasks.swe import SUITE_PATH
+from shoal.tasks.swe.suite import save_suite
 from shoal.rollout.runner import Rollout, resolve_table, write_jsonl, write_parquet
 
 pytestmark = pytest.mark.slow
@@ -71,7 +71,7 @@ def test_worker_killed_mid_command_resumes_exactly_once(tmp_path, root, few_task
 
 _TRAINER = textwrap.dedent("""
     import sys, time
-    from shoal.envs.swe import load_suite
+    from shoal.tasks.swe import load_suite
     from shoal.rollout.runner import Rollout
     db, root, suite = sys.argv[1:4]
     tasks = load_suite(suite)
@@ -114,7 +114,7 @@ def test_bundled_suite_path_is_packaged():
 _GRADER = textwrap.dedent("""
     import sys
     from shoal import Host
-    from shoal.envs.swe.suite import evaluate, load_suite
+    from shoal.tasks.swe.suite import evaluate, load_suite
     root, suite = sys.argv[1:3]
     task = load_suite(suite)[0]
     print("grading", flush=True)

@@ -7,8 +7,8 @@ import textwrap
 
 from hypothesis import given, settings, strategies as st
 
-from shoal.envs.swe.mutate import mutations, unified_diff
-from shoal.envs.swe.task import BUG_TYPES
+from shoal.tasks.swe.mutate import mutations, unified_diff
+from shoal.tasks.swe.task import BUG_TYPES
 
 SRC = textwrap.dedent("""\
     LIMIT = 3  # module level: never mutated

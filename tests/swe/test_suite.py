@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from shoal.envs.swe import BUG_TYPES, SWETask, load_suite, task_sandbox, validate
+from shoal.tasks.swe import BUG_TYPES, SWETask, load_suite, task_sandbox, validate
 from shoal.core.errors import InvalidArgument
 
 from .gold import gold_reports

@@ -25,6 +25,7 @@ from typing import IO
 
 from ..config import Settings
 from ..core.errors import BadDigest, CorruptArchive, ImageNotFound, InvalidArgument, LayerInUse, LayerNotFound
+from ..core.sqlite import transaction
 from . import archive, erofs
 from .digest import tree_digest
 from .fold import fold_trees
@@ -108,14 +109,8 @@ class LayerStore:
     # ---------------------------------------------------------------- internals
     @contextmanager
     def _tx(self):
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+        with self._lock, transaction(self._db) as db:  # one connection shared by threads: the lock orders them
+            yield db
 
     def _query(self, sql: str, args: Iterable = ()) -> list[tuple]:
         with self._lock:

@@ -24,8 +24,8 @@ from typing import Any
 import gymnasium as gym
 from gymnasium import spaces
 
-from ..envs.swe.suite import evaluate, load_suite, task_sandbox
-from ..envs.swe.task import SWETask
+from ..tasks.swe.suite import evaluate, load_suite, task_sandbox
+from ..tasks.swe.task import SWETask
 from ..core.errors import InvalidArgument
 from ..host import Host
 from ..trajlog import LoggedSandbox, TrajectoryLog

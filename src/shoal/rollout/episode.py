@@ -17,8 +17,8 @@ import socket
 import time
 from dataclasses import asdict, dataclass, field
 
-from ..envs.swe.suite import evaluate, task_sandbox
-from ..envs.swe.task import SWETask
+from ..tasks.swe.suite import evaluate, task_sandbox
+from ..tasks.swe.task import SWETask
 from ..core.errors import SandboxNotFound, UnknownOutcome
 from ..host import Host
 from ..sdk.sandbox import Sandbox

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..envs.swe.task import SWETask
+from ..tasks.swe.task import SWETask
 from .queue import DONE, FAILED, PAUSED, QUEUED, RUNNING, EpisodeQueue
 
 

@@ -16,7 +16,7 @@ import uuid
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from ..envs.swe.suite import load_suite
+from ..tasks.swe.suite import load_suite
 from .policy import NullPolicy, OraclePolicy, RandomEditPolicy
 
 

@@ -16,15 +16,15 @@ import traceback
 import uuid
 from pathlib import Path
 
-from ..envs.swe.suite import load_suite
-from ..envs.swe.task import SWETask
+from ..tasks.swe.suite import load_suite
+from ..tasks.swe.task import SWETask
 from ..config import load_settings
 from ..core.errors import ImageNotFound, LLMUnavailable
 from ..host import Host
 from ..layers.store import LayerStore
 from ..trajlog import TrajectoryLog
 from .episode import run_episode
-from .limits import HostRateLimiter
+from .ratelimit import HostRateLimiter
 from .policy import make_policy
 from .queue import EpisodeQueue
 

@@ -17,8 +17,8 @@ from pathlib import Path
 from ...core.errors import BuildError, ImageNotFound, InvalidArgument, ShoalError
 from ...host import Host
 from ...sdk.sandbox import Sandbox
-from ..builder import DEFAULT_EXCLUDE
-from ..workspaces import CATALOG, WorkspaceSpec
+from ...envs.builder import DEFAULT_EXCLUDE
+from ...envs.workspaces import CATALOG, WorkspaceSpec
 from .grading import (
     END,
     EXIT,
@@ -52,7 +52,7 @@ _GIT = "git -c user.email=task@shoal -c user.name=shoal"
 def load_suite(path: str | os.PathLike | None = None) -> list[SWETask]:
     p = Path(path) if path else SUITE_PATH
     if not p.exists():
-        raise InvalidArgument(f"no task suite at {p}; generate one with `python -m shoal.envs.swe.generate`")
+        raise InvalidArgument(f"no task suite at {p}; generate one with `python -m shoal.tasks.swe.generate`")
     tasks = []
     for i, line in enumerate(p.read_text().splitlines(), 1):
         if line.strip():

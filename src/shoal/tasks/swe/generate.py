@@ -6,7 +6,7 @@ mutated file, run the tests, restore the file. A candidate becomes a task when a
 that passed at baseline now fails (FAIL_TO_PASS) and the suite still runs (not everything fails).
 Each task is then validated from its own layers (unpatched: not resolved; gold patch: resolved).
 
-    python -m shoal.envs.swe.generate --per-repo 6 --out src/shoal/envs/swe/suite.jsonl
+    python -m shoal.tasks.swe.generate --per-repo 6 --out src/shoal/tasks/swe/suite.jsonl
 """
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 from ...host import Host
 from ...sdk.sandbox import Sandbox
-from ..debian import PYTHON_IMAGE
-from ..workspaces import CATALOG, WorkspaceSpec
+from ...envs.debian import PYTHON_IMAGE
+from ...envs.workspaces import CATALOG, WorkspaceSpec
 from .grading import PASS_STATES, eval_script, failure_messages, parse_log
 from .mutate import Mutation, mutations, unified_diff
 from .suite import TASK_LIMITS
@@ -188,8 +188,8 @@ def main() -> None:
 
     from rich.progress import Progress
 
-    from ..debian import ensure_python_base
-    from ..workspaces import build_workspace
+    from ...envs.debian import ensure_python_base
+    from ...envs.workspaces import build_workspace
     from .suite import SUITE_PATH, save_suite, summary, validate
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...host import Host
-from ..builder import Builder
-from ..debian import PYTHON_IMAGE
-from ..recipe import parse_recipe
+from ...envs.builder import Builder
+from ...envs.debian import PYTHON_IMAGE
+from ...envs.recipe import parse_recipe
 
 HERE = Path(__file__).parent
 GRADER_IMAGE = "shoal/swe-grader:1"
