@@ -98,10 +98,9 @@ def build_workspace(host: Host, spec: WorkspaceSpec, log: Callable[[str], None] 
 
 def verify_workspace(host: Host, spec: WorkspaceSpec, quick: bool = False, timeout: float = 600) -> ExecResult:
     """Run the project's own tests inside a fresh sandbox of python:3.11 + the workspace."""
-    from ..sdk.sandbox import Sandbox
+    from .sandboxes import open_sandbox
 
-    with Sandbox.create(PYTHON_IMAGE, layers=[spec.image], root=host.settings.root, memory_mb=1024,
-                        disk_mb=512) as sb:
+    with open_sandbox(host, PYTHON_IMAGE, [spec.image], memory_mb=1024, disk_mb=512) as sb:
         return sb.commands.run(test_command(spec, quick), timeout=timeout)
 
 

@@ -12,10 +12,11 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
-from ..tasks.swe.task import SWETask
 from .queue import DONE, FAILED, PAUSED, QUEUED, RUNNING, EpisodeQueue
+from .task import Task
 
 
 class Rollout:
@@ -28,9 +29,9 @@ class Rollout:
     def log_path(self) -> Path:
         return self.db.with_name(self.db.stem + ".traj.db")
 
-    def submit(self, tasks: list[SWETask], policy: dict, repeats: int = 1, prefix: str | None = None) -> list[str]:
-        return self.queue.submit([t.instance_id for t in tasks], policy, repeats=repeats,
-                                 images={t.instance_id: t.image for t in tasks}, prefix=prefix)
+    def submit(self, tasks: Sequence[Task], policy: dict, repeats: int = 1, prefix: str | None = None) -> list[str]:
+        return self.queue.submit([t.id for t in tasks], policy, repeats=repeats,
+                                 images={t.id: t.image for t in tasks}, prefix=prefix)
 
     def start_workers(self, n: int, *, root: str | os.PathLike | None = None, suite: str | os.PathLike | None = None,
                       concurrency: int = 2, extra: list[str] | None = None,

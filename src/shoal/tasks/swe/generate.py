@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from ...host import Host
 from ...sdk.sandbox import Sandbox
 from ...envs.debian import PYTHON_IMAGE
+from ...envs.sandboxes import open_sandbox
 from ...envs.workspaces import CATALOG, WorkspaceSpec
 from .grading import PASS_STATES, eval_script, failure_messages, parse_log
 from .mutate import Mutation, mutations, unified_diff
@@ -165,7 +166,7 @@ def generate_repo(host: Host, spec: WorkspaceSpec, n: int, seed: int = 0, max_tr
     rng = random.Random(f"{seed}:{spec.name}")
     tasks: list[SWETask] = []
     seen_symbols: set[str] = set()
-    with Sandbox.create(PYTHON_IMAGE, layers=[spec.image], root=host.settings.root, **TASK_LIMITS) as sb:
+    with open_sandbox(host, PYTHON_IMAGE, [spec.image], **TASK_LIMITS) as sb:
         base = baseline(sb, spec)
         tries = 0
         for m in candidates(base, rng):

@@ -17,7 +17,9 @@ from pathlib import Path
 from ...core.errors import BuildError, ImageNotFound, InvalidArgument, ShoalError
 from ...host import Host
 from ...sdk.sandbox import Sandbox
+from ...core.contract import ExecRequest
 from ...envs.builder import DEFAULT_EXCLUDE
+from ...envs.sandboxes import create_request, open_sandbox
 from ...envs.workspaces import CATALOG, WorkspaceSpec
 from .grading import (
     END,
@@ -85,19 +87,17 @@ def ensure_task_image(host: Host, task: SWETask) -> str:
         return task.image
     except ImageNotFound:
         pass
-    sb = Sandbox.create(task.base_image, layers=[task.base_commit], root=host.settings.root, ttl=900, **TASK_LIMITS)
+    info = host.create(create_request(task.base_image, [task.base_commit], ttl=900, **TASK_LIMITS))
     try:
-        sb.files.write("/tmp/bug.patch", task.bug_patch)
-        r = sb.commands.run(f"cd {task.repo_dir} && git apply /tmp/bug.patch && rm -rf .git /tmp/bug.patch && "
-                            f"git init -q && git add -A && {_GIT} commit -qm 'task state' && git gc -q --prune=now",
-                            timeout=300)
+        host.write_file(info.id, "/tmp/bug.patch", task.bug_patch.encode())
+        script = (f"cd {task.repo_dir} && git apply /tmp/bug.patch && rm -rf .git /tmp/bug.patch && git init -q && "
+                  f"git add -A && {_GIT} commit -qm 'task state' && git gc -q --prune=now")
+        r = host.exec(info.id, ExecRequest(argv=["/bin/sh", "-c", script], timeout=300))
         if r.exit_code != 0:
             raise BuildError(f"task {task.instance_id}: could not apply its bug patch: {(r.stdout + r.stderr)[-800:]}")
-        host.runtime.pause(sb.id)  # nothing may change while the upper is captured
-        layer = host.store.build_from_dir(host.runtime.upper_dir(sb.id), source=f"swe task {task.instance_id}",
-                                          exclude=DEFAULT_EXCLUDE)
+        layer = host.capture_layer(info.id, source=f"swe task {task.instance_id}", exclude=list(DEFAULT_EXCLUDE))
     finally:
-        sb.kill()
+        host.kill(info.id)
     host.store.create_image(task.image, [layer.digest], config={"role": "task", "workdir": task.repo_dir,
                                                                "built_on": task.base_commit})
     return task.image
@@ -105,16 +105,14 @@ def ensure_task_image(host: Host, task: SWETask) -> str:
 
 def task_sandbox(host: Host, task: SWETask, **kw) -> Sandbox:
     ensure_task_image(host, task)
-    return Sandbox.create(task.base_image, layers=[task.base_commit, task.image], root=host.settings.root,
-                          **{**TASK_LIMITS, **kw})
+    return open_sandbox(host, task.base_image, [task.base_commit, task.image], **{**TASK_LIMITS, **kw})
 
 
 def grader_sandbox(host: Host, task: SWETask, **kw) -> Sandbox:
     """A fresh sandbox of the task with the trusted grader layer on top (never the agent's)."""
     ensure_task_image(host, task)
     grader = ensure_grader_image(host)
-    return Sandbox.create(task.base_image, layers=[task.base_commit, task.image, grader], root=host.settings.root,
-                          **{**TASK_LIMITS, **kw})
+    return open_sandbox(host, task.base_image, [task.base_commit, task.image, grader], **{**TASK_LIMITS, **kw})
 
 
 CONFIRM_MAX = 3  # flipped tests re-run one by one per evaluation (a secret random sample beyond that)
