@@ -13,7 +13,10 @@ import os
 import socket
 from dataclasses import dataclass
 
-import ray
+try:
+    import ray
+except ImportError as e:  # an extra: the SDK, CLI and daemon do not need it
+    raise ImportError("rollouts on Ray need ray: pip install 'shoal[rollout]'") from e
 
 
 @ray.remote(num_cpus=0, max_restarts=0)  # the sandboxes use the node's cores; the actor mostly waits

@@ -112,8 +112,11 @@ def write_jsonl(records: list[dict], path: str | os.PathLike) -> Path:
 def write_parquet(records: list[dict], path: str | os.PathLike) -> Path:
     """One row per episode: scalars as columns, token ids / logprobs as list columns, the nested rest
     (messages, actions, report...) as JSON strings."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError as e:  # an extra: the SDK, CLI and daemon do not need it
+        raise ImportError("Parquet export needs pyarrow: pip install 'shoal[rollout]'") from e
 
     cols: dict[str, list] = {k: [r.get(k) for r in records] for k in _SCALARS}
     for k in _JSON:

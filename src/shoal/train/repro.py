@@ -117,7 +117,10 @@ def response_mask(seqs: torch.Tensor) -> torch.Tensor:
 
 # ------------------------------------------------------------------------------------------ models
 def make_model(layers: int, width: int, seed: int):
-    from transformers import GPT2Config, GPT2LMHeadModel
+    try:
+        from transformers import GPT2Config, GPT2LMHeadModel
+    except ImportError as e:
+        raise ImportError("the OPD reproduction needs transformers: pip install 'shoal[train]'") from e
 
     torch.manual_seed(seed)
     cfg = GPT2Config(vocab_size=VOCAB, n_positions=PROMPT_LEN + RESPONSE_LEN + 1, n_embd=width, n_layer=layers,
