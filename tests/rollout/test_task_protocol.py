@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 
-import pytest
 from gymnasium.utils.env_checker import check_env
 
 from shoal.core.errors import ShoalError

@@ -24,11 +24,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..backends.container.backend import BUILD_CA_PATH, HOST_CA_BUNDLE
+from ..core.contract import ExecRequest, Limits
 from ..core.errors import BuildError, InvalidArgument
 from ..host import Host
 from ..layers.store import ImageInfo
-from ..core.contract import ExecRequest, Limits
-from ..backends.container.backend import BUILD_CA_PATH, HOST_CA_BUNDLE
 from .recipe import Recipe, Step, load_recipe
 from .sandboxes import create_request
 

@@ -13,10 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..core.contract import ExecResult
 from ..core.errors import BuildError
 from ..host import Host
 from ..layers.store import ImageInfo
-from ..core.contract import ExecResult
 from .builder import Builder
 from .debian import PYTHON_IMAGE
 from .recipe import parse_recipe

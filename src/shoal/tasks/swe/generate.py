@@ -18,11 +18,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ...host import Host
-from ...sdk.sandbox import Sandbox
 from ...envs.debian import PYTHON_IMAGE
 from ...envs.sandboxes import open_sandbox
 from ...envs.workspaces import CATALOG, WorkspaceSpec
+from ...host import Host
+from ...sdk.sandbox import Sandbox
 from .grading import PASS_STATES, eval_script, failure_messages, parse_log
 from .mutate import Mutation, mutations, unified_diff
 from .suite import TASK_LIMITS

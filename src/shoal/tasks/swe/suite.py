@@ -14,13 +14,13 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...core.errors import BuildError, ImageNotFound, InvalidArgument, ShoalError
-from ...host import Host
-from ...sdk.sandbox import Sandbox
 from ...core.contract import ExecRequest
+from ...core.errors import BuildError, ImageNotFound, InvalidArgument, ShoalError
 from ...envs.builder import DEFAULT_EXCLUDE
 from ...envs.sandboxes import create_request, open_sandbox
 from ...envs.workspaces import CATALOG, WorkspaceSpec
+from ...host import Host
+from ...sdk.sandbox import Sandbox
 from .grading import (
     END,
     EXIT,

@@ -21,10 +21,10 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...host import Host
 from ...envs.builder import Builder
 from ...envs.debian import PYTHON_IMAGE
 from ...envs.recipe import parse_recipe
+from ...host import Host
 
 HERE = Path(__file__).parent
 GRADER_IMAGE = "shoal/swe-grader:1"
