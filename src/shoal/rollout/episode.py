@@ -83,8 +83,9 @@ async def run_episode(task: Task, policy: Policy, log: TrajectoryLog, host: Host
                       keep_sandbox: bool = False) -> EpisodeRecord:
     node = node or socket.gethostname()
     t_start = time.perf_counter()
-    sb_stream = log.stream(f"{episode_id}/sandbox", episode=episode_id, image=task.image, writer=writer,
-                           meta={"instance_id": task.id})
+    # no image: the stream gets the sandbox's full layer stack once it exists (what replay recreates)
+    sb_stream = log.stream(f"{episode_id}/sandbox", episode=episode_id, writer=writer,
+                           meta={"instance_id": task.id, "task_image": task.image})
     llm = log.stream(f"{episode_id}/llm", episode=episode_id, writer=writer)
     ev = log.stream(f"{episode_id}/eval", episode=episode_id, writer=writer)
     sb, restored = await asyncio.to_thread(_sandbox_for, host, log, task, sb_stream.name, sb_stream.size, node)
