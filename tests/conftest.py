@@ -19,6 +19,10 @@ from roots import wipe_root
 if os.geteuid() != 0:
     pytest.exit("Shoal's tests need root (mounts, namespaces, cgroups)", returncode=3)
 
+# The SDK talks to shoald unless asked otherwise; these tests run sandboxes in-process on private
+# roots by default (the daemon suites pass url= explicitly).
+os.environ["SHOAL_URL"] = "local"
+
 
 @pytest.fixture(scope="session")
 def root():

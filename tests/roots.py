@@ -10,9 +10,9 @@ from shoal import Host
 
 def wipe_root(d: Path) -> None:
     host = Host.get(d)
-    for info in host.runtime.list():
+    for info in host.list():
         try:
-            host.runtime.kill(info.id)
+            host.kill(info.id)
         except Exception:
             pass
     host.store.gc()

@@ -11,19 +11,19 @@ if TYPE_CHECKING:
 
     from .host import Host
     from .core.contract import ExecResult, Limits, SandboxInfo
-    from .sdk import AsyncSandbox, ContainerArgs, FnCallArgs, MicroVMArgs, Sandbox, WarmPool
+    from .sdk import AsyncSandbox, Sandbox, WarmPool
 
 __version__ = "0.1.0"
-__all__ = ["AsyncSandbox", "BadDigest", "CommandTimeout", "ContainerArgs", "CorruptArchive", "ExecResult",
-           "FnCallArgs", "Host", "ImageNotFound", "InvalidArgument", "LayerInUse", "LayerNotFound", "Limits",
-           "MicroVMArgs", "QuotaExceeded", "Sandbox", "SandboxError", "SandboxInfo", "SandboxNotFound",
+__all__ = ["AsyncSandbox", "BadDigest", "CommandTimeout", "CorruptArchive", "ExecResult",
+           "Host", "ImageNotFound", "InvalidArgument", "LayerInUse", "LayerNotFound", "Limits",
+           "QuotaExceeded", "Sandbox", "SandboxError", "SandboxInfo", "SandboxNotFound",
            "SessionClosed", "ShoalError", "WarmPool", "errors"]
 
 # Imported on first use (PEP 562): `import shoal` must stay cheap so the CLI's hot path
 # (shoal.cli_fast, which talks to shoald) does not pay for pydantic, the layer store and the SDK.
 _LAZY = {"Host": ".host", "ExecResult": ".core.contract", "Limits": ".core.contract",
-         "SandboxInfo": ".core.contract", "AsyncSandbox": ".sdk", "ContainerArgs": ".sdk",
-         "FnCallArgs": ".sdk", "MicroVMArgs": ".sdk", "Sandbox": ".sdk", "WarmPool": ".sdk"}
+         "SandboxInfo": ".core.contract", "AsyncSandbox": ".sdk",
+         "Sandbox": ".sdk", "WarmPool": ".sdk"}
 
 
 def __getattr__(name: str) -> Any:

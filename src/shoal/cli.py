@@ -43,6 +43,14 @@ def _host(root: Optional[str]) -> "Host":
     return Host.get(root)
 
 
+def _backend(root: Optional[str]):
+    """Where sandbox commands go: shoald ($SHOAL_URL or the host daemon's socket), or this process
+    when SHOAL_URL=local (root only)."""
+    from .backends import open_backend
+
+    return open_backend(None, None, root)
+
+
 def _size(n: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024:
@@ -285,7 +293,7 @@ def ps(root: Optional[str] = RootOpt, as_json: bool = typer.Option(False, "--jso
     """List live sandboxes."""
     from rich.table import Column
 
-    infos = _host(root).runtime.list()
+    infos = _backend(root).list()
     if as_json:
         console.print_json(json.dumps([i.model_dump(mode="json") for i in infos]))
         return
@@ -303,22 +311,22 @@ def ps(root: Optional[str] = RootOpt, as_json: bool = typer.Option(False, "--jso
 @app.command()
 def kill(sandbox_ids: list[str], root: Optional[str] = RootOpt):
     """Kill sandboxes (everything they hold is released)."""
-    rt = _host(root).runtime
+    be = _backend(root)
     for sid in sandbox_ids:
-        rt.kill(sid)
+        be.kill(sid)
         console.print(f"killed {sid}")
 
 
 @app.command()
 def pause(sandbox_id: str, root: Optional[str] = RootOpt):
     """Freeze a sandbox (cgroup freezer)."""
-    _host(root).runtime.pause(sandbox_id)
+    _backend(root).pause(sandbox_id)
 
 
 @app.command()
 def resume(sandbox_id: str, root: Optional[str] = RootOpt):
     """Thaw a paused sandbox."""
-    _host(root).runtime.resume(sandbox_id)
+    _backend(root).resume(sandbox_id)
 
 
 @app.command()
@@ -326,7 +334,9 @@ def snapshot(sandbox_id: str, exclude: Optional[list[str]] = typer.Option(None, 
                                                                         help="path to leave out (repeatable)"),
              root: Optional[str] = RootOpt):
     """pack_diff: capture a sandbox's changes as a layer; prints the snapshot id."""
-    snap = _host(root).snapshot(sandbox_id, exclude=exclude)
+    from .core.contract import SnapshotRequest
+
+    snap = _backend(root).snapshot(sandbox_id, SnapshotRequest(exclude=exclude))
     console.print(f"{snap.id}  ({len(snap.layers)} layers, {_size(snap.size)} captured)")
 
 

@@ -407,7 +407,7 @@ def daemon_connection(opts: dict) -> Connection | None:
 def run_local(command: str, opts: dict) -> int:
     """`shoal run` / `shoal exec` in this process, through the SDK (which honours $SHOAL_URL unless
     --in-process); imports the SDK and the host, not typer or rich."""
-    from .sdk.sandbox import EMBEDDED, Sandbox
+    from .sdk.sandbox import Sandbox
 
     on_out, on_err = _write(sys.stdout), _write(sys.stderr)
     root = opts.get("root")
@@ -416,7 +416,7 @@ def run_local(command: str, opts: dict) -> int:
         return sb.commands.run(opts["cmd"], timeout=opts["timeout"], on_stdout=on_out, on_stderr=on_err).exit_code
     sb = Sandbox.create(opts["target"], layers=opts["layers"] or None, memory_mb=opts.get("memory_mb"),
                         cpu=opts.get("cpu"), disk_mb=opts.get("disk_mb"), ttl=opts.get("ttl"), root=root,
-                        url=EMBEDDED if opts.get("in_process") else None)
+                        url="local" if opts.get("in_process") else None)
     if opts["detach"] and not opts["cmd"]:
         print(sb.id)
         return 0

@@ -74,9 +74,16 @@ class Host(SandboxBackend):
                 self._backends[name] = be
             return be
 
-    def started_backends(self) -> list[LocalBackend]:
-        with self._lock:
-            return list(self._backends.values())
+    def backends(self) -> list[LocalBackend]:
+        """Every local backend this host can run (each started on first use); ones whose tools are
+        not installed here (e.g. no runsc) are left out."""
+        out = []
+        for name in LOCAL_BACKENDS:
+            try:
+                out.append(self.backend(name))
+            except (BackendUnavailable, ImportError):
+                continue
+        return out
 
     def _route(self, sandbox_id: str) -> LocalBackend:
         if not isinstance(sandbox_id, str):
@@ -194,7 +201,7 @@ class Host(SandboxBackend):
         child = CreateRequest(from_snapshot=snap.id, backend=be.name, cpu=req.cpu or info.limits.cpu,
                               memory_mb=req.memory_mb or info.limits.memory_mb,
                               disk_mb=req.disk_mb or info.limits.disk_mb, pids=req.pids or info.limits.pids,
-                              upper=info.limits.upper, ttl=ttl, idle_ttl=idle_ttl, env=env)
+                              upper=req.upper or info.limits.upper, ttl=ttl, idle_ttl=idle_ttl, env=env)
         reply = ForkReply(snapshot=snap, sandboxes=[])
         for i in range(req.n):
             try:
@@ -213,7 +220,7 @@ class Host(SandboxBackend):
         return self._route(sandbox_id).info(sandbox_id)
 
     def list(self) -> list[SandboxInfo]:
-        return [info for be in self.started_backends() for info in be.list()]
+        return [info for be in self.backends() for info in be.list()]
 
     def kill(self, sandbox_id: str) -> None:
         self._route(sandbox_id).kill(sandbox_id)
@@ -272,23 +279,18 @@ class Host(SandboxBackend):
 
     # ---------------------------------------------------------------- housekeeping
     def sweep(self) -> list[str]:
-        return [sid for be in self.started_backends() for sid in be.sweep()]
+        return [sid for be in self.backends() for sid in be.sweep()]
 
     def live_ids(self) -> set[str]:
-        return {sid for be in self.started_backends() for sid in be.live_ids()}
+        return {sid for be in self.backends() for sid in be.live_ids()}
 
     def committed(self) -> list[Limits]:
-        return [lim for be in self.started_backends() for lim in be.committed()]
+        return [lim for be in self.backends() for lim in be.committed()]
 
     def live_layers(self) -> set[str]:
-        return {d for be in self.started_backends() for d in be.live_layers()}
+        return {d for be in self.backends() for d in be.live_layers()}
 
     def gc(self) -> dict:
-        for name in LOCAL_BACKENDS:  # every backend's sandboxes pin layers, started in this process or not
-            try:
-                self.backend(name)
-            except (BackendUnavailable, SandboxError):
-                continue
         reaped = self.sweep()
         result = self.store.gc(live=self.live_layers())
         result["sandboxes_reaped"] = reaped

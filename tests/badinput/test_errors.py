@@ -80,9 +80,9 @@ def test_unknown_sandbox(root, host):
     with pytest.raises(SandboxNotFound, match="sb-000000000000"):
         Sandbox.connect("sb-000000000000", root=root)
     with pytest.raises(SandboxNotFound):
-        host.runtime.kill("sb-000000000000")
+        host.backend("container").kill("sb-000000000000")
     with pytest.raises(SandboxNotFound):
-        host.runtime.info("../../etc")
+        host.backend("container").info("../../etc")
 
 
 @pytest.mark.parametrize("kw", [{"memory_mb": -1}, {"cpu": 0}, {"disk_mb": -5}, {"pids": 0}, {"ttl": -1},
@@ -135,7 +135,7 @@ def test_bad_image_spec(host, tmp_path):
 def test_host_sandbox_limit_is_a_retryable_quota_error(root, base_image, host):
     from shoal import QuotaExceeded
 
-    rt = host.runtime
+    rt = host.backend("container")
     saved = rt.max_sandboxes
     with Sandbox.create(base_image, root=root):
         rt.max_sandboxes = len(os.listdir(host.settings.sandboxes_dir))

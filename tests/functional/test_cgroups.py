@@ -13,7 +13,7 @@ def _cpu_stat(cg, sandbox_id: str) -> dict[str, int]:
 
 
 def test_v2_parent_delegates_the_controllers(host):
-    cg = host.runtime.cgroups
+    cg = host.backend("container").cgroups
     if cg.version == 1:
         for c in ("memory", "pids", "cpu", "freezer"):
             assert (cg.mounts[c] / cg.parent).is_dir()
@@ -26,7 +26,7 @@ def test_v2_parent_delegates_the_controllers(host):
 
 def test_cpu_quota_is_enforced(root, base_image, host):
     """cpu=0.2: a busy loop gets about a fifth of one CPU, and the kernel reports the throttling."""
-    cg = host.runtime.cgroups
+    cg = host.backend("container").cgroups
     with Sandbox.create(base_image, root=root, cpu=0.2) as sb:
         before = _cpu_stat(cg, sb.id)
         t0 = time.monotonic()
@@ -40,7 +40,7 @@ def test_cpu_quota_is_enforced(root, base_image, host):
 
 
 def test_memory_limit_kills_inside_and_is_counted(root, base_image, host):
-    cg = host.runtime.cgroups
+    cg = host.backend("container").cgroups
     with Sandbox.create(base_image, root=root, memory_mb=64) as sb:
         # a shell variable doubling past the limit: the OOM killer ends it inside the sandbox
         r = sb.commands.run('x=$(head -c 1048576 /dev/zero | tr "\\0" a); while :; do x="$x$x"; done', timeout=60)
@@ -53,7 +53,7 @@ def test_memory_limit_kills_inside_and_is_counted(root, base_image, host):
 
 
 def test_pids_limit_and_freezer_state(root, base_image, host):
-    cg = host.runtime.cgroups
+    cg = host.backend("container").cgroups
     with Sandbox.create(base_image, root=root, pids=20) as sb:
         r = sb.commands.run("for i in $(seq 40); do sleep 5 & done 2>&1; wait", timeout=30)
         assert "can't fork" in r.stdout + r.stderr or "Resource temporarily unavailable" in r.stdout + r.stderr
@@ -69,7 +69,7 @@ def test_pids_limit_and_freezer_state(root, base_image, host):
 def test_sandbox_sees_only_its_own_cgroup(root, base_image, host):
     with Sandbox.create(base_image, root=root) as sb:
         own = sb.commands.run("cat /proc/self/cgroup").stdout
-        if host.runtime.cgroups.version == 2:
+        if host.backend("container").cgroups.version == 2:
             assert own.strip() == "0::/"  # a cgroup namespace rooted at the sandbox's cgroup
         else:
             assert "shoal-" not in own  # v1 paths are relative to the namespace root too

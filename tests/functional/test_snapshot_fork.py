@@ -80,7 +80,7 @@ def test_fork_copies_env_and_ttl_only_when_asked(root, base_image):
 
 def test_fork_reports_partial_failure_per_child(root, base_image, host):
     with Sandbox.create(base_image, root=root) as parent:
-        rt = host.runtime
+        rt = host.backend("container")
         saved = rt.max_sandboxes
         import os
 
@@ -148,7 +148,7 @@ def test_cli_snapshot_fork_and_fold(root, base_image, host):
         assert r.returncode == 0 and len(kids) == 2 and all(k.startswith("sb-") for k in kids)
         for k in kids:
             assert Sandbox.connect(k, root=root).files.read("/cli.txt") == "cli\n"
-            host.runtime.kill(k)
+            host.backend("container").kill(k)
     r = subprocess.run(shoal + ["image", "fold", f"snapshots/{snap_id}", "--to", "folded:1", "--threshold-mb", "100"],
                        env=env, capture_output=True, text=True)
     assert r.returncode == 0 and "-> 1 layers" in r.stdout

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from shoal import ContainerArgs, Sandbox
-from shoal.core.contract import Limits
+from shoal import Sandbox
+from shoal.core.contract import CreateRequest, Limits
 
 
-def _disk(**kw) -> ContainerArgs:
-    return ContainerArgs(upper="disk", **kw)
+def _disk(**kw) -> dict:
+    return dict(upper="disk", **kw)
 
 
 def _mount_of(path: Path) -> tuple[str, str] | None:
@@ -56,7 +56,7 @@ def _wait_clean(root: Path, sandbox_id: str, timeout: float = 10.0) -> dict:
 
 
 def test_disk_upper_is_ext4_on_a_loop_device_and_enforces_disk_mb(root, base_image):
-    with Sandbox.create(base_image, root=root, args=_disk(disk_mb=64, memory_mb=256)) as sb:
+    with Sandbox.create(base_image, root=root, **_disk(disk_mb=64, memory_mb=256)) as sb:
         assert sb.info().limits.upper == "disk"
         fstype, source = _mount_of(root / "sandboxes" / sb.id / "disk")
         assert fstype == "ext4" and source.startswith("/dev/loop")
@@ -81,7 +81,7 @@ def test_disk_upper_pages_are_not_pinned_in_sandbox_memory(root, base_image):
     """128 MiB written by a 64 MiB sandbox: fits on a disk upper (page cache is reclaimable);
     on a tmpfs upper the same file is memory the cgroup cannot reclaim without swap."""
     cmd = "dd if=/dev/zero of=/work.bin bs=1M count=128 2>/dev/null && sync && wc -c < /work.bin"
-    with Sandbox.create(base_image, root=root, args=_disk(disk_mb=256, memory_mb=64)) as sb:
+    with Sandbox.create(base_image, root=root, **_disk(disk_mb=256, memory_mb=64)) as sb:
         r = sb.commands.run(cmd, timeout=120)
         assert r.exit_code == 0 and int(r.stdout) == 128 * 2**20
     with open("/proc/meminfo") as f:
@@ -93,7 +93,7 @@ def test_disk_upper_pages_are_not_pinned_in_sandbox_memory(root, base_image):
 
 
 def test_snapshot_restore_and_fork_from_a_disk_upper(root, base_image):
-    with Sandbox.create(base_image, root=root, args=_disk(disk_mb=64)) as sb:
+    with Sandbox.create(base_image, root=root, **_disk(disk_mb=64)) as sb:
         sb.commands.run("mkdir -p /work && echo v1 > /work/state && rm /etc/hosts")
         snap = sb.snapshot()
         sb.commands.run("echo v2 > /work/state")
@@ -112,7 +112,7 @@ def test_snapshot_restore_and_fork_from_a_disk_upper(root, base_image):
         finally:
             res.kill_all()
         # a child of a disk-upper parent can still choose a tmpfs
-        res = sb.fork(1, args=ContainerArgs(upper="tmpfs"))
+        res = sb.fork(1, upper="tmpfs")
         try:
             assert res.ok and res.sandboxes[0].info().limits.upper == "tmpfs"
         finally:
@@ -121,7 +121,7 @@ def test_snapshot_restore_and_fork_from_a_disk_upper(root, base_image):
 
 @pytest.mark.parametrize("ending", ["kill", "ttl", "supervisor_killed"])
 def test_nothing_left_after_the_sandbox_ends(root, base_image, host, ending):
-    sb = Sandbox.create(base_image, root=root, args=_disk(disk_mb=32), ttl=1.0 if ending == "ttl" else None)
+    sb = Sandbox.create(base_image, root=root, **_disk(disk_mb=32), ttl=1.0 if ending == "ttl" else None)
     sid = sb.id
     sb.commands.run("head -c 4000000 /dev/urandom > /blob")
     assert _leftovers(root, sid)["loops"]
@@ -130,16 +130,16 @@ def test_nothing_left_after_the_sandbox_ends(root, base_image, host, ending):
     elif ending == "ttl":
         time.sleep(1.5)
     else:  # host crash of the supervisor: the sweep must release the ext4 mount and its loop device
-        meta = host.runtime._load(sid)
+        meta = host.backend("container")._load(sid)
         os.kill(meta["sup_pid"], signal.SIGKILL)
         time.sleep(0.2)
-        assert sid in host.runtime.sweep()
+        assert sid in host.backend("container").sweep()
     assert _wait_clean(root, sid) == {"mounts": [], "loops": [], "images": [], "state_dir": False}
 
 
 def test_bad_upper_is_a_clear_error():
     with pytest.raises(ValidationError, match="upper"):
-        ContainerArgs(upper="nfs")
+        CreateRequest(upper="nfs")
     with pytest.raises(ValidationError, match="upper"):
         Limits(upper="ramdisk")
 
@@ -152,7 +152,7 @@ def test_sweep_removes_an_image_left_by_a_crash_before_its_unlink(root, host):
     fresh.write_bytes(b"\0" * 4096)
     old = time.time() - 3600
     os.utime(stale, (old, old))
-    host.runtime.sweep()
+    host.backend("container").sweep()
     assert not stale.exists()
     assert fresh.exists()  # a create in flight (copied, not yet mounted) is left alone
     fresh.unlink()

@@ -37,7 +37,7 @@ def test_burst_smoke(tmp_path):
         from shoal import Host
 
         host = Host.get(root)
-        for info in host.runtime.list():
-            host.runtime.kill(info.id)
+        for info in host.backend("container").list():
+            host.backend("container").kill(info.id)
         host.store.gc(keep_named=False)
         subprocess.run(["rm", "-rf", str(root)])

@@ -78,7 +78,7 @@ def test_root_in_the_sandbox_cannot_change_the_rules(root, base_image, servers):
 def test_presets_map_to_configured_addresses(root, base_image, servers, host):
     import dataclasses
 
-    rt = host.runtime
+    rt = host.backend("container")
     saved = rt.settings
     rt.settings = dataclasses.replace(saved, egress_presets={"testmirror": [f"{SRV_IP}:8081"]})
     try:

@@ -19,7 +19,7 @@ def test_no_unix_socket_reaches_the_host_or_another_sandbox(daemon, root, base_i
     try:
         with Sandbox.create(base_image, root=root) as other, \
                 Sandbox.create(base_image, layers=[probe_layer], root=root) as sb:
-            runtime = Host.get(root).runtime
+            runtime = Host.get(root).backend("container")
             targets = {"own control socket": runtime.sock_path(sb.id),
                        "other sandbox's control socket": runtime.sock_path(other.id),
                        "shoald": str(daemon["sock"])}

@@ -80,7 +80,7 @@ def test_fork_bomb_is_stopped_by_pids_limit(probed, host, root, base_image):
     r = probed.commands.run("bomb() { bomb | bomb & }; bomb; sleep 2; cat /sys/fs/cgroup/pids.current 2>/dev/null",
                             timeout=4)
     assert "can't fork" in r.stderr or "Resource temporarily unavailable" in r.stderr
-    pids_now = host.runtime.cgroups.pids_current(probed.id)
+    pids_now = host.backend("container").cgroups.pids_current(probed.id)
     assert pids_now is not None and pids_now <= 64
     time.sleep(0.5)
     probed.commands.run("kill -9 -1", timeout=5)

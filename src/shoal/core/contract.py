@@ -297,6 +297,7 @@ class ForkRequest(_Wire):
     memory_mb: int | None = Field(None, gt=0)
     disk_mb: int | None = Field(None, gt=0)
     pids: int | None = Field(None, gt=0)
+    upper: UpperKind | None = Field(None, description="null = the source's")
     ttl: float | None = None
     idle_ttl: float | None = None
     env: dict[str, str] | None = None

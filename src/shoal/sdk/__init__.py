@@ -1,19 +1,18 @@
-"""The Shoal SDK (sync and async mirrors)."""
-from .args import ContainerArgs, FnCallArgs, MicroVMArgs
-from .sandbox import BackgroundOutput, CommandHandle, ForkResult, OutputEvent, Sandbox, Session
+"""The Shoal SDK: `Sandbox` over any backend, and its generated asyncio twin `AsyncSandbox`."""
+from ..core.contract import OutputEvent, ProcessHandle, ProcessOutput, SessionHandle
+from .sandbox import ForkResult, Sandbox
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from .async_sandbox import AsyncSandbox
     from .pool import WarmPool
 
-__all__ = ["AsyncSandbox", "BackgroundOutput", "CommandHandle", "ContainerArgs", "FnCallArgs", "MicroVMArgs",
-           "ForkResult", "OutputEvent", "Sandbox", "Session", "WarmPool"]
+__all__ = ["AsyncSandbox", "ForkResult", "OutputEvent", "ProcessHandle", "ProcessOutput", "Sandbox", "SessionHandle",
+           "WarmPool"]
 
 
 def __getattr__(name: str):
-    # imported on first use: asyncio (AsyncSandbox) is ~20% of the sync SDK's import time, which the
-    # CLI's in-process path (`shoal run` with no daemon) pays on every call
+    # imported on first use: asyncio (AsyncSandbox) is ~20% of the sync SDK's import time
     if name == "AsyncSandbox":
         from .async_sandbox import AsyncSandbox
 

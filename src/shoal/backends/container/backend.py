@@ -24,14 +24,21 @@ import threading
 import time
 from pathlib import Path
 
-from ...config import Settings
+from typing import TYPE_CHECKING
+
+from ...core.contract import (DEFAULT_DOWNLOAD_MAX, DEFAULT_READ_MAX, ExecRequest, ExecResult, FileEntry, Limits,
+                              NetworkPolicy, NetworkRequest, OutputCallback, SandboxInfo, SandboxSpec, SandboxState,
+                              SessionRequest, StartRequest, TimeoutRequest, check_seconds, to_ms)
 from ...core.errors import InvalidArgument, QuotaExceeded, SandboxError, SandboxNotFound
-from ...core.contract import (ExecRequest, ExecResult, Limits, OutputCallback, Runtime, SandboxInfo, SandboxSpec,
-                        SandboxState, check_seconds, to_ms)
+from ..local import LocalBackend
 from . import initclient
 from .cgroups import CgroupDriver, cgroup_parent
 from .files import SandboxFiles
 from .native import helper_path
+from .processes import ContainerProcess, ContainerSession
+
+if TYPE_CHECKING:
+    from ...host import Host
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 STARTUP_GRACE_S = 30.0
@@ -168,13 +175,17 @@ def mount_disk_upper(root: Path, sandbox_id: str, disk_mb: int, target: Path) ->
         img.unlink(missing_ok=True)
 
 
-class ContainerRuntime(Runtime):
-    name = "container"
+class ContainerBackend(LocalBackend):
+    """Sandboxes as Linux containers: namespaces + cgroups + overlayfs, run by a small C init."""
 
-    def __init__(self, settings: Settings, max_sandboxes: int = 4096):
+    name = "container"
+    id_prefix = "sb"
+
+    def __init__(self, host: Host, max_sandboxes: int = 4096):
         if os.geteuid() != 0:
             raise SandboxError("the container backend needs root (mounts, namespaces, cgroups)")
-        self.settings = settings
+        super().__init__(host)
+        settings = self.settings
         self.max_sandboxes = max_sandboxes
         for d in (settings.sandboxes_dir, settings.tombstones_dir):
             d.mkdir(parents=True, exist_ok=True)
@@ -231,13 +242,13 @@ class ContainerRuntime(Runtime):
         os.replace(tmp, d / "meta.json")
 
     # ------------------------------------------------------------------ lifecycle
-    def create(self, spec: SandboxSpec, lower_dirs: list[Path] | None = None) -> SandboxInfo:
+    def launch(self, spec: SandboxSpec, lower_dirs: list[Path]) -> SandboxInfo:
         """Start a sandbox. `lower_dirs` are the mounted layers, bottom -> top."""
         if not lower_dirs:
             raise InvalidArgument("a sandbox needs at least one mounted layer")
         if len(os.listdir(self.settings.sandboxes_dir)) >= self.max_sandboxes:  # all processes on this host
             raise QuotaExceeded(f"host sandbox limit reached ({self.max_sandboxes}); kill some or retry later")
-        sandbox_id = f"sb-{self.settings.host_tag}-{secrets.token_hex(6)}"
+        sandbox_id = f"{self.id_prefix}-{self.settings.host_tag}-{secrets.token_hex(6)}"
         d = self._dir(sandbox_id)
         d.mkdir()
         (d / "rootfs").mkdir()
@@ -294,7 +305,7 @@ class ContainerRuntime(Runtime):
             alive = _alive(meta.get("init_pid"), meta.get("init_start"))
             state = (SandboxState.PAUSED if self.cgroups.is_frozen(meta["id"]) else SandboxState.RUNNING) \
                 if alive else SandboxState.DEAD
-        return SandboxInfo(id=meta["id"], image=meta["image"], layers=meta["layers"], limits=Limits(**meta["limits"]),
+        return SandboxInfo(id=meta["id"], backend=self.name, image=meta["image"], layers=meta["layers"], limits=Limits(**meta["limits"]),
                            state=state, created=meta["created"], ttl=meta.get("ttl"), idle_ttl=meta.get("idle_ttl"),
                            init_pid=meta.get("init_pid"), env=meta.get("env") or {},
                            base_env=meta.get("base_env") or {},
@@ -451,9 +462,9 @@ class ContainerRuntime(Runtime):
             self.cgroups.freeze(sandbox_id, False)
         return meta
 
-    def set_ttl(self, sandbox_id: str, ttl: float | None = None, idle_ttl: float | None = None) -> None:
+    def set_ttl(self, sandbox_id: str, req: TimeoutRequest) -> SandboxInfo:
         """Replace both lifetimes: `ttl` counts from now; None clears it (so does idle_ttl=None)."""
-        ttl, idle_ttl = check_seconds("ttl", ttl), check_seconds("idle_ttl", idle_ttl)
+        ttl, idle_ttl = check_seconds("ttl", req.ttl), check_seconds("idle_ttl", req.idle_ttl)
         meta = self.ensure_running(sandbox_id)
         # record first: a short TTL may end the sandbox at once, and its supervisor then removes the
         # state dir, which a meta.json written afterwards would bring back as a zombie entry
@@ -464,6 +475,7 @@ class ContainerRuntime(Runtime):
         except (OSError, SandboxError) as e:
             self._raise_if_ended(sandbox_id, meta, e)
             raise
+        return self.info(sandbox_id)
 
     def _raise_if_ended(self, sandbox_id: str, meta: dict, e: Exception) -> None:
         """A control call failed (connection reset, empty reply): if the sandbox ended meanwhile (an
@@ -500,11 +512,12 @@ class ContainerRuntime(Runtime):
 
     def exec(self, sandbox_id: str, req: ExecRequest, on_stdout: OutputCallback | None = None,
              on_stderr: OutputCallback | None = None) -> ExecResult:
-        self.ensure_running(sandbox_id)
+        meta = self.ensure_running(sandbox_id)
         try:
             return initclient.run(self.sock_path(sandbox_id), sandbox_id, req.argv, self.env_for(sandbox_id, req.env),
-                             cwd=req.cwd, timeout=req.timeout, stdin=req.stdin, output_cap=req.output_cap,
-                             on_stdout=on_stdout, on_stderr=on_stderr)
+                                  cwd=req.cwd or meta.get("workdir", "/"), timeout=req.timeout, stdin=req.stdin,
+                                  output_cap=req.output_cap or self.settings.output_cap_bytes,
+                                  on_stdout=on_stdout, on_stderr=on_stderr)
         except initclient.SandboxGone:
             # say why it ended (TTL, killed...) once the supervisor has written the tombstone
             deadline = time.monotonic() + 2
@@ -513,46 +526,82 @@ class ContainerRuntime(Runtime):
             self._meta.pop(sandbox_id, None)
             raise SandboxNotFound(self._gone_message(sandbox_id)) from None
 
-    def spawn(self, sandbox_id: str, argv: list[str], env: dict[str, str] | None = None, cwd: str = "/",
-              timeout: float | None = None, stdin_pipe: bool = False, merge_stderr: bool = False,
-              kill_on_close: bool = True, busy: bool = False) -> initclient.Process:
-        """Start a process and hand back its pipes and control connection (background / sessions)."""
-        self.ensure_running(sandbox_id)
-        flags = (initclient.FLAG_KILL_ON_CLOSE if kill_on_close else 0) | (initclient.FLAG_BUSY if busy else 0)
-        return initclient.Process(self.sock_path(sandbox_id), sandbox_id, argv, self.env_for(sandbox_id, env), cwd,
-                             timeout, flags, stdin_pipe=stdin_pipe, merge_stderr=merge_stderr)
+    def _spawn(self, sandbox_id: str, argv: list[str], env: dict[str, str] | None, cwd: str | None,
+               timeout: float | None = None, stdin_pipe: bool = False) -> initclient.Process:
+        """Start a process (killed when its connection closes) and hand back its pipes and control connection."""
+        meta = self.ensure_running(sandbox_id)
+        return initclient.Process(self.sock_path(sandbox_id), sandbox_id, argv, self.env_for(sandbox_id, env),
+                                  cwd or meta.get("workdir", "/"), timeout, initclient.FLAG_KILL_ON_CLOSE,
+                                  stdin_pipe=stdin_pipe)
+
+    def start(self, sandbox_id: str, req: StartRequest) -> ContainerProcess:
+        proc = self._spawn(sandbox_id, req.argv, req.env, req.cwd, timeout=req.timeout)
+        return ContainerProcess(proc, req.ring_bytes, list(req.argv))
+
+    def open_session(self, sandbox_id: str, req: SessionRequest) -> ContainerSession:
+        meta = self._live_meta(sandbox_id)
+        shell = req.shell or ("/bin/bash" if self._files(sandbox_id).exists("/bin/bash") else "/bin/sh")
+        proc = self._spawn(sandbox_id, [shell], req.env, req.cwd, stdin_pipe=True)
+        return ContainerSession(proc, shell, req.output_cap or self.settings.output_cap_bytes, sandbox_id,
+                                before_run=lambda: self.ensure_running(sandbox_id),
+                                idle_ttl=bool(meta.get("idle_ttl")))
 
     # ------------------------------------------------------------------ egress
-    def set_network(self, sandbox_id: str, allow: list[str] | None = None,
-                    presets: dict[str, bool] | None = None) -> dict:
+    def set_network(self, sandbox_id: str, req: NetworkRequest) -> NetworkPolicy:
         """Replace the sandbox's egress allow rules (omitted = cleared). [] and {} = no egress."""
         from .network import EgressManager, parse_rules
 
         meta = self._live_meta(sandbox_id)
         if meta.get("network") == "host":
             raise InvalidArgument(f"sandbox {sandbox_id} uses the host network (a build sandbox)")
-        rules = parse_rules(allow or [], presets or {}, self.settings.egress_presets)
+        allow, presets = req.allow or [], req.presets or {}
+        rules = parse_rules(allow, presets, self.settings.egress_presets)
         mgr = EgressManager()
         pid = meta["init_pid"]
         mgr.apply(pid, rules)  # the filter first: the link never exists unfiltered
         net = mgr.attach(sandbox_id, pid) if rules or mgr.attached(pid) else None
-        meta["egress"] = {"allow": list(allow or []), "presets": dict(presets or {}),
+        meta["egress"] = {"allow": list(allow), "presets": dict(presets),
                           "resolved": [str(r) for r in rules], "subnet": str(net) if net else None}
         self._write_meta(meta)
-        return meta["egress"]
+        return NetworkPolicy(**meta["egress"])
 
-    def get_network(self, sandbox_id: str) -> dict:
-        return self._live_meta(sandbox_id).get("egress") or {"allow": [], "presets": {}, "resolved": [],
-                                                              "subnet": None}
+    def get_network(self, sandbox_id: str) -> NetworkPolicy:
+        return NetworkPolicy(**(self._live_meta(sandbox_id).get("egress") or {}))
 
     def upper_dir(self, sandbox_id: str) -> Path:
         """The sandbox's writable overlayfs upper (host path): its whole diff against its layers."""
         self._live_meta(sandbox_id)
         return self._dir(sandbox_id) / "disk" / "upper"
 
-    def workdir(self, sandbox_id: str) -> str:
-        return self._load(sandbox_id).get("workdir", "/")
-
-    def files(self, sandbox_id: str) -> SandboxFiles:
+    # ------------------------------------------------------------------ files
+    def _files(self, sandbox_id: str) -> SandboxFiles:
+        """The files API over the sandbox's root, as init sees it. A file operation bypasses init, so it
+        counts as activity for the idle TTL here (and resumes a paused sandbox, as any request does)."""
         meta = self._live_meta(sandbox_id)
+        if meta.get("idle_ttl"):
+            self.touch(sandbox_id)
         return SandboxFiles(f"/proc/{meta['init_pid']}/root", sandbox_id)
+
+    def read_file(self, sandbox_id: str, path: str, max_bytes: int = DEFAULT_READ_MAX) -> bytes:
+        return self._files(sandbox_id).read(path, max_bytes=max_bytes)
+
+    def write_file(self, sandbox_id: str, path: str, data: bytes, mode: int = 0o644) -> int:
+        return self._files(sandbox_id).write(path, data, mode=mode)
+
+    def list_files(self, sandbox_id: str, path: str = "/") -> list[FileEntry]:
+        return self._files(sandbox_id).list(path)
+
+    def stat_file(self, sandbox_id: str, path: str) -> FileEntry:
+        return self._files(sandbox_id).stat(path)
+
+    def mkdir(self, sandbox_id: str, path: str) -> None:
+        self._files(sandbox_id).mkdir(path, parents=True)
+
+    def remove_file(self, sandbox_id: str, path: str) -> None:
+        self._files(sandbox_id).remove(path)
+
+    def upload_tar(self, sandbox_id: str, dest_dir: str, tar: bytes) -> int:
+        return self._files(sandbox_id).upload(dest_dir, tar)
+
+    def download_tar(self, sandbox_id: str, path: str, max_bytes: int = DEFAULT_DOWNLOAD_MAX) -> bytes:
+        return self._files(sandbox_id).download(path, max_bytes=max_bytes)

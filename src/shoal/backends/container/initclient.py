@@ -121,7 +121,7 @@ def connect(sock_path: str, sandbox_id: str) -> socket.socket:
     return s
 
 
-def _decode_status(status: int) -> tuple[int, int | None]:
+def decode_status(status: int) -> tuple[int, int | None]:
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         return 128 + sig, sig
@@ -295,7 +295,7 @@ def run(sock_path: str, sandbox_id: str, argv: list[str], env: dict[str, str], c
         proc.close()
     if proc.error and proc.pid is not None and not proc.timed_out and proc.error.startswith("the sandbox went away"):
         raise SandboxGone(f"sandbox {sandbox_id} went away while {argv!r} ran")
-    code, sig = _decode_status(proc.status if proc.status is not None else 137 << 8)
+    code, sig = decode_status(proc.status if proc.status is not None else 137 << 8)
     stderr_bytes = err.value()
     if proc.error and not stderr_bytes:
         stderr_bytes = proc.error.encode()

@@ -1,0 +1,214 @@
+"""Background processes and sessions of the container backend, over init's control protocol.
+
+Both hold a `initclient.Process`: a control connection plus pipes the host reads itself, so output
+never passes through init. A background process pumps its pipes into ring buffers from a thread;
+a session writes each command to a long-lived shell and reads until a random end marker.
+"""
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import selectors
+import threading
+import time
+from collections.abc import Callable
+
+from ...core.contract import Cursor, ExecResult, ProcessHandle, ProcessOutput, SessionHandle
+from ...core.errors import CommandTimeout, InvalidArgument, SessionClosed
+from . import initclient
+
+
+class ContainerProcess(ProcessHandle):
+    """A background command: output since a cursor, wait, kill; a pump thread reads its pipes."""
+
+    def __init__(self, proc: initclient.Process, ring_bytes: int, argv: list[str]):
+        self._proc = proc
+        self.id = "proc-" + secrets.token_hex(6)
+        self.argv = argv
+        self._out, self._err = initclient.RingLog(ring_bytes), initclient.RingLog(ring_bytes)
+        self._done = threading.Event()
+        self._pump = threading.Thread(target=self._run, name=f"shoal-bg-{proc.sandbox_id}", daemon=True)
+        self._pump.start()
+        deadline = time.monotonic() + 5
+        while self._proc.pid is None and not self._done.is_set() and time.monotonic() < deadline:
+            time.sleep(0.0005)
+
+    def _run(self) -> None:
+        p = self._proc
+        sel = selectors.DefaultSelector()
+        sel.register(p.sock, selectors.EVENT_READ, None)
+        sel.register(p.out_r, selectors.EVENT_READ, self._out)
+        sel.register(p.err_r, selectors.EVENT_READ, self._err)
+        streams = 2
+        try:
+            while streams or p.status is None:
+                for key, _ in sel.select(0.2 if p.status is not None else None):
+                    if key.data is None:
+                        if not p.handle_control():
+                            sel.unregister(p.sock)
+                            if p.status is None:
+                                p.status = 137 << 8
+                        continue
+                    data = os.read(key.fd, 65536)
+                    if not data:
+                        sel.unregister(key.fd)
+                        streams -= 1
+                    else:
+                        key.data.add(data)
+                if p.status is not None and streams:
+                    # exited; give a lingering daemon's pipes 200 ms, then stop reading
+                    for key, _ in sel.select(0.2):
+                        if key.data is not None:
+                            data = os.read(key.fd, 65536)
+                            if data:
+                                key.data.add(data)
+                    break
+        finally:
+            sel.close()
+            p.close_pipes()  # a finished command keeps only its control socket
+            self._done.set()
+
+    @property
+    def pid(self) -> int | None:  # type: ignore[override]  # read live: set once init reports the start
+        return self._proc.pid
+
+    def _exit_code(self) -> int | None:
+        if not self._done.is_set() or self._proc.status is None:
+            return None
+        return initclient.decode_status(self._proc.status)[0]
+
+    def output(self, since: Cursor = (0, 0)) -> ProcessOutput:
+        code = self._exit_code()  # read before the output: a finished process's output is complete
+        out, c1, l1 = self._out.since(since[0])
+        err, c2, l2 = self._err.since(since[1])
+        return ProcessOutput(stdout=out.decode("utf-8", "replace"), stderr=err.decode("utf-8", "replace"),
+                             cursor=(c1, c2), lost_bytes=l1 + l2, exit_code=code)
+
+    def poll(self) -> int | None:
+        return self._exit_code()
+
+    def wait(self, timeout: float | None = None) -> ExecResult:
+        if not self._done.wait(timeout):
+            raise CommandTimeout(f"background command {self.argv!r} still running after {timeout} s")
+        assert self._proc.status is not None  # the pump sets it before _done
+        code, sig = initclient.decode_status(self._proc.status)
+        o = self.output()
+        return ExecResult(exit_code=code, signal=sig, stdout=o.stdout, stderr=o.stderr,
+                          stdout_bytes=self._out.end, stderr_bytes=self._err.end,
+                          stdout_truncated=self._out.start > 0, stderr_truncated=self._err.start > 0,
+                          timed_out=self._proc.timed_out, duration_s=time.monotonic() - self._proc.started)
+
+    def kill(self, signal: int = 9) -> None:
+        self._proc.signal(signal)
+
+    def close(self) -> None:
+        self._proc.close()
+
+
+class ContainerSession(SessionHandle):
+    """A long-lived shell: cwd, env and shell variables persist between run() calls.
+
+    Each command is sent as `command eval '<cmd>'` followed by a random end marker, so a syntax
+    error in one command cannot kill the shell; stdin of the command is /dev/null."""
+
+    def __init__(self, proc: initclient.Process, shell: str, output_cap: int, sandbox_id: str,
+                 before_run: Callable[[], None], idle_ttl: bool):
+        self.id = "ses-" + secrets.token_hex(6)
+        self.shell = shell
+        self.closed = False
+        self.exit_code: int | None = None
+        self._proc = proc
+        self._sandbox_id = sandbox_id
+        self._cap = output_cap
+        self._before_run = before_run  # resumes a paused sandbox, as any request does
+        self._touch = idle_ttl
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(proc.out_r, selectors.EVENT_READ, "out")
+        self._sel.register(proc.err_r, selectors.EVENT_READ, "err")
+        self._sel.register(proc.sock, selectors.EVENT_READ, "ctl")
+
+    def _write(self, data: bytes) -> None:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._proc.stdin_w, view):]
+        except BrokenPipeError:
+            self.closed = True
+            raise SessionClosed(f"session shell in sandbox {self._sandbox_id} has exited") from None
+
+    def run(self, cmd: str, timeout: float | None = 60.0) -> ExecResult:
+        if self.closed:
+            raise SessionClosed(f"session in sandbox {self._sandbox_id} is closed")
+        if not isinstance(cmd, str):
+            raise InvalidArgument("session commands are shell strings")
+        nonce = secrets.token_hex(8)
+        out_marker = re.compile(rb"__SHOAL_" + nonce.encode() + rb"_(\d+)__\n")
+        err_marker = b"__SHOAL_" + nonce.encode() + b"__\n"
+        quoted = "'" + cmd.replace("'", "'\\''") + "'"
+        script = (f"command eval {quoted} </dev/null\n__shoal_rc=$?\n"
+                  f"printf '__SHOAL_{nonce}_%d__\\n' \"$__shoal_rc\"\nprintf '__SHOAL_{nonce}__\\n' >&2\n")
+        self._before_run()
+        if self._touch:
+            self._proc.touch(True)
+        started = time.monotonic()
+        self._write(script.encode("utf-8", "surrogateescape"))
+        bufs = {"out": initclient.CappedBuffer(self._cap), "err": initclient.CappedBuffer(self._cap)}
+        wins = {"out": b"", "err": b""}
+        rc: int | None = None
+        err_done = False
+        timed_out = False
+        deadline = None if timeout is None else started + timeout
+        try:
+            while rc is None or not err_done:
+                now = time.monotonic()
+                if deadline is not None and now > deadline:
+                    if timed_out:  # the shell itself is stuck: give up on this session
+                        self.close()
+                        raise CommandTimeout(f"session command {cmd!r} timed out and the shell did not recover")
+                    timed_out = True
+                    self._proc.signal(9, initclient.SIG_MODE_EXCEPT_LEADER)
+                    deadline = now + 5.0
+                events = self._sel.select(None if deadline is None else max(0.0, deadline - now))
+                for key, _ in events:
+                    if key.data == "ctl":
+                        if not self._proc.handle_control() or self._proc.status is not None:
+                            if self._proc.status is not None:
+                                self.exit_code = initclient.decode_status(self._proc.status)[0]
+                            self.closed = True
+                            self._sel.unregister(self._proc.sock)
+                        continue
+                    data = os.read(key.fd, 65536)
+                    if not data:
+                        self.closed = True
+                        raise SessionClosed(f"session shell in sandbox {self._sandbox_id} exited "
+                                            f"(did the command run `exit`?)")
+                    tag = key.data
+                    bufs[tag].add(data)
+                    wins[tag] = (wins[tag] + data)[-256:]
+                    if tag == "out":
+                        m = out_marker.search(wins[tag])
+                        if m:
+                            rc = int(m.group(1))
+                    elif err_marker in wins[tag]:
+                        err_done = True
+        finally:
+            if self._touch:
+                self._proc.touch(False)
+        stdout = out_marker.sub(b"", bufs["out"].value(), count=1)
+        stderr = bufs["err"].value().replace(err_marker, b"", 1)
+        marker_len = len(b"__SHOAL_") + len(nonce) + len(b"_") + len(b"__\n")
+        return ExecResult(
+            exit_code=137 if timed_out else rc, signal=9 if timed_out else None, timed_out=timed_out,
+            stdout=stdout.decode("utf-8", "replace"), stderr=stderr.decode("utf-8", "replace"),
+            stdout_bytes=bufs["out"].total - marker_len - len(str(rc)),
+            stderr_bytes=bufs["err"].total - len(err_marker),
+            stdout_truncated=bufs["out"].truncated, stderr_truncated=bufs["err"].truncated,
+            duration_s=time.monotonic() - started)
+
+    def close(self) -> None:
+        self.closed = True
+        try:
+            self._sel.close()
+        finally:
+            self._proc.close()  # kill-on-close: the shell and its process group go away
