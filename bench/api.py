@@ -107,7 +107,7 @@ def main() -> None:
     res: dict = {"date": time.strftime("%Y-%m-%d"), "cores": os.cpu_count()}
     try:
         # ------------------------------------------------------------ latency: exec
-        local = Sandbox.create(image, root=root, url="embedded")
+        local = Sandbox.create(image, root=root, url="local")
         remote = Sandbox.create(image, url=url)
         for sb in (local, remote):
             for _ in range(20):
@@ -125,7 +125,7 @@ def main() -> None:
         # ------------------------------------------------------------ latency: create
         clat = {"in_process": [], "api": []}
         for _ in range(max(20, args.n // 4)):
-            for name, kw in (("in_process", {"root": root, "url": "embedded"}), ("api", {"url": url})):
+            for name, kw in (("in_process", {"root": root, "url": "local"}), ("api", {"url": url})):
                 t0 = time.perf_counter()
                 sb = Sandbox.create(image, **kw)
                 clat[name].append(time.perf_counter() - t0)

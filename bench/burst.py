@@ -60,7 +60,7 @@ from rich.progress import (
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from shoal import ContainerArgs, Host, Sandbox  # noqa: E402
+from shoal import Host, Sandbox  # noqa: E402
 from shoal.core.errors import ShoalError  # noqa: E402
 from shoal.layers.busybox import make_busybox_tree  # noqa: E402
 from shoal.backends.container.cgroups import CGROUP_ROOT, cgroup_parent  # noqa: E402
@@ -241,7 +241,7 @@ def run_shoal(host: Host, base: str, workspaces: list[dict], n: int, conc: int, 
     task_layers: list[str] = []
     lock = threading.Lock()
     store_before = du(host.settings.root)
-    args = ContainerArgs(memory_mb=1024, disk_mb=256, upper=upper)
+    args = dict(memory_mb=1024, disk_mb=256, upper=upper)
 
     def one(i: int):
         ws = workspaces[i % len(workspaces)]
@@ -250,7 +250,8 @@ def run_shoal(host: Host, base: str, workspaces: list[dict], n: int, conc: int, 
         (d / "work" / "task").mkdir(parents=True)
         (d / "work" / "task" / "task.json").write_text(task_content(i))
         layer = host.store.build_from_dir(d, source=f"burst task {i}")
-        with Sandbox.create(base, layers=[ws["image"], layer.digest], root=host.settings.root, args=args) as sb:
+        with Sandbox.create(base, layers=[ws["image"], layer.digest], root=host.settings.root, url="local",
+                            **args) as sb:
             r = sb.commands.run(ws["cmd"], timeout=300)
         dt = time.perf_counter() - t0
         with lock:
@@ -368,8 +369,8 @@ def _metrics(n: int, w: Window, lat: list[float], fails: list[str], growth: int)
 def bench_snapshot_fork(host: Host, base: str, ws: dict, runs: int) -> dict:
     out: dict = {"runs": runs, "snapshot_ms": {}, "fork_s": {}, "fork_failed": {}}
     # what a disk upper of disk_mb leaves usable: bytes a file reaches before ENOSPC
-    with Sandbox.create(base, layers=[ws["image"]], root=host.settings.root,
-                        args=ContainerArgs(memory_mb=256, disk_mb=256, upper="disk")) as sb:
+    with Sandbox.create(base, layers=[ws["image"]], root=host.settings.root, url="local",
+                        memory_mb=256, disk_mb=256, upper="disk") as sb:
         r = sb.commands.run("dd if=/dev/zero of=/fill bs=1M count=300 2>/dev/null; wc -c < /fill", timeout=120)
         out["disk_upper"] = {"disk_mb": 256, "usable_bytes": int(r.stdout.strip() or 0),
                              "usable_fraction": round(int(r.stdout.strip() or 0) / (256 * 2**20), 4)}
@@ -378,8 +379,8 @@ def bench_snapshot_fork(host: Host, base: str, ws: dict, runs: int) -> dict:
         for mb in (1, 10, 100):
             times = []
             for _ in range(runs):
-                with Sandbox.create(base, layers=[ws["image"]], root=host.settings.root,
-                                    args=ContainerArgs(memory_mb=1024, disk_mb=512, upper=upper)) as sb:
+                with Sandbox.create(base, layers=[ws["image"]], root=host.settings.root, url="local",
+                                    memory_mb=1024, disk_mb=512, upper=upper) as sb:
                     sb.commands.run(f"head -c {mb * 1024 * 1024} /dev/urandom > /work/blob.bin", timeout=120)
                     t0 = time.perf_counter()
                     snap = sb.snapshot()
@@ -389,7 +390,8 @@ def bench_snapshot_fork(host: Host, base: str, ws: dict, runs: int) -> dict:
     for n in (10, 100):
         times, failed = [], 0
         for _ in range(runs):
-            with Sandbox.create(base, layers=[ws["image"]], root=host.settings.root, memory_mb=256) as sb:
+            with Sandbox.create(base, layers=[ws["image"]], root=host.settings.root, url="local",
+                              memory_mb=256) as sb:
                 sb.commands.run("echo state > /work/state.txt")
                 t0 = time.perf_counter()
                 res = sb.fork(n, memory_mb=128, disk_mb=64)

@@ -84,20 +84,20 @@ def bench_shoal(root: Path, n: int, batch: int) -> dict:
     image = IMAGE
     out: dict = {}
     for _ in range(5):  # warm caches (helper binary, layer mount, page cache)
-        with Sandbox.create(image, root=root) as sb:
+        with Sandbox.create(image, root=root, url="local") as sb:
             sb.commands.run(["true"])
 
     cold = []
     for _ in range(n):
         t0 = time.perf_counter()
-        sb = Sandbox.create(image, root=root)
+        sb = Sandbox.create(image, root=root, url="local")
         sb.commands.run(["true"])
         cold.append(time.perf_counter() - t0)
         sb.kill()
     out["cold_create_exec"] = summary(cold)
 
     execs, sess = [], []
-    with Sandbox.create(image, root=root) as sb:
+    with Sandbox.create(image, root=root, url="local") as sb:
         for _ in range(n):
             t0 = time.perf_counter()
             sb.commands.run(["true"])
@@ -112,7 +112,7 @@ def bench_shoal(root: Path, n: int, batch: int) -> dict:
     out["session_cmd"] = summary(sess)
 
     warm = []
-    with WarmPool(image, size=8, root=root) as pool:
+    with WarmPool(image, size=8, root=root, url="local") as pool:
         pool.wait_ready(60)
         for _ in range(n):
             pool.wait_ready(60)  # measure acquisition, not the refill racing us on 2 cores
@@ -129,7 +129,7 @@ def bench_shoal(root: Path, n: int, batch: int) -> dict:
 
         def worker(k: int):
             for _ in range(k):
-                sb = Sandbox.create(image, root=root)
+                sb = Sandbox.create(image, root=root, url="local")
                 with lock:
                     made.append(sb)
 
@@ -200,9 +200,9 @@ def wipe(root: Path) -> None:
     if not root.exists():
         return
     host = Host.get(root)
-    for info in host.runtime.list():
+    for info in host.list():
         try:
-            host.runtime.kill(info.id)
+            host.kill(info.id)
         except Exception as e:  # keep cleaning up; say what stayed
             console.print(f"[yellow]could not kill {info.id}: {e}[/yellow]")
     host.store.gc()
@@ -305,7 +305,7 @@ def make_samplers(shoal_sock: Path, proc_root: Path, docker_env: dict | None, do
         sb.kill()
 
     def sdk_in_process() -> None:
-        sb = Sandbox.create(IMAGE, root=proc_root)
+        sb = Sandbox.create(IMAGE, root=proc_root, url="local")
         assert sb.commands.run(["true"]).exit_code == 0
         sb.kill()
 

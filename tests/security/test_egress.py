@@ -55,7 +55,7 @@ def test_default_deny_then_allow_exactly_what_is_listed(root, base_image, server
     with Sandbox.create(base_image, root=root) as sb:
         assert "hello" not in _fetch(sb, 8080)  # no network at all by default
         net = sb.set_network(allow=[f"{SRV_IP}:8080"])
-        assert net["resolved"] == [f"{SRV_IP}/32:8080"] and net["subnet"]
+        assert net.resolved == [f"{SRV_IP}/32:8080"] and net.subnet
         assert "hello-8080" in _fetch(sb, 8080)
         assert "hello-8081" not in _fetch(sb, 8081)  # same host, unlisted port
         assert sb.commands.run(f"nc -w 1 {HOST_IP} 22 </dev/null; echo rc=$?").stdout.strip().endswith("rc=1")
@@ -63,7 +63,7 @@ def test_default_deny_then_allow_exactly_what_is_listed(root, base_image, server
         assert "hello" not in _fetch(sb, 8080)
         sb.set_network(allow=["10.202.0.0/24"])  # a CIDR opens every port of it
         assert "hello-8081" in _fetch(sb, 8081)
-        assert sb.get_network()["allow"] == ["10.202.0.0/24"]
+        assert sb.get_network().allow == ["10.202.0.0/24"]
 
 
 def test_root_in_the_sandbox_cannot_change_the_rules(root, base_image, servers):

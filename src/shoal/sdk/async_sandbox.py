@@ -199,6 +199,10 @@ class AsyncFiles:
 class AsyncSandbox:
     """A sandbox, awaitable: the twin of `shoal.Sandbox`."""
 
+    commands: AsyncCommands
+    files: AsyncFiles
+    sessions: AsyncSessions
+
     def __init__(self, sync: Sandbox):
         self._sync = sync
         self.commands = AsyncCommands(sync.commands)

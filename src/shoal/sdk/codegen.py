@@ -267,8 +267,10 @@ def public_properties(cls: type) -> list[str]:
 
 def _class(spec: Spec) -> str:
     sync = spec.sync.__name__
-    out = ["", "", "", f"class {spec.name}:", f'    """{spec.doc}"""', "",
-           f"    def __init__(self, sync: {sync}):", "        self._sync = sync"]
+    out = ["", "", "", f"class {spec.name}:", f'    """{spec.doc}"""', ""]
+    if spec.subs:
+        out += [f"    {attr}: {TWINS[cls]}" for attr, cls in spec.subs.items()] + [""]
+    out += [f"    def __init__(self, sync: {sync}):", "        self._sync = sync"]
     for attr, cls in spec.subs.items():
         out.append(f"        self.{attr} = {TWINS[cls]}(sync.{attr})")
     for attr in spec.attrs + [p for p in public_properties(spec.sync) if p not in spec.attrs]:

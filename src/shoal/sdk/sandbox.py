@@ -196,6 +196,11 @@ def _backend_for(backend: str, url: str | None, api_key: str | None,
 class Sandbox:
     """A sandbox, on whichever backend holds it."""
 
+    id: str
+    commands: Commands
+    files: Files
+    sessions: Sessions
+
     def __init__(self, backend: SandboxBackend, info: SandboxInfo):
         self._backend = backend
         self._info = info
