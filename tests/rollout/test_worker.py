@@ -123,7 +123,7 @@ _GRADER = textwrap.dedent("""
 
 
 def test_grading_sandbox_of_a_killed_grader_has_a_ttl(tmp_path, root, host, few_tasks, suite_file):
-    before = {i.id for i in host.runtime.list()}
+    before = {i.id for i in host.backend().list()}
     (tmp_path / "grader.py").write_text(_GRADER)
     p = subprocess.Popen([sys.executable, str(tmp_path / "grader.py"), str(root), str(suite_file)],
                          stdout=subprocess.PIPE, text=True)
@@ -131,11 +131,11 @@ def test_grading_sandbox_of_a_killed_grader_has_a_ttl(tmp_path, root, host, few_
     deadline = time.time() + 60
     new = []
     while not new and time.time() < deadline:
-        new = [i for i in host.runtime.list() if i.id not in before]
+        new = [i for i in host.backend().list() if i.id not in before]
         time.sleep(0.02)
     p.kill()
     p.wait()
     assert new, "the grader never created its sandbox"
     assert all(i.ttl is not None and i.ttl <= 900 for i in new), [(i.id, i.ttl) for i in new]  # bounded life
     for i in new:
-        host.runtime.kill(i.id)
+        host.kill(i.id)
