@@ -50,7 +50,7 @@ def log_overhead(root: Path, n: int, work: Path, cmd: list[str]) -> dict:
     """Same sandbox, interleaved: exec direct, then the same exec through the log."""
     log = TrajectoryLog(work / f"overhead-{len(cmd)}.db")
     direct, logged = [], []
-    with Sandbox.create(PYTHON_IMAGE, root=root) as sb:
+    with Sandbox.create(PYTHON_IMAGE, root=root, url="local") as sb:
         lsb = LoggedSandbox(sb, log.stream("overhead", sandbox=sb.id))
         for _ in range(20):  # warm-up
             sb.commands.run(cmd)
@@ -69,7 +69,7 @@ def log_overhead(root: Path, n: int, work: Path, cmd: list[str]) -> dict:
 
 def replay_rate(root: Path, steps: int, work: Path) -> dict:
     log = TrajectoryLog(work / "replay.db")
-    with Sandbox.create(PYTHON_IMAGE, root=root) as sb:
+    with Sandbox.create(PYTHON_IMAGE, root=root, url="local") as sb:
         rec = LoggedSandbox(sb, log.stream("replay", sandbox=sb.id))
         t = time.perf_counter()
         for i in range(steps):

@@ -172,15 +172,16 @@ def _run_into(log: TrajectoryLog, name: str, sb: Sandbox, effects_only: bool) ->
     return rep
 
 
-def replay(log: TrajectoryLog, name: str, *, root=None, memory_mb: int | None = None,
+def replay(log: TrajectoryLog, name: str, *, root=None, url: str | None = None, memory_mb: int | None = None,
            keep: bool = False) -> tuple[ReplayReport, Sandbox | None]:
-    """Re-run a recorded stream into a fresh sandbox from the same layers; compare every result."""
+    """Re-run a recorded stream into a fresh sandbox from the same layers; compare every result.
+    The sandbox is made where `Sandbox.create(url=, root=)` makes it: shoald by default, "local" in-process."""
     info = log.info(name)
     if info is None:
         raise errors.InvalidArgument(f"no trajectory stream named {name!r}")
     if not info.layers and not info.image:
         raise errors.InvalidArgument(f"stream {name!r} recorded no image or layers to replay into")
-    sb = Sandbox.create(None if info.layers else info.image, layers=info.layers or None, root=root,
+    sb = Sandbox.create(None if info.layers else info.image, layers=info.layers or None, root=root, url=url,
                         memory_mb=memory_mb)
     try:
         rep = _run_into(log, name, sb, effects_only=False)
