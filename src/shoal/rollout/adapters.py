@@ -26,6 +26,7 @@ from typing import Any
 
 from ..core.errors import InvalidArgument
 from ..host import Host
+from ..sdk.sandbox import Sandbox
 from ..trajlog import LoggedSandbox, TrajectoryLog
 from .task import Task, Tools
 from .tools import Observation
@@ -95,7 +96,9 @@ class ShoalEnv(gym.Env):
         self.host, self.max_steps = Host.get(root), max_steps
         self.log = _new_log(log_path)
         self.observation_space, self.action_space = _text_space(), _text_space()
-        self._sb = self._tools = self.task = None
+        self.task: Task | None = None
+        self._sb: Sandbox | None = None
+        self._tools: Tools | None = None
         self._steps = 0
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
@@ -110,29 +113,30 @@ class ShoalEnv(gym.Env):
             self.task = matches[0]
         else:
             self.task = self.tasks[int(self.np_random.integers(len(self.tasks)))]
-        self._sb = self.task.sandbox(self.host)
+        task = self.task
+        sb = self._sb = task.sandbox(self.host)
         ep = f"gym-{uuid.uuid4().hex[:10]}"
-        stream = self.log.stream(f"{ep}/sandbox", episode=ep, sandbox=self._sb.id, layers=self._sb.info().layers)
-        self._tools = self.task.tools(LoggedSandbox(self._sb, stream))
+        stream = self.log.stream(f"{ep}/sandbox", episode=ep, sandbox=sb.id, layers=sb.info().layers)
+        tools = self._tools = task.tools(LoggedSandbox(sb, stream))
         self._steps = 0
-        prompt = self.task.prompt()
+        prompt = task.prompt()
         system = next((m["content"] for m in prompt if m["role"] == "system"), "")
         user = next((m["content"] for m in reversed(prompt) if m["role"] == "user"), "")
-        return in_charset(user), {"task": self.task.id, "instance_id": self.task.id, "episode": ep,
-                                  "sandbox": self._sb.id, "tools": self._tools.specs, "system": system,
-                                  "messages": prompt}
+        return in_charset(user), {"task": task.id, "instance_id": task.id, "episode": ep, "sandbox": sb.id,
+                                  "tools": tools.specs, "system": system, "messages": prompt}
 
     def step(self, action: str | dict) -> tuple[str, float, bool, bool, dict]:
-        if self._tools is None:
+        tools, task = self._tools, self.task
+        if tools is None or task is None:
             raise InvalidArgument("call reset() before step()")
         self._steps += 1
-        call = parse_action(action, _tool_names(self._tools))
-        obs = Observation(f"error: {call}", error=True) if isinstance(call, str) else self._tools.run(*call)
+        call = parse_action(action, _tool_names(tools))
+        obs = Observation(f"error: {call}", error=True) if isinstance(call, str) else tools.run(*call)
         truncated = not obs.submitted and self._steps >= self.max_steps
         info: dict[str, Any] = {"error": obs.error}
         reward = 0.0
         if obs.submitted or truncated:
-            verdict = self.task.grade(self.host, self.task.answer(self._tools))
+            verdict = task.grade(self.host, task.answer(tools))
             reward = float(verdict.reward)
             info["report"] = verdict.report
             info["resolved"] = verdict.resolved
