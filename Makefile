@@ -5,7 +5,7 @@ PY    := $(VENV)/bin/python
 APT_PKGS := erofs-utils busybox-static gcc libc6-dev debootstrap nftables iproute2 openssl
 STAMP := $(VENV)/.installed
 
-.PHONY: setup system-deps demo demo-platform test test-vm bench repro clean docker-engine
+.PHONY: setup system-deps daemon demo demo-platform test test-vm bench repro clean docker-engine
 
 # Debian packages first (gcc builds the C helper), then the venv, then the helper itself: the
 # editable install builds it only if a compiler was already there, so it is built here, explicitly.
@@ -34,8 +34,13 @@ $(STAMP): pyproject.toml setup.py | system-deps
 	$(VENV)/bin/pip install -q -e '.[test]'
 	touch $(STAMP)
 
+# shoald, the only root process: started (detached, log in <root>/shoald.log) unless one already answers
+# on /run/shoal/shoald.sock; members of the `shoal` group then use Shoal without root
+daemon: setup
+	$(PY) -m shoal.server.ensure
+
 # the bundled SWE suite through the agent loop (oracle + null; a real model if SHOAL_LLM_URL is set)
-demo: setup
+demo: daemon
 	$(PY) -m shoal.demo
 
 # the platform tour: layers, sandboxes, isolation, shoald, benchmarks against Docker

@@ -8,6 +8,9 @@
     then kill them all and check that nothing leaked (mounts, cgroups, state dirs, daemon fds) and
     that the daemon's RSS stayed flat.
 
+Every measurement runs --runs times (default 3); latencies are pooled over the runs and each one
+also records the min/median/max of its per-run p50.
+
 Starts its own shoald on a private root; writes bench/results/api.json and prints a table.
 """
 from __future__ import annotations
@@ -44,6 +47,20 @@ RESULTS = Path(__file__).parent / "results"
 def ms(xs: list[float]) -> dict:
     v = [x * 1000 for x in xs]
     return {"n": len(v), "p50_ms": round(statistics.median(v), 3), "p99_ms": round(pct(v, 0.99), 3)}
+
+
+def pooled(runs: list[list[float]]) -> dict:
+    """p50/p99 over every sample of every run, plus min/median/max of the per-run p50s."""
+    out = ms([x for r in runs for x in r])
+    p50s = sorted(statistics.median(r) * 1000 for r in runs)
+    out["p50_runs_ms"] = {"min": round(p50s[0], 3), "median": round(statistics.median(p50s), 3),
+                          "max": round(p50s[-1], 3)}
+    return out
+
+
+def spread(values: list[float], nd: int = 1) -> dict:
+    v = sorted(values)
+    return {"min": round(v[0], nd), "median": round(statistics.median(v), nd), "max": round(v[-1], nd)}
 
 
 def rss_kb(pid: int) -> int:
@@ -89,11 +106,66 @@ def create_retrying(image: str, url: str, refusals: list[int]) -> Sandbox:
             delay = min(delay * 2, 0.5)
 
 
+def hold_and_churn(proc: subprocess.Popen, root: Path, image: str, url: str, hold: int, churn_s: float) -> dict:
+    """Hold `hold` sandboxes created through the API by 16 clients, drive an exec churn over them,
+    kill them all, and report throughput, the daemon's RSS and fds, and anything left behind."""
+    rss0 = rss_kb(proc.pid)
+    fds0 = len(os.listdir(f"/proc/{proc.pid}/fd"))
+    refusals: list[int] = []
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(16) as ex:
+        held = list(ex.map(lambda _: create_retrying(image, url, refusals), range(hold)))
+    create_wall = time.perf_counter() - t0
+    live = len(Sandbox.list(url=url))
+    rss_full = rss_kb(proc.pid)
+    counts = {"ok": 0, "errors": 0}
+    err_examples: list[str] = []
+    stop = time.monotonic() + churn_s
+    lock = threading.Lock()
+
+    def churn():
+        rnd = random.Random()
+        while time.monotonic() < stop:
+            sb = rnd.choice(held)
+            try:
+                r = sb.commands.run(["sh", "-c", "echo $HOSTNAME"], timeout=30)
+                ok = r.exit_code == 0 and r.stdout.strip() == sb.id
+            except Exception as e:  # counted, reported
+                ok = False
+                with lock:
+                    err_examples.append(repr(e)[:200])
+            with lock:
+                counts["ok" if ok else "errors"] += 1
+
+    t1 = time.perf_counter()
+    threads = [threading.Thread(target=churn) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    churn_wall = time.perf_counter() - t1
+    rss_churn = rss_kb(proc.pid)
+    with ThreadPoolExecutor(16) as ex:
+        list(ex.map(lambda sb: sb.kill(), held))
+    close_clients()  # our 16 keep-alive connections would otherwise count as daemon fds
+    time.sleep(1)
+    left = leftovers(root)
+    fds1 = len(os.listdir(f"/proc/{proc.pid}/fd"))
+    return {"sandboxes": hold, "live_seen": live, "create_wall_s": round(create_wall, 2),
+            "admission_refusals_retried": len(refusals), "churn_s": round(churn_wall, 1),
+            "execs_ok": counts["ok"], "exec_errors": counts["errors"], "error_examples": err_examples[:3],
+            "execs_per_s": round(counts["ok"] / churn_wall, 1),
+            "daemon_rss_kb": {"before": rss0, "holding": rss_full, "after_churn": rss_churn,
+                              "after_kill": rss_kb(proc.pid)},
+            "daemon_fds": {"before": fds0, "after": fds1}, "leftovers_after_kill": left}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=200, help="iterations of the latency measurements")
     ap.add_argument("--hold", type=int, default=500, help="concurrent sandboxes held through the API")
     ap.add_argument("--churn-s", type=float, default=20.0, help="seconds of exec churn over them")
+    ap.add_argument("--runs", type=int, default=3, help="runs of every measurement (spread = min/median/max)")
     ap.add_argument("--out", default=str(RESULTS / "api.json"))
     args = ap.parse_args()
 
@@ -104,86 +176,53 @@ def main() -> None:
     image = "bench:busybox"
     host.store.create_image(image, ["busybox"])
     proc, url = start_daemon(root)
-    res: dict = {"date": time.strftime("%Y-%m-%d"), "cores": os.cpu_count()}
+    res: dict = {"date": time.strftime("%Y-%m-%d"), "cores": os.cpu_count(), "runs": args.runs,
+                 "load_avg_before": round(os.getloadavg()[0], 2)}
+    lat: dict[str, list[list[float]]] = {"in_process": [], "api": []}
+    clat: dict[str, list[list[float]]] = {"in_process": [], "api": []}
+    holds: list[dict] = []
     try:
-        # ------------------------------------------------------------ latency: exec
-        local = Sandbox.create(image, root=root, url="local")
-        remote = Sandbox.create(image, url=url)
-        for sb in (local, remote):
-            for _ in range(20):
-                sb.commands.run(["echo", "x"])
-        lat = {"in_process": [], "api": []}
-        for _ in range(args.n):
-            for name, sb in (("in_process", local), ("api", remote)):
-                t0 = time.perf_counter()
-                sb.commands.run(["echo", "x"])
-                lat[name].append(time.perf_counter() - t0)
-        res["exec_echo"] = {k: ms(v) for k, v in lat.items()}
-        local.kill()
-        remote.kill()
+        for run in range(args.runs):
+            # -------------------------------------------------------- latency: exec (interleaved)
+            local = Sandbox.create(image, root=root, url="local")
+            remote = Sandbox.create(image, url=url)
+            for sb in (local, remote):
+                for _ in range(20):
+                    sb.commands.run(["echo", "x"])
+            for name in lat:
+                lat[name].append([])
+            for _ in range(args.n):
+                for name, sb in (("in_process", local), ("api", remote)):
+                    t0 = time.perf_counter()
+                    sb.commands.run(["echo", "x"])
+                    lat[name][-1].append(time.perf_counter() - t0)
+            local.kill()
+            remote.kill()
 
-        # ------------------------------------------------------------ latency: create
-        clat = {"in_process": [], "api": []}
-        for _ in range(max(20, args.n // 4)):
-            for name, kw in (("in_process", {"root": root, "url": "local"}), ("api", {"url": url})):
-                t0 = time.perf_counter()
-                sb = Sandbox.create(image, **kw)
-                clat[name].append(time.perf_counter() - t0)
-                sb.kill()
-        res["create"] = {k: ms(v) for k, v in clat.items()}
+            # -------------------------------------------------------- latency: create (interleaved)
+            for name in clat:
+                clat[name].append([])
+            for _ in range(max(20, args.n // 4)):
+                for name, kw in (("in_process", {"root": root, "url": "local"}), ("api", {"url": url})):
+                    t0 = time.perf_counter()
+                    sb = Sandbox.create(image, **kw)
+                    clat[name][-1].append(time.perf_counter() - t0)
+                    sb.kill()
+
+            # -------------------------------------------------------- hold N and churn
+            holds.append(hold_and_churn(proc, root, image, url, args.hold, args.churn_s))
+            console.print(f"run {run + 1}/{args.runs}: exec p50 in-process "
+                          f"{statistics.median(lat['in_process'][-1]) * 1000:.2f} ms, api "
+                          f"{statistics.median(lat['api'][-1]) * 1000:.2f} ms; {holds[-1]['execs_per_s']} execs/s")
+        res["exec_echo"] = {k: pooled(v) for k, v in lat.items()}
+        res["create"] = {k: pooled(v) for k, v in clat.items()}
         res["create"]["api_overhead_p50_ms"] = round(res["create"]["api"]["p50_ms"] -
                                                      res["create"]["in_process"]["p50_ms"], 3)
-
-        # ------------------------------------------------------------ hold N and churn
-        rss0 = rss_kb(proc.pid)
-        fds0 = len(os.listdir(f"/proc/{proc.pid}/fd"))
-        refusals: list[int] = []
-        t0 = time.perf_counter()
-        with ThreadPoolExecutor(16) as ex:
-            held = list(ex.map(lambda _: create_retrying(image, url, refusals), range(args.hold)))
-        create_wall = time.perf_counter() - t0
-        live = len(Sandbox.list(url=url))
-        rss_full = rss_kb(proc.pid)
-        counts = {"ok": 0, "errors": 0}
-        err_examples: list[str] = []
-        stop = time.monotonic() + args.churn_s
-        lock = threading.Lock()
-
-        def churn():
-            rnd = random.Random()
-            while time.monotonic() < stop:
-                sb = rnd.choice(held)
-                try:
-                    r = sb.commands.run(["sh", "-c", "echo $HOSTNAME"], timeout=30)
-                    ok = r.exit_code == 0 and r.stdout.strip() == sb.id
-                except Exception as e:  # counted, reported
-                    ok = False
-                    with lock:
-                        err_examples.append(repr(e)[:200])
-                with lock:
-                    counts["ok" if ok else "errors"] += 1
-
-        t1 = time.perf_counter()
-        threads = [threading.Thread(target=churn) for _ in range(16)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        churn_wall = time.perf_counter() - t1
-        rss_churn = rss_kb(proc.pid)
-        with ThreadPoolExecutor(16) as ex:
-            list(ex.map(lambda sb: sb.kill(), held))
-        close_clients()  # our 16 keep-alive connections would otherwise count as daemon fds
-        time.sleep(1)
-        left = leftovers(root)
-        fds1 = len(os.listdir(f"/proc/{proc.pid}/fd"))
-        res["hold"] = {"sandboxes": args.hold, "live_seen": live, "create_wall_s": round(create_wall, 2),
-                       "admission_refusals_retried": len(refusals), "churn_s": round(churn_wall, 1),
-                       "execs_ok": counts["ok"], "exec_errors": counts["errors"], "error_examples": err_examples[:3],
-                       "execs_per_s": round(counts["ok"] / churn_wall, 1), "daemon_rss_kb": {
-                           "before": rss0, "holding": rss_full, "after_churn": rss_churn,
-                           "after_kill": rss_kb(proc.pid)},
-                       "daemon_fds": {"before": fds0, "after": fds1}, "leftovers_after_kill": left}
+        res["hold"] = dict(holds[-1], runs=holds,
+                           execs_per_s_runs=spread([h["execs_per_s"] for h in holds]),
+                           create_wall_s_runs=spread([h["create_wall_s"] for h in holds], 2),
+                           exec_errors=sum(h["exec_errors"] for h in holds))
+        res["load_avg_after"] = round(os.getloadavg()[0], 2)
     finally:
         proc.terminate()
         proc.wait(30)

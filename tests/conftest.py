@@ -71,13 +71,8 @@ def make_layer(host, tmp_path):
 
 
 @pytest.fixture
-def sandbox(root, base_image):
-    sb = Sandbox.create(base_image, root=root, memory_mb=256, disk_mb=64)
-    yield sb
-    try:
-        sb.kill()
-    except Exception:
-        pass
+def sandbox(make_sandbox):
+    return make_sandbox(memory_mb=256, disk_mb=64)
 
 
 # ------------------------------------------------------------------ shoald (daemon, security suites)
@@ -131,3 +126,66 @@ def few_tasks(swe_tasks):
     for repo in ("iniconfig", "parse", "six"):
         out.append(next(t for t in swe_tasks if t.repo == repo))
     return out
+
+
+# ------------------------------------------------------------------ the backend matrix
+# Modules marked `pytestmark = pytest.mark.all_backends` run each test that uses `make_sandbox` /
+# `sandbox` on every backend: in-process containers, in-process gVisor, and containers through a
+# real shoald (the http backend). `@pytest.mark.backends("container", ...)` narrows one test, for
+# what only some backends have (each difference is listed, with its reason, in docs/backends.md).
+ALL_BACKENDS = ("container", "gvisor", "http")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "all_backends: run the module's sandbox tests on every backend")
+    config.addinivalue_line("markers", "backends(*names): run this test on these backends only")
+
+
+def pytest_generate_tests(metafunc):
+    if "backend_kind" not in metafunc.fixturenames or not metafunc.definition.get_closest_marker("all_backends"):
+        return
+    only = metafunc.definition.get_closest_marker("backends")
+    metafunc.parametrize("backend_kind", only.args if only else ALL_BACKENDS)
+
+
+@pytest.fixture
+def backend_kind() -> str:
+    """The backend a test's sandboxes run on (parametrised in all_backends modules)."""
+    return "container"
+
+
+@pytest.fixture(scope="session")
+def matrix_daemon(root, base_image):
+    """One shoald for the whole session, on its own socket, serving the session's root."""
+    sock = root / "matrix.sock"
+    proc = start_daemon(root, "--socket", str(sock), "--max-starting", "8")
+    yield f"unix://{sock}"
+    proc.terminate()
+    proc.wait(10)
+
+
+@pytest.fixture
+def make_sandbox(request, backend_kind, root, base_image):
+    """make_sandbox(image=base_image, **Sandbox.create keywords) on this test's backend; killed after."""
+    made: list[Sandbox] = []
+    if backend_kind == "gvisor" and not shutil.which("runsc"):
+        pytest.skip("runsc (gVisor) is not installed: `make setup` installs it")
+
+    def make(image: str | None = None, **kw) -> Sandbox:
+        if backend_kind == "http":
+            kw.setdefault("url", request.getfixturevalue("matrix_daemon"))
+            kw.setdefault("backend", "container")
+        else:
+            kw.setdefault("url", "local")
+            kw.setdefault("root", root)
+            kw.setdefault("backend", backend_kind)
+        sb = Sandbox.create(image or base_image, **kw)
+        made.append(sb)
+        return sb
+
+    yield make
+    for sb in made:
+        try:
+            sb.kill()
+        except Exception:
+            pass

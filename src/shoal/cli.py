@@ -357,20 +357,25 @@ def fork(sandbox_id: str, n: int = typer.Option(1, "--n", "-n", help="number of 
 
 
 @app.command()
-def serve(socket: Optional[Path] = typer.Option(None, "--socket", help="Unix socket (default <root>/shoald.sock)"),
-          tcp: Optional[str] = typer.Option(None, "--tcp", help="also listen on HOST:PORT (needs TLS)"),
-          tls_cert: Optional[Path] = typer.Option(None, "--tls-cert"),
-          tls_key: Optional[Path] = typer.Option(None, "--tls-key"),
+def serve(socket: Path | None = typer.Option(None, "--socket", envvar="SHOAL_SOCKET",
+                                                help="Unix socket (default /run/shoal/shoald.sock)"),
+          group: str = typer.Option("shoal", "--group", help="group allowed on the socket (created if missing)"),
+          tcp: str | None = typer.Option(None, "--tcp", help="also listen on HOST:PORT (needs TLS; keys only)"),
+          tls_cert: Path | None = typer.Option(None, "--tls-cert"),
+          tls_key: Path | None = typer.Option(None, "--tls-key"),
           max_sandboxes: int = typer.Option(1024, "--max-sandboxes"),
           max_starting: int = typer.Option(32, "--max-starting", help="cap on sandboxes being created at once"),
           creates_per_s: float = typer.Option(200.0, "--creates-per-s", help="creation rate limit"),
-          root: Optional[str] = RootOpt):
-    """Run shoald, the host daemon: HTTP API on a Unix socket (and optionally TCP+TLS)."""
+          log_level: str = typer.Option("warning", "--log-level"),
+          root: str | None = RootOpt):
+    """Run shoald, the host daemon (as root): HTTP API on a Unix socket for the `shoal` group (and
+    optionally TCP+TLS). Root on the socket is the admin; other group members are tenants by uid."""
     from .server.admission import AdmissionConfig
     from .server.server import serve as run
 
     run(root, socket, tcp, str(tls_cert) if tls_cert else None, str(tls_key) if tls_key else None,
-        AdmissionConfig(max_sandboxes=max_sandboxes, max_starting=max_starting, creates_per_s=creates_per_s))
+        AdmissionConfig(max_sandboxes=max_sandboxes, max_starting=max_starting, creates_per_s=creates_per_s),
+        log_level=log_level, group=group)
 
 
 def _admin_client(root: Optional[str]):

@@ -9,17 +9,21 @@ add ~15 ms through `enum` and `re`, and their C parts do the same work).
 
 What runs where (`dispatch`, used by this entry point and by the typer commands alike):
   * `shoal run IMAGE [opts] -- CMD...` and `shoal exec ID [opts] -- CMD...`: if a shoald answers on
-    this root's socket (`<root>/shoald.sock`, or `$SHOAL_URL` when it is `local` / `unix://PATH`),
-    the sandbox is created, the command streamed and the sandbox removed through the daemon.
-  * With no daemon (no socket, or nothing listening on it), or with `--in-process`, the sandbox
-    runs in this process through the SDK (`run_local`; `$SHOAL_URL` still applies, as for the SDK),
-    still without typer and rich.
+    its socket (`$SHOAL_URL` when it is `unix://PATH`, else the host daemon's /run/shoal/shoald.sock),
+    the sandbox is created, the command streamed and the sandbox removed through the daemon. The
+    daemon serves its own root: `--root` applies to in-process runs only.
+  * With `--in-process`, `SHOAL_URL=local`, an http(s) `SHOAL_URL`, or no daemon answering, the
+    command goes through the SDK (`run_local`), still without typer and rich: in this process for
+    the first two (root only), to the remote daemon for the third, and for the last the SDK says
+    clearly that no daemon runs (in-process sandboxes are never a silent fallback).
   * Anything this parser does not take (another command, an unknown option, `--help`, a command
     not after `--`) goes to the full CLI (shoal.cli), whose run/exec call `dispatch` too.
 
-The wire schema has one source of truth, the daemon's models (`shoal.server.app.CreateRequest`,
-`ExecBody`, `shoal.core.contract.ExecResult`): the bodies below are checked against them, and
-this module's output against the SDK's, in tests/functional/test_cli.py.
+The wire schema has one source of truth, the contract's models (`shoal.core.contract.CreateRequest`,
+`ExecRequest`, `ExecResult`): the bodies below are checked against them, and this module's output
+against the SDK's, in tests/functional/test_cli.py. Bytes fields (`ExecRequest.stdin`) travel as
+pydantic writes them (`ser_json_bytes="base64"`): URL-safe base64 with padding (`-_`, not `+/`);
+the daemon accepts either alphabet. The bodies here carry no bytes.
 """
 from __future__ import annotations
 
@@ -39,9 +43,8 @@ except ImportError:  # another Python implementation: the ordinary modules
     import json as _json  # type: ignore[no-redef]
     import socket  # type: ignore[no-redef]
 
-DEFAULT_ROOT = "/var/lib/shoal"  # = shoal.config.DEFAULT_ROOT (a test keeps them equal)
-DEFAULT_CONFIG = "/etc/shoal/config.toml"  # = shoal.config.DEFAULT_CONFIG
-SOCKET_NAME = "shoald.sock"  # = shoal.server.server.default_socket(root).name
+DEFAULT_SOCKET = "/run/shoal/shoald.sock"  # = shoal.config.DEFAULT_SOCKET (a test keeps them equal)
+LOCAL = "local"  # = shoal.backends.LOCAL: SHOAL_URL value for in-process sandboxes
 RUN_TIMEOUT_S = 600.0  # `shoal run/exec --timeout` default (same as the typer commands)
 HTTP_TIMEOUT_S = 120.0  # create / delete; exec waits for timeout + 30 s
 
@@ -158,27 +161,17 @@ def parse(argv: list[str]) -> tuple[str, dict]:
     return command, opts
 
 
-def socket_path(root: str | None) -> str | None:
-    """The daemon socket to use, or None for in-process. Mirrors shoal.config.load_settings' root
-    resolution (argument > $SHOAL_ROOT > config file > default); reads the config file through it
-    only when one exists, so the common cases import nothing more."""
+def socket_path() -> str | None:
+    """The daemon socket to use, or None when $SHOAL_URL asks for something else: `local`
+    (in-process) or an http(s) daemon (both the SDK's business)."""
     url = os.environ.get("SHOAL_URL")
-    if url and url.startswith("unix://"):
-        return url[len("unix://"):]
-    if url and url != "local":
-        return None  # "embedded" (in-process) or a remote http(s) daemon: the SDK's business
-    chosen = root or os.environ.get("SHOAL_ROOT")
-    if not chosen:
-        if os.path.isfile(os.environ.get("SHOAL_CONFIG", DEFAULT_CONFIG)):
-            from .config import load_settings
-
-            return str(load_settings(None).root / SOCKET_NAME)
-        chosen = DEFAULT_ROOT
-    return os.path.join(os.path.abspath(chosen), SOCKET_NAME)
+    if not url:
+        return DEFAULT_SOCKET
+    return url[len("unix://"):] if url.startswith("unix://") else None
 
 
 def create_body(opts: dict) -> dict:
-    """POST /v1/sandboxes body (daemon model: CreateRequest)."""
+    """POST /v1/sandboxes body (contract model: CreateRequest)."""
     body: dict = {"image": opts["target"]}
     if opts.get("layers"):
         body["layers"] = opts["layers"]
@@ -189,8 +182,8 @@ def create_body(opts: dict) -> dict:
 
 
 def exec_body(opts: dict) -> dict:
-    """POST /v1/sandboxes/{id}/exec body (daemon model: ExecBody)."""
-    return {"cmd": opts["cmd"] or ["/bin/sh", "-c", "true"], "timeout": opts["timeout"]}
+    """POST /v1/sandboxes/{id}/exec body (contract model: ExecRequest)."""
+    return {"argv": opts["cmd"] or ["/bin/sh", "-c", "true"], "timeout": opts["timeout"]}
 
 
 # ------------------------------------------------------------------------------------------ HTTP
@@ -390,17 +383,17 @@ def run_fast(command: str, opts: dict, conn: Connection) -> int:
 
 
 def daemon_connection(opts: dict) -> Connection | None:
-    """A connection to this root's shoald, or None when none answers (or --in-process)."""
+    """A connection to shoald, or None when none answers (or --in-process)."""
     if opts.get("in_process"):
         return None
-    path = socket_path(opts.get("root"))
+    path = socket_path()
     if path is None or not os.path.exists(path):
         return None
     conn = Connection(path)
     try:
         conn.connect()
     except OSError:
-        return None  # a stale socket (the daemon is gone): run in-process
+        return None  # a stale socket (the daemon is gone), or not ours to reach: the SDK explains
     return conn
 
 
@@ -416,7 +409,7 @@ def run_local(command: str, opts: dict) -> int:
         return sb.commands.run(opts["cmd"], timeout=opts["timeout"], on_stdout=on_out, on_stderr=on_err).exit_code
     sb = Sandbox.create(opts["target"], layers=opts["layers"] or None, memory_mb=opts.get("memory_mb"),
                         cpu=opts.get("cpu"), disk_mb=opts.get("disk_mb"), ttl=opts.get("ttl"), root=root,
-                        url="local" if opts.get("in_process") else None)
+                        url=LOCAL if opts.get("in_process") else None)
     if opts["detach"] and not opts["cmd"]:
         print(sb.id)
         return 0

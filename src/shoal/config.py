@@ -14,6 +14,10 @@ from .core.errors import InvalidArgument
 
 DEFAULT_ROOT = Path("/var/lib/shoal")
 DEFAULT_CONFIG = Path("/etc/shoal/config.toml")
+# shoald's socket: the directory is root:shoal 0750 and the socket root:shoal 0660, so members of the
+# `shoal` group (and root) can reach the daemon and nobody else can
+DEFAULT_SOCKET = Path("/run/shoal/shoald.sock")
+SOCKET_GROUP = "shoal"
 
 
 @dataclass(frozen=True)

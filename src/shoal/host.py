@@ -23,12 +23,40 @@ from pydantic import ValidationError
 from .backends import LOCAL_BACKENDS, load_local_backend
 from .backends.local import LocalBackend
 from .config import Settings, load_settings
-from .core.contract import (CreateRequest, ExecRequest, ExecResult, FileEntry, ForkFailure, ForkReply, ForkRequest,
-                            Limits, NetworkPolicy, NetworkRequest, OutputCallback, ProcessHandle, SandboxBackend,
-                            SandboxInfo, SandboxSpec, SandboxState, SessionHandle, SessionRequest, SnapshotInfo,
-                            SnapshotRequest, StartRequest, TimeoutRequest, DEFAULT_DOWNLOAD_MAX, DEFAULT_READ_MAX)
-from .core.errors import (BackendUnavailable, ImageNotFound, InvalidArgument, LayerNotFound, SandboxError,
-                          SandboxNotFound)
+from .core.contract import (
+    DEFAULT_DOWNLOAD_MAX,
+    DEFAULT_READ_MAX,
+    CreateRequest,
+    ExecRequest,
+    ExecResult,
+    FileEntry,
+    ForkFailure,
+    ForkReply,
+    ForkRequest,
+    Limits,
+    NetworkPolicy,
+    NetworkRequest,
+    OutputCallback,
+    ProcessHandle,
+    SandboxBackend,
+    SandboxInfo,
+    SandboxSpec,
+    SandboxState,
+    SessionHandle,
+    SessionRequest,
+    SnapshotInfo,
+    SnapshotRequest,
+    StartRequest,
+    TimeoutRequest,
+)
+from .core.errors import (
+    BackendUnavailable,
+    ImageNotFound,
+    InvalidArgument,
+    LayerNotFound,
+    SandboxError,
+    SandboxNotFound,
+)
 from .layers.store import LayerInfo, LayerStore
 
 _hosts: dict[Path, Host] = {}
@@ -219,9 +247,6 @@ class Host(SandboxBackend):
     def info(self, sandbox_id: str) -> SandboxInfo:
         return self._route(sandbox_id).info(sandbox_id)
 
-    def list(self) -> list[SandboxInfo]:
-        return [info for be in self.backends() for info in be.list()]
-
     def kill(self, sandbox_id: str) -> None:
         self._route(sandbox_id).kill(sandbox_id)
 
@@ -299,6 +324,9 @@ class Host(SandboxBackend):
     def remove_layer(self, ref: str) -> LayerInfo:
         self.backend()
         return self.store.remove_layer(ref, live=self.live_layers())
+
+    def list(self) -> list[SandboxInfo]:
+        return [info for be in self.backends() for info in be.list()]
 
 
 def snapshot_image(snap: str) -> str:

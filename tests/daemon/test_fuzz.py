@@ -25,8 +25,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
+from shoal.backends.http import HttpBackend
+from shoal.core.contract import CreateRequest, ExecRequest
 from shoal.server.app import create_app
-from shoal.sdk.remote import Client
 
 MAX_EXAMPLES = int(os.environ.get("SHOAL_FUZZ_EXAMPLES", "50"))  # per operation and mode
 FUZZ_QUOTAS = {"sandboxes": 3, "cpu": 2, "memory_mb": 1024, "disk_mb": 1024}
@@ -74,12 +75,12 @@ def tls_daemon(root, base_image, tmp_path_factory):
             if time.time() > deadline:
                 raise
             time.sleep(0.05)
-    admin = Client(f"unix://{root / 'shoald.sock'}")
-    api_key = admin.json("POST", "/v1/tenants", json={"name": "fuzz", "quotas": FUZZ_QUOTAS})["api_key"]
+    admin = HttpBackend(f"unix://{root / 'shoald.sock'}", "")  # root on the socket: the admin
+    api_key = admin.json("POST", "/tenants", json={"name": "fuzz", "quotas": FUZZ_QUOTAS})["api_key"]
     yield {"proc": proc, "url": url, "cert": str(cert), "api_key": api_key,
            "admin": admin, "fds_at_start": _fds(proc.pid)}
-    for sb in admin.json("GET", "/v1/sandboxes"):
-        admin.json("DELETE", f"/v1/sandboxes/{sb['id']}")
+    for sb in admin.list():
+        admin.kill(sb.id)
     proc.terminate()
     try:
         proc.wait(20)
@@ -87,7 +88,7 @@ def tls_daemon(root, base_image, tmp_path_factory):
         proc.send_signal(signal.SIGUSR1)
         time.sleep(1)
         proc.kill()
-        raise AssertionError("shoald did not stop within 20 s of SIGTERM:\n" + log_tail(root))
+        raise AssertionError("shoald did not stop within 20 s of SIGTERM:\n" + log_tail(root)) from None
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +101,7 @@ def victim(tls_daemon, base_image):
     def live_id() -> str:
         if state["id"] is None or c.get(f"/v1/sandboxes/{state['id']}").status_code != 200:
             r = c.post("/v1/sandboxes", json={"image": base_image, "ttl": 600})
-            if r.status_code == 200:
+            if r.status_code == 201:
                 state["id"] = r.json()["id"]
             else:  # the fuzzer holds the quota; any visible sandbox will do
                 owned = c.get("/v1/sandboxes").json()
@@ -183,8 +184,8 @@ def admin_victim(tls_daemon):
     admin = tls_daemon["admin"]
 
     def live_name() -> str:
-        if not any(t["name"] == "admin-victim" for t in admin.json("GET", "/v1/tenants")):
-            admin.json("POST", "/v1/tenants", json={"name": "admin-victim"})
+        if not any(t["name"] == "admin-victim" for t in admin.json("GET", "/tenants")):
+            admin.json("POST", "/tenants", json={"name": "admin-victim"})
         return "admin-victim"
 
     return live_name
@@ -227,20 +228,25 @@ def test_fuzzed_admin_requests_with_the_admin_key_never_500(operation, mode, roo
     assert c.get("/v1/sandboxes").status_code == 200
 
 
-def test_daemon_survived_the_fuzzing_and_the_sdk_works_over_tls(tls_daemon, base_image, monkeypatch):
-    from shoal import Sandbox
-
+def test_daemon_survived_the_fuzzing_and_the_http_backend_works_over_tls(tls_daemon, base_image, monkeypatch):
     assert tls_daemon["proc"].poll() is None
     monkeypatch.setenv("SHOAL_CA_CERT", tls_daemon["cert"])
-    for sb in tls_daemon["admin"].json("GET", "/v1/sandboxes"):
-        tls_daemon["admin"].json("DELETE", f"/v1/sandboxes/{sb['id']}")
+    for sb in tls_daemon["admin"].list():
+        tls_daemon["admin"].kill(sb.id)
     # whatever the fuzzer opened (sessions, background commands, connections) was released
     time.sleep(6)  # sandboxes the fuzzer gave a short TTL died on their own: the reaper runs every 5 s
     fds = _fds(tls_daemon["proc"].pid)
     start = tls_daemon["fds_at_start"]
     assert fds <= start + 16, f"{fds} fds vs {start} at start: {_fd_kinds(tls_daemon['proc'].pid)}"
-    with Sandbox.create(base_image, url=tls_daemon["url"], api_key=tls_daemon["api_key"]) as sb:
-        assert sb.commands.run("echo over-tls").stdout == "over-tls\n"
+    be = HttpBackend(tls_daemon["url"], tls_daemon["api_key"])
+    sid = be.create(CreateRequest(image=base_image)).id
+    try:
+        assert be.exec(sid, ExecRequest(argv=["echo", "over-tls"])).stdout == "over-tls\n"
+    finally:
+        be.kill(sid)
+    # over TCP a request without a key is refused, whoever sends it (no peer credentials there)
+    r = httpx.get(tls_daemon["url"] + "/v1/sandboxes", verify=ssl.create_default_context(cafile=tls_daemon["cert"]))
+    assert r.status_code == 401 and r.json()["error"]["type"] == "Unauthorized"
     # plain HTTP to the TLS port, and a client that does not trust the certificate, are refused
     with pytest.raises(httpx.HTTPError):
         httpx.get(tls_daemon["url"] + "/v1/health", verify=True)

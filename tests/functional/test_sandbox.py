@@ -13,6 +13,11 @@ import pytest
 
 from shoal import AsyncSandbox, CommandTimeout, Host, Sandbox, SandboxNotFound, SessionClosed, WarmPool
 
+# every test here that makes its sandboxes with `sandbox` / `make_sandbox` runs on every backend;
+# the ones that look at the container backend's own machinery say so
+pytestmark = pytest.mark.all_backends
+container_only = pytest.mark.backends("container")
+
 
 def test_exec_argv_shell_env_cwd_stdin(sandbox):
     r = sandbox.commands.run(["echo", "a b"])
@@ -106,10 +111,10 @@ def test_files_api_roundtrip(sandbox, tmp_path):
     assert not f.exists("/work/a/b/c.txt")
 
 
-def test_writes_never_reach_layers_or_other_sandboxes(root, base_image, host):
+def test_writes_never_reach_layers_or_other_sandboxes(make_sandbox, base_image, host):
     digest = host.store.get_image(base_image).layers[0]
     image_before = host.store.image_path(digest).read_bytes()
-    with Sandbox.create(base_image, root=root) as a, Sandbox.create(base_image, root=root) as b:
+    with make_sandbox() as a, make_sandbox() as b:
         a.commands.run("echo changed > /etc/hosts; rm /bin/ls; echo new > /newfile")
         assert b.files.read("/etc/hosts").startswith("127.0.0.1")
         assert b.files.exists("/bin/ls") and not b.files.exists("/newfile")
@@ -137,16 +142,16 @@ def test_pause_and_resume(sandbox, host):
     h.close()
 
 
-def test_absolute_ttl_ends_sandbox(root, base_image):
-    sb = Sandbox.create(base_image, root=root, ttl=1.0)
+def test_absolute_ttl_ends_sandbox(make_sandbox):
+    sb = make_sandbox(ttl=1.0)
     assert sb.commands.run("echo alive").stdout == "alive\n"
     time.sleep(1.6)
     with pytest.raises(SandboxNotFound, match="absolute TTL"):
         sb.commands.run("echo late")
 
 
-def test_idle_ttl_counts_running_commands_as_activity(root, base_image):
-    sb = Sandbox.create(base_image, root=root, idle_ttl=1.0)
+def test_idle_ttl_counts_running_commands_as_activity(make_sandbox):
+    sb = make_sandbox(idle_ttl=1.0)
     r = sb.commands.run("sleep 1.5; echo done")  # longer than idle_ttl, but busy
     assert r.stdout == "done\n"
     time.sleep(0.5)
@@ -156,8 +161,8 @@ def test_idle_ttl_counts_running_commands_as_activity(root, base_image):
         sb.commands.run("echo late")
 
 
-def test_set_timeout_replaces_ttls(root, base_image):
-    sb = Sandbox.create(base_image, root=root, ttl=1.0)
+def test_set_timeout_replaces_ttls(make_sandbox):
+    sb = make_sandbox(ttl=1.0)
     sb.set_timeout(ttl=None, idle_ttl=None)
     time.sleep(1.4)
     assert sb.commands.run("echo kept").stdout == "kept\n"
@@ -183,6 +188,7 @@ def _leftovers(host, sandbox_id: str, init_pid: int) -> list[str]:
     return found
 
 
+@container_only
 def test_kill_releases_everything(root, base_image, host):
     sb = Sandbox.create(base_image, root=root)
     sb.commands.start("sleep 100")
@@ -194,6 +200,7 @@ def test_kill_releases_everything(root, base_image, host):
         sb.commands.run("true")
 
 
+@container_only
 def test_ttl_expiry_releases_everything(root, base_image, host):
     sb = Sandbox.create(base_image, root=root, ttl=0.5)
     pid = sb.info().init_pid
@@ -203,6 +210,7 @@ def test_ttl_expiry_releases_everything(root, base_image, host):
     assert _leftovers(host, sb.id, pid) == []
 
 
+@container_only
 def test_sweep_reaps_orphans_after_supervisor_crash(root, base_image, host):
     sb = Sandbox.create(base_image, root=root)
     meta = host.backend("container")._load(sb.id)
@@ -214,8 +222,10 @@ def test_sweep_reaps_orphans_after_supervisor_crash(root, base_image, host):
     assert _leftovers(host, sb.id, meta["init_pid"]) == []
 
 
-def test_warm_pool_acquire(root, base_image):
-    with WarmPool(base_image, size=2, root=root) as pool:
+def test_warm_pool_acquire(make_sandbox, backend_kind, root, base_image, request):
+    kw = {"url": request.getfixturevalue("matrix_daemon")} if backend_kind == "http" else \
+        {"url": "local", "root": root, "backend": backend_kind}
+    with WarmPool(base_image, size=2, **kw) as pool:
         pool.wait_ready(30)
         sb = pool.acquire(ttl=60)
         assert sb.commands.run("echo warm").stdout == "warm\n"
@@ -224,9 +234,9 @@ def test_warm_pool_acquire(root, base_image):
         pool.wait_ready(30)  # refilled
 
 
-def test_async_sandbox_mirrors_sync(root, base_image):
+def test_async_sandbox_mirrors_sync(make_sandbox):
     async def main():
-        async with await AsyncSandbox.create(base_image, root=root, memory_mb=128) as sb:
+        async with AsyncSandbox(make_sandbox(memory_mb=128)) as sb:
             r = await sb.commands.run("echo async")
             assert r.stdout == "async\n"
             await sb.files.write("/x", "y")
@@ -247,6 +257,7 @@ def test_async_sandbox_mirrors_sync(root, base_image):
     asyncio.run(main())
 
 
+@container_only
 def test_limits_are_applied(root, base_image, host):
     with Sandbox.create(base_image, root=root, memory_mb=96, pids=77, cpu=0.5) as sb:
         cg = host.backend("container").cgroups
@@ -262,6 +273,7 @@ def test_limits_are_applied(root, base_image, host):
         assert cg.parent.startswith("shoal-")  # this root's own cgroup parent
 
 
+@container_only
 def test_cli_run_ps_exec_kill(root, base_image):
     import subprocess
     import sys
@@ -313,12 +325,13 @@ def test_cli_layers_and_images(root, tmp_path):
     assert r.returncode == 0 and "removed" in r.stdout
 
 
-def test_ttl_expiring_mid_command_says_why(root, base_image):
-    sb = Sandbox.create(base_image, root=root, ttl=0.8)
+def test_ttl_expiring_mid_command_says_why(make_sandbox):
+    sb = make_sandbox(ttl=0.8)
     with pytest.raises(SandboxNotFound, match="absolute TTL"):
         sb.commands.run("sleep 5")
 
 
+@container_only
 def test_a_second_root_on_the_host_never_sweeps_this_roots_sandboxes(root, base_image, tmp_path):
     """Each root has its own cgroup parent: another root's orphan sweep cannot kill our sandboxes."""
     import shutil

@@ -6,7 +6,6 @@ import subprocess
 
 import pytest
 
-from shoal import Sandbox
 
 HERE = os.path.dirname(__file__)
 
@@ -21,9 +20,9 @@ def probe_layer(host, tmp_path_factory):
 
 
 @pytest.fixture
-def probed(root, base_image, probe_layer):
-    with Sandbox.create(base_image, layers=[probe_layer], root=root, memory_mb=128, pids=64, disk_mb=16) as sb:
-        yield sb
+def probed(make_sandbox, probe_layer):
+    """A sandbox carrying the probe, on the test's backend (every backend in all_backends modules)."""
+    return make_sandbox(layers=[probe_layer], memory_mb=128, pids=64, disk_mb=16)
 
 
 def probe_results(sb, *args: str, timeout: float = 20) -> dict[str, str]:

@@ -19,7 +19,7 @@ import time
 
 import httpx
 
-from shoal.sdk.remote import Client
+from shoal.backends.http import HttpBackend
 
 FLOOD_S = float(os.environ.get("SHOAL_FLOOD_SECONDS", "60"))
 RING = 1 << 20  # the daemon's ring per stream of a background command
@@ -47,21 +47,21 @@ def _written_mib(pid: int) -> float:
 
 
 def test_yes_flood_keeps_daemon_memory_disk_and_latency_flat(daemon, base_image):
-    c = Client(daemon["url"])
+    c = HttpBackend(daemon["url"], "")  # root on the socket: the admin
     pid = daemon["proc"].pid
-    sb = c.json("POST", "/v1/sandboxes", json={"image": base_image, "cpu": 1})
-    p = f"/v1/sandboxes/{sb['id']}"
+    sb = c.json("POST", "/sandboxes", json={"image": base_image, "cpu": 1})
+    p = f"/sandboxes/{sb['id']}"
     raw = httpx.Client(transport=httpx.HTTPTransport(uds=str(daemon["sock"])), base_url="http://x", timeout=30)
     stop = threading.Event()
     exec_results: list[dict] = []
 
     def exec_flood():
         while not stop.is_set():
-            exec_results.append(c.json("POST", f"{p}/exec", json={"cmd": "yes", "timeout": 3,
+            exec_results.append(c.json("POST", f"{p}/exec", json={"argv": ["yes"], "timeout": 3,
                                                                      "output_cap": 64 * 1024}))
 
     try:
-        hid = c.json("POST", f"{p}/commands", json={"cmd": "yes"})["id"]
+        hid = c.json("POST", f"{p}/commands", json={"argv": ["yes"]})["id"]
         worker = threading.Thread(target=exec_flood, daemon=True)
         worker.start()
         time.sleep(5)  # warm-up: buffers reach their caps, thread pools are spawned
@@ -89,7 +89,8 @@ def test_yes_flood_keeps_daemon_memory_disk_and_latency_flat(daemon, base_image)
         report = (f"{FLOOD_S:.0f} s flood: background `yes` wrote {produced / 2**30:.2f} GiB "
                   f"({lost / 2**30:.2f} GiB fell out of the ring unread); {len(exec_results)} capped execs; "
                   f"daemon RSS {rss0:.0f} -> max {max(rss):.0f} MiB; fds {fds0} -> {fds1}; "
-                  f"stored under the root {stored0:.0f} -> {stored1:.0f} MiB; daemon wrote {written1 - written0:.1f} MiB; "
+                  f"stored under the root {stored0:.0f} -> {stored1:.0f} MiB; "
+                  f"daemon wrote {written1 - written0:.1f} MiB; "
                   f"/v1/health p50 {health_ms[len(health_ms) // 2]:.1f} ms "
                   f"max {health_ms[-1]:.1f} ms")
         print(report)

@@ -10,8 +10,17 @@ import abc
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-from ..core.contract import (CreateRequest, ForkReply, ForkRequest, Limits, SandboxBackend, SandboxInfo,
-                             SandboxSpec, SnapshotInfo, SnapshotRequest)
+from ..core.contract import (
+    CreateRequest,
+    ForkReply,
+    ForkRequest,
+    Limits,
+    SandboxBackend,
+    SandboxInfo,
+    SandboxSpec,
+    SnapshotInfo,
+    SnapshotRequest,
+)
 
 if TYPE_CHECKING:
     from ..host import Host

@@ -127,7 +127,7 @@ class SandboxSpec(BaseModel):
     _ttl = field_validator("ttl", "idle_ttl")(_seconds)
 
 
-class SandboxState(str, enum.Enum):
+class SandboxState(enum.StrEnum):
     RUNNING = "running"
     PAUSED = "paused"
     DEAD = "dead"
@@ -258,10 +258,13 @@ class SessionRunRequest(_Wire):
 
 
 # ------------------------------------------------------------------------------------ files
+FileType = Literal["file", "dir", "symlink", "other"]
+
+
 class FileEntry(BaseModel):
     name: str
     path: str
-    type: Literal["file", "dir", "symlink", "other"]
+    type: FileType
     size: int
     mode: int
     mtime: float
@@ -398,9 +401,6 @@ class SandboxBackend(abc.ABC):
     def info(self, sandbox_id: str) -> SandboxInfo: ...
 
     @abc.abstractmethod
-    def list(self) -> list[SandboxInfo]: ...
-
-    @abc.abstractmethod
     def kill(self, sandbox_id: str) -> None: ...
 
     @abc.abstractmethod
@@ -478,3 +478,9 @@ class SandboxBackend(abc.ABC):
     # ---------------------------------------------------------------- resources
     def close(self) -> None:
         """Release what this backend object holds (connections); sandboxes keep running."""
+        return None  # a local backend holds nothing that outlives the process
+
+    # last in the class body: a method named `list` shadows the builtin in the annotations after it
+    @abc.abstractmethod
+    def list(self) -> list[SandboxInfo]:
+        """Live sandboxes (paused included)."""

@@ -244,11 +244,6 @@ class AsyncSandbox:
                       api_key: str | None = None) -> AsyncSandbox:
         return cls(await _t(Sandbox.connect, sandbox_id=sandbox_id, root=root, url=url, api_key=api_key))
 
-    @classmethod
-    async def list(cls, *, root: str | os.PathLike | None = None, url: str | None = None,
-                   api_key: str | None = None) -> list[SandboxInfo]:
-        return await _t(Sandbox.list, root=root, url=url, api_key=api_key)
-
     async def info(self) -> SandboxInfo:
         return await _t(self._sync.info)
 
@@ -300,6 +295,12 @@ class AsyncSandbox:
         return AsyncForkResult._wrap(await _t(self._sync.fork, n=n, copy_env=copy_env, inherit_ttl=inherit_ttl,
                                               exclude=exclude, cpu=cpu, memory_mb=memory_mb, disk_mb=disk_mb,
                                               pids=pids, upper=upper, ttl=ttl, idle_ttl=idle_ttl, env=env))
+
+    @classmethod
+    async def list(cls, *, root: str | os.PathLike | None = None, url: str | None = None,
+                   api_key: str | None = None) -> list[SandboxInfo]:
+        """Live sandboxes on the backend (a tenant sees only its own)."""
+        return await _t(Sandbox.list, root=root, url=url, api_key=api_key)
 
     async def __aenter__(self) -> AsyncSandbox:
         return self

@@ -14,11 +14,12 @@ import inspect
 import json
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..core.contract import ProcessHandle, SessionHandle
-from .sandbox import Commands, Files, ForkResult, Sandbox, Sessions
+from .sandbox import Commands, Files, Sandbox, Sessions
 
 OUT = Path(__file__).with_name("async_sandbox.py")
 
@@ -208,10 +209,10 @@ def _doc(func: object) -> list[str]:
     return [f'        """{lines[0]}'] + [f"        {x}".rstrip() for x in lines[1:]] + ['        """']
 
 
-def _method(spec: Spec, name: str, fn: object) -> list[str]:
+def _method(spec: Spec, name: str, fn: Callable[..., object] | classmethod) -> list[str]:
     kind = "classmethod" if isinstance(fn, classmethod) else "method"
     func = fn.__func__ if isinstance(fn, classmethod) else fn
-    sig = inspect.signature(func)  # type: ignore[arg-type]
+    sig = inspect.signature(func)
     decl, call = _params(sig)
     ret = sig.return_annotation if sig.return_annotation is not sig.empty else "None"
     doc = _doc(func)
@@ -248,9 +249,9 @@ def _wrapped_call(stmt: str, indent: str = "        ") -> str:
     return _wrapped(stmt[:cut].replace("(", "\x00") + stmt[cut:], indent).replace("\x00", "(")
 
 
-def public_methods(cls: type) -> list[tuple[str, object]]:
+def public_methods(cls: type) -> list[tuple[str, Callable[..., object] | classmethod]]:
     """Public callables of a class and its bases (contract ABCs included), definition order."""
-    seen: dict[str, object] = {}
+    seen: dict[str, Callable[..., object] | classmethod] = {}
     for klass in reversed(cls.__mro__[:-1]):
         for name, value in vars(klass).items():
             if name.startswith("_") or isinstance(value, property):
@@ -283,7 +284,7 @@ def _class(spec: Spec) -> str:
     if hasattr(spec.sync, "__enter__"):
         out += ["", f"    async def __aenter__(self) -> {spec.name}:", "        return self", "",
                 "    async def __aexit__(self, *exc: object) -> None:",
-                f"        await _t(self._sync.__exit__, *exc)"]
+                "        await _t(self._sync.__exit__, *exc)"]
     if spec.sync is Sandbox:
         out += ["", "    def __repr__(self) -> str:", '        return "Async" + repr(self._sync)']
     return "\n".join(out)

@@ -82,7 +82,7 @@ class WarmPool:
             except Exception:
                 pass
 
-    def __enter__(self) -> "WarmPool":
+    def __enter__(self) -> WarmPool:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -27,10 +27,30 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from ..backends import LOCAL, open_backend
-from ..core.contract import (DEFAULT_DOWNLOAD_MAX, DEFAULT_READ_MAX, CreateRequest, ExecRequest, ExecResult,
-                             FileEntry, ForkRequest, NetworkPolicy, NetworkRequest, OutputCallback, OutputEvent,
-                             ProcessHandle, SandboxBackend, SandboxInfo, SandboxState, SessionHandle, SessionRequest,
-                             SnapshotInfo, SnapshotRequest, StartRequest, TimeoutRequest, UpperKind)
+from ..core.contract import (
+    DEFAULT_DOWNLOAD_MAX,
+    DEFAULT_READ_MAX,
+    CreateRequest,
+    ExecRequest,
+    ExecResult,
+    FileEntry,
+    ForkRequest,
+    NetworkPolicy,
+    NetworkRequest,
+    OutputCallback,
+    OutputEvent,
+    ProcessHandle,
+    SandboxBackend,
+    SandboxInfo,
+    SandboxState,
+    SessionHandle,
+    SessionRequest,
+    SnapshotInfo,
+    SnapshotRequest,
+    StartRequest,
+    TimeoutRequest,
+    UpperKind,
+)
 from ..core.errors import CommandTimeout, FileOpError, InvalidArgument, SandboxError, ShoalError
 
 Cmd = str | list[str]
@@ -175,7 +195,8 @@ class Files:
         """Upload a local file/directory (or raw tar bytes) into `dest_dir`; returns entries written."""
         return self._sb._backend.upload_tar(self._sb.id, dest_dir, tar_of(src))
 
-    def download(self, path: str, dest: str | os.PathLike | None = None, max_bytes: int = DEFAULT_DOWNLOAD_MAX) -> bytes:
+    def download(self, path: str, dest: str | os.PathLike | None = None,
+                 max_bytes: int = DEFAULT_DOWNLOAD_MAX) -> bytes:
         """A tar of `path` (at most `max_bytes` of file content); extracted into local `dest` when given."""
         data = self._sb._backend.download_tar(self._sb.id, path, max_bytes)
         if dest is not None:
@@ -237,11 +258,6 @@ class Sandbox:
                 api_key: str | None = None) -> Sandbox:
         be = open_backend(url, api_key, root)
         return cls(be, be.info(sandbox_id))
-
-    @classmethod
-    def list(cls, *, root: str | os.PathLike | None = None, url: str | None = None,
-             api_key: str | None = None) -> list[SandboxInfo]:
-        return open_backend(url, api_key, root).list()
 
     @property
     def backend(self) -> SandboxBackend:
@@ -318,6 +334,13 @@ class Sandbox:
 
     def __repr__(self) -> str:
         return f"Sandbox({self.id}, image={self._info.image!r}, backend={self._backend.name})"
+
+    # last in the class body: a method named `list` shadows the builtin in the annotations after it
+    @classmethod
+    def list(cls, *, root: str | os.PathLike | None = None, url: str | None = None,
+             api_key: str | None = None) -> list[SandboxInfo]:
+        """Live sandboxes on the backend (a tenant sees only its own)."""
+        return open_backend(url, api_key, root).list()
 
 
 @dataclass

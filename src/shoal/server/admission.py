@@ -65,4 +65,4 @@ class Admission:
 
     @property
     def starting(self) -> int:
-        return self.cfg.max_starting - self._starting._value  # type: ignore[attr-defined]
+        return self.cfg.max_starting - self._starting._value

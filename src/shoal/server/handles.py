@@ -10,7 +10,8 @@ from __future__ import annotations
 import secrets
 import threading
 from collections import OrderedDict
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..core import errors as E
 
@@ -46,14 +47,16 @@ class HandleTable:
 
     def get(self, sandbox_id: str, key: str) -> Any:
         with self._lock:
-            obj = self._by_sandbox.get(sandbox_id, {}).get(key)
+            mine = self._by_sandbox.get(sandbox_id)
+            obj = mine.get(key) if mine is not None else None
         if obj is None:
             raise E.SandboxNotFound(f"{self.what} {key} not found in sandbox {sandbox_id}")
         return obj
 
     def pop(self, sandbox_id: str, key: str) -> None:
         with self._lock:
-            obj = self._by_sandbox.get(sandbox_id, {}).pop(key, None)
+            mine = self._by_sandbox.get(sandbox_id)
+            obj = mine.pop(key, None) if mine is not None else None
         if obj is not None:
             _close(obj)
 

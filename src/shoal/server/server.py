@@ -1,28 +1,39 @@
-"""Running shoald: a Unix socket by default (root-only), optionally TCP with TLS."""
+"""Running shoald: the only privileged process. A Unix socket (group `shoal`), optionally TCP with TLS.
+
+Who reaches it: the socket is root:shoal 0660 in a root:shoal 0750 directory (`/run/shoal` by
+default), so root and members of the `shoal` group can connect and nobody else can. Each Unix
+connection's peer uid is read with SO_PEERCRED (peercred.py): root without a key is the admin,
+anyone else is a tenant (auth.py). Over TCP every request needs a key.
+"""
 from __future__ import annotations
 
 import asyncio
 import faulthandler
+import grp
+import logging
 import os
 import secrets
 import signal
+import socket
+import subprocess
 from pathlib import Path
 
 import anyio.to_thread
 import uvicorn
 
-from ..host import Host
+from ..config import DEFAULT_SOCKET, SOCKET_GROUP
+from ..core.errors import SandboxError
 from .admission import AdmissionConfig
-from .app import Daemon, create_app
+from .app import create_app
+from .daemon import Daemon
+from .ensure import answering
+from .peercred import PeerCredProtocol
 
+log = logging.getLogger("shoald")
 
 # On SIGTERM, requests still running after this long are cut off: a stuck client (say, one that never
 # finishes its TLS handshake) must not keep the daemon from stopping.
 GRACE_S = 5
-
-
-def default_socket(root: Path) -> Path:
-    return root / "shoald.sock"
 
 
 def admin_key_file(root: Path) -> Path:
@@ -44,40 +55,70 @@ def load_or_create_admin_key(root: Path) -> str:
     return key
 
 
-async def _serve(servers: list[uvicorn.Server]) -> None:
+def socket_group(name: str = SOCKET_GROUP) -> int:
+    """The gid of the group allowed on the socket; the system group is created if missing."""
+    try:
+        return grp.getgrnam(name).gr_gid
+    except KeyError:
+        pass
+    try:
+        subprocess.run(["groupadd", "--system", name], check=True, capture_output=True, text=True)
+    except (OSError, subprocess.CalledProcessError) as e:
+        detail = getattr(e, "stderr", "") or e
+        raise SandboxError(f"cannot create the system group {name!r} for shoald's socket: {detail}") from None
+    return grp.getgrnam(name).gr_gid
+
+
+def bind_socket(path: Path, gid: int) -> socket.socket:
+    """A listening Unix socket at `path`: root:<gid> 0660. Its directory is created root:<gid> 0750
+    when missing (and kept so when it is the default's, /run/shoal); an existing one is left alone."""
+    parent = path.parent
+    if not parent.exists() or path == DEFAULT_SOCKET:
+        parent.mkdir(mode=0o750, parents=True, exist_ok=True)
+        os.chown(parent, 0, gid)
+        os.chmod(parent, 0o750)
+    path.unlink(missing_ok=True)  # a dead daemon's (serve() checked that none answers)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    # bound with the umask's mode (no group/other write: nobody else can connect yet), then opened up
+    sock.bind(str(path))
+    os.chown(path, 0, gid)
+    os.chmod(path, 0o660)
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+async def _serve(servers: list[tuple[uvicorn.Server, list[socket.socket] | None]]) -> None:
     # blocking handlers (exec waits on a sandbox) run in worker threads: allow many at once
     anyio.to_thread.current_default_thread_limiter().total_tokens = 2048
-    await asyncio.gather(*(s.serve() for s in servers))
+    await asyncio.gather(*(s.serve(sockets=socks) for s, socks in servers))
 
 
 def serve(root: str | Path | None = None, socket_path: str | Path | None = None, tcp: str | None = None,
           tls_cert: str | None = None, tls_key: str | None = None, admission: AdmissionConfig | None = None,
-          log_level: str = "warning") -> None:
+          log_level: str = "warning", group: str = SOCKET_GROUP) -> None:
+    if os.geteuid() != 0:
+        raise SystemExit("shoald runs sandboxes (mounts, namespaces, cgroups): start it as root "
+                         "(`sudo shoal serve`); clients in the `shoal` group then need no root")
+    sock_path = Path(socket_path or os.environ.get("SHOAL_SOCKET") or DEFAULT_SOCKET)
+    if answering(sock_path):  # never take the socket of a live daemon (say, the host's, from a test's daemon)
+        raise SystemExit(f"a shoald already answers on {sock_path}: stop it first, or pass another --socket")
+    from ..host import Host
+
     os.environ.pop("SHOAL_URL", None)  # the daemon itself always runs sandboxes in-process
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1` dumps every thread's stack
     host = Host.get(root)
     daemon = Daemon(host, admission, admin_key=load_or_create_admin_key(host.settings.root))
     app = create_app(daemon)
-    app.state.trust_local = True  # key-less requests over the root-only Unix socket act as admin
-    sock = Path(socket_path or default_socket(host.settings.root))
-    sock.unlink(missing_ok=True)
-    servers = [uvicorn.Server(uvicorn.Config(app, uds=str(sock), log_level=log_level, access_log=False,
-                                             timeout_keep_alive=30, timeout_graceful_shutdown=GRACE_S))]
+    unix = bind_socket(sock_path, socket_group(group))
+    common = dict(log_level=log_level, access_log=False, timeout_keep_alive=30, timeout_graceful_shutdown=GRACE_S)
+    servers: list[tuple[uvicorn.Server, list[socket.socket] | None]] = [
+        (uvicorn.Server(uvicorn.Config(app, http=PeerCredProtocol, **common)), [unix])]  # type: ignore[arg-type]
     if tcp:
         if not (tls_cert and tls_key) and not os.environ.get("SHOAL_ALLOW_PLAIN_TCP"):
             raise SystemExit("TCP needs --tls-cert and --tls-key (or SHOAL_ALLOW_PLAIN_TCP=1 for loopback tests)")
         h, _, p = tcp.rpartition(":")
-        servers.append(uvicorn.Server(uvicorn.Config(app, host=h or "127.0.0.1", port=int(p), log_level=log_level,
-                                                     access_log=False, ssl_certfile=tls_cert, ssl_keyfile=tls_key,
-                                                     timeout_graceful_shutdown=GRACE_S)))
-
-    async def main():
-        task = asyncio.create_task(_serve(servers))
-        while not all(s.started for s in servers):
-            if task.done():
-                break
-            await asyncio.sleep(0.01)
-        os.chmod(sock, 0o600)
-        await task
-
-    asyncio.run(main())
+        servers.append((uvicorn.Server(uvicorn.Config(app, host=h or "127.0.0.1", port=int(p), ssl_certfile=tls_cert,
+                                                      ssl_keyfile=tls_key, **common)), None))  # type: ignore[arg-type]
+    log.warning("shoald serving %s on %s%s", host.settings.root, sock_path, f" and {tcp}" if tcp else "")
+    asyncio.run(_serve(servers))

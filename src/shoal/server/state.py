@@ -106,6 +106,17 @@ class DaemonState:
         self.get_tenant(name)
         self._q("DELETE FROM tenants WHERE name=?", [name])
 
+    def tenant_for_uid(self, name: str) -> Tenant:
+        """The tenant a Unix-socket peer without a key acts as (`uid-<uid>`), created on first use
+        with default quotas. Its stored key hash is of a random key nobody is shown: it is reached
+        only through the socket, by that uid (or by a key an admin rotates in)."""
+        try:
+            return self.get_tenant(name)
+        except TenantNotFound:  # first request of this uid (a racing one may insert it too)
+            self._q("INSERT OR IGNORE INTO tenants VALUES (?,?,?,?)",
+                    [name, hash_key("sk-" + secrets.token_urlsafe(32)), json.dumps(Quotas().__dict__), time.time()])
+            return self.get_tenant(name)
+
     def tenant_for_key(self, key: str) -> Tenant | None:
         rows = self._q("SELECT name FROM tenants WHERE key_hash=?", [hash_key(key)])
         return self.get_tenant(rows[0][0]) if rows else None

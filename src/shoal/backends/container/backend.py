@@ -23,12 +23,27 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
-from ...core.contract import (DEFAULT_DOWNLOAD_MAX, DEFAULT_READ_MAX, ExecRequest, ExecResult, FileEntry, Limits,
-                              NetworkPolicy, NetworkRequest, OutputCallback, SandboxInfo, SandboxSpec, SandboxState,
-                              SessionRequest, StartRequest, TimeoutRequest, check_seconds, to_ms)
+from ...core.contract import (
+    DEFAULT_DOWNLOAD_MAX,
+    DEFAULT_READ_MAX,
+    ExecRequest,
+    ExecResult,
+    FileEntry,
+    Limits,
+    NetworkPolicy,
+    NetworkRequest,
+    OutputCallback,
+    SandboxInfo,
+    SandboxSpec,
+    SandboxState,
+    SessionRequest,
+    StartRequest,
+    TimeoutRequest,
+    check_seconds,
+    to_ms,
+)
 from ...core.errors import InvalidArgument, QuotaExceeded, SandboxError, SandboxNotFound
 from ..local import LocalBackend
 from . import initclient
@@ -60,7 +75,7 @@ def _starttime(pid: int) -> int | None:
 
 
 def _alive(pid: int | None, start: int | None) -> bool:
-    return bool(pid) and start is not None and _starttime(pid) == start  # type: ignore[arg-type]
+    return pid is not None and pid > 0 and start is not None and _starttime(pid) == start
 
 
 # ------------------------------------------------------------------ upper = "disk"
@@ -272,8 +287,9 @@ class ContainerBackend(LocalBackend):
                 raise
         # overlayfs wants the top-most lower first
         lower = ":".join(str(p) for p in reversed(lower_dirs))
-        cmd = [self.helper, "launch", "--state", str(d), "--lower", lower, "--hostname", meta["hostname"],
-               "--disk-mb", str(limits.disk_mb), "--tombstone", str(self.settings.tombstones_dir / sandbox_id)]
+        cmd: list[str] = [self.helper, "launch", "--state", str(d), "--lower", lower,
+                          "--hostname", str(meta["hostname"]), "--disk-mb", str(limits.disk_mb),
+                          "--tombstone", str(self.settings.tombstones_dir / sandbox_id)]
         for cg in cg_dirs:
             cmd += ["--cgroup", str(cg)]
         if limits.upper == "disk":
@@ -287,7 +303,7 @@ class ContainerBackend(LocalBackend):
         if spec.idle_ttl:
             cmd += ["--idle-ttl-ms", str(to_ms(spec.idle_ttl))]
         # env={}: nothing of the host environment may leak into init (/proc/1/environ)
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env={})
+        proc = subprocess.run(cmd, capture_output=True, stdin=subprocess.DEVNULL, env={})
         line = proc.stdout.decode(errors="replace").strip()
         if proc.returncode != 0 or not line.startswith("OK "):
             self._cleanup(sandbox_id)
@@ -305,7 +321,8 @@ class ContainerBackend(LocalBackend):
             alive = _alive(meta.get("init_pid"), meta.get("init_start"))
             state = (SandboxState.PAUSED if self.cgroups.is_frozen(meta["id"]) else SandboxState.RUNNING) \
                 if alive else SandboxState.DEAD
-        return SandboxInfo(id=meta["id"], backend=self.name, image=meta["image"], layers=meta["layers"], limits=Limits(**meta["limits"]),
+        return SandboxInfo(id=meta["id"], backend=self.name, image=meta["image"], layers=meta["layers"],
+                           limits=Limits(**meta["limits"]),
                            state=state, created=meta["created"], ttl=meta.get("ttl"), idle_ttl=meta.get("idle_ttl"),
                            init_pid=meta.get("init_pid"), env=meta.get("env") or {},
                            base_env=meta.get("base_env") or {},
@@ -315,17 +332,6 @@ class ContainerBackend(LocalBackend):
     def info(self, sandbox_id: str) -> SandboxInfo:
         meta = self._live_meta(sandbox_id)
         return self._info(meta)
-
-    def list(self) -> list[SandboxInfo]:
-        out = []
-        for d in sorted(self.settings.sandboxes_dir.iterdir()):
-            try:
-                meta = self._load(d.name)
-            except (SandboxNotFound, SandboxError):
-                continue
-            if meta.get("init_pid") and _alive(meta["init_pid"], meta.get("init_start")):
-                out.append(self._info(meta))
-        return out
 
     def committed(self) -> list[Limits]:
         """Limits of every sandbox whose state dir exists (cheap: cached metadata, one listdir),
@@ -605,3 +611,15 @@ class ContainerBackend(LocalBackend):
 
     def download_tar(self, sandbox_id: str, path: str, max_bytes: int = DEFAULT_DOWNLOAD_MAX) -> bytes:
         return self._files(sandbox_id).download(path, max_bytes=max_bytes)
+
+    # last in the class body: a method named `list` shadows the builtin in the annotations after it
+    def list(self) -> list[SandboxInfo]:
+        out = []
+        for d in sorted(self.settings.sandboxes_dir.iterdir()):
+            try:
+                meta = self._load(d.name)
+            except (SandboxNotFound, SandboxError):
+                continue
+            if meta.get("init_pid") and _alive(meta["init_pid"], meta.get("init_start")):
+                out.append(self._info(meta))
+        return out

@@ -13,8 +13,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...core.errors import BackendUnavailable, SandboxError
 from ...core.contract import Limits
+from ...core.errors import BackendUnavailable, SandboxError
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 

@@ -14,8 +14,8 @@ import stat
 import tarfile
 from pathlib import PurePosixPath
 
+from ...core.contract import FileEntry, FileType
 from ...core.errors import FileOpError, InvalidArgument, PathOutsideSandbox
-from ...core.contract import FileEntry
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
@@ -28,9 +28,11 @@ class _OpenHow(ctypes.Structure):
     _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
 
 
-def openat2(dirfd: int, path: str, flags: int, mode: int = 0, resolve: int = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS) -> int:
+def openat2(dirfd: int, path: str, flags: int, mode: int = 0,
+            resolve: int = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS) -> int:
     how = _OpenHow(flags | os.O_CLOEXEC, mode, resolve)
-    fd = _libc.syscall(_SYS_OPENAT2, dirfd, path.encode("utf-8", "surrogateescape"), ctypes.byref(how), ctypes.sizeof(how))
+    fd = _libc.syscall(_SYS_OPENAT2, dirfd, path.encode("utf-8", "surrogateescape"), ctypes.byref(how),
+                       ctypes.sizeof(how))
     if fd < 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err), path)
@@ -45,7 +47,7 @@ def _norm(path: str) -> str:
     return path
 
 
-def _type(mode: int) -> str:
+def _type(mode: int) -> FileType:
     if stat.S_ISREG(mode):
         return "file"
     if stat.S_ISDIR(mode):
@@ -68,7 +70,7 @@ class SandboxFiles:
         except OSError as e:
             raise FileOpError(f"sandbox {self.sandbox_id} root is not reachable: {e.strerror}") from e
 
-    def _err(self, e: OSError, op: str, path: str) -> FileOpError:
+    def _err(self, e: OSError, op: str, path: str) -> FileOpError | PathOutsideSandbox:
         if e.errno == 18:  # EXDEV: resolution tried to leave the root
             return PathOutsideSandbox(f"{op} {path!r}: path escapes the sandbox root")
         return FileOpError(f"{op} {path!r} in sandbox {self.sandbox_id}: {e.strerror}")
@@ -159,7 +161,10 @@ class SandboxFiles:
                 os.close(pfd)
 
     def stat(self, path: str) -> FileEntry:
-        pfd, name = (self._open("/", os.O_PATH | os.O_DIRECTORY), ".") if PurePosixPath(path).name in ("", "/") else self._parent(path)
+        if PurePosixPath(path).name in ("", "/"):
+            pfd, name = self._open("/", os.O_PATH | os.O_DIRECTORY), "."
+        else:
+            pfd, name = self._parent(path)
         try:
             st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
         except OSError as e:
@@ -175,21 +180,6 @@ class SandboxFiles:
             return True
         except FileOpError:
             return False
-
-    def list(self, path: str = "/") -> list[FileEntry]:
-        fd = self._open(path, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            out = []
-            for name in sorted(os.listdir(fd)):
-                try:
-                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-                except FileNotFoundError:
-                    continue
-                out.append(FileEntry(name=name, path=str(PurePosixPath(path) / name), type=_type(st.st_mode),
-                                     size=st.st_size, mode=stat.S_IMODE(st.st_mode), mtime=st.st_mtime))
-            return out
-        finally:
-            os.close(fd)
 
     def remove(self, path: str) -> None:
         pfd, name = self._parent(path)
@@ -272,3 +262,19 @@ class SandboxFiles:
                 else:
                     raise InvalidArgument(f"upload: member {m.name!r} has an unsupported type")
         return count
+
+    # last in the class body: a method named `list` shadows the builtin in the annotations after it
+    def list(self, path: str = "/") -> list[FileEntry]:
+        fd = self._open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            out = []
+            for name in sorted(os.listdir(fd)):
+                try:
+                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                out.append(FileEntry(name=name, path=str(PurePosixPath(path) / name), type=_type(st.st_mode),
+                                     size=st.st_size, mode=stat.S_IMODE(st.st_mode), mtime=st.st_mtime))
+            return out
+        finally:
+            os.close(fd)

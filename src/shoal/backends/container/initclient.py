@@ -17,8 +17,8 @@ import time
 from array import array
 from collections.abc import Callable
 
-from ...core.errors import CommandTimeout, InvalidArgument, SandboxError, SandboxNotFound
 from ...core.contract import ExecResult, check_seconds, to_ms
+from ...core.errors import CommandTimeout, InvalidArgument, SandboxError, SandboxNotFound
 
 MAX_REQUEST = 200 * 1024
 FLAG_KILL_ON_CLOSE = 1
@@ -137,7 +137,10 @@ class Process:
         self._close_lock = threading.Lock()
         msg = encode_exec(argv, env, cwd, timeout, flags)
         self.sock = connect(sock_path, sandbox_id)
-        in_r, self.stdin_w = os.pipe2(os.O_CLOEXEC) if stdin_pipe else (os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC), -1)
+        if stdin_pipe:
+            in_r, self.stdin_w = os.pipe2(os.O_CLOEXEC)
+        else:
+            in_r, self.stdin_w = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC), -1
         self.out_r, out_w = os.pipe2(os.O_CLOEXEC)
         if merge_stderr:
             self.err_r, err_w = -1, out_w
@@ -278,10 +281,9 @@ def run(sock_path: str, sandbox_id: str, argv: list[str], env: dict[str, str], c
                         os.close(proc.stdin_w)
                         proc.stdin_w = -1
                 else:
-                    fd = key.fileobj
-                    data = os.read(fd, 65536)  # type: ignore[arg-type]
+                    data = os.read(key.fd, 65536)
                     if not data:
-                        sel.unregister(fd)
+                        sel.unregister(key.fd)
                         open_streams -= 1
                         continue
                     buf, cb = (out, on_stdout) if tag == "out" else (err, on_stderr)
@@ -319,7 +321,7 @@ def control(sock_path: str, sandbox_id: str, msg: bytes, timeout: float = 5.0) -
         s.send(msg)
         try:
             return s.recv(4096)
-        except socket.timeout as e:
+        except TimeoutError as e:
             raise SandboxError(f"sandbox {sandbox_id} did not answer within {timeout} s (paused?)") from e
     finally:
         s.close()

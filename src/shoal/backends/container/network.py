@@ -122,7 +122,7 @@ class EgressManager:
             slot = next(i for i in range(1, POOL.num_addresses // 4) if i not in used)
             alloc[sandbox_id] = slot
         self._alloc.write_text(json.dumps(alloc))
-        return ipaddress.ip_network((int(POOL.network_address) + 4 * alloc[sandbox_id], 30))
+        return ipaddress.IPv4Network((int(POOL.network_address) + 4 * alloc[sandbox_id], 30))
 
     @staticmethod
     def host_ifname(sandbox_id: str) -> str:

@@ -113,7 +113,7 @@ class ContainerSession(SessionHandle):
     error in one command cannot kill the shell; stdin of the command is /dev/null."""
 
     def __init__(self, proc: initclient.Process, shell: str, output_cap: int, sandbox_id: str,
-                 before_run: Callable[[], None], idle_ttl: bool):
+                 before_run: Callable[[], object], idle_ttl: bool):
         self.id = "ses-" + secrets.token_hex(6)
         self.shell = shell
         self.closed = False

@@ -550,8 +550,15 @@ static void conn_add(int fd) {
     conns[n_conns++] = (struct conn){.fd = fd};
 }
 
+/* Signal a command's process group. The child calls setsid() right after fork, while init has
+ * already reported its pid: a signal that arrives in between finds no group (ESRCH), so it goes to
+ * the child itself, which has not exec'd or forked yet. */
+static void kill_group(pid_t pid, int sig) {
+    if (kill(-pid, sig) < 0 && errno == ESRCH) kill(pid, sig);
+}
+
 static void conn_close(int i) {
-    if (conns[i].pid > 0 && conns[i].kill_on_close) kill(-conns[i].pid, SIGKILL);
+    if (conns[i].pid > 0 && conns[i].kill_on_close) kill_group(conns[i].pid, SIGKILL);
     close(conns[i].fd);
     conns[i] = conns[--n_conns];
 }
@@ -693,7 +700,7 @@ static void handle_message(int ci) {
             int32_t sig;
             memcpy(&sig, buf + 4, 4);
             if (buf[1] == 1) kill_group_except_leader(conns[ci].pid, sig);
-            else kill(-conns[ci].pid, sig);
+            else kill_group(conns[ci].pid, sig);
         }
         break;
     case 'T':
@@ -773,7 +780,7 @@ static int serve(int listen_fd) {
         for (int i = 0; i < n_conns; i++) {
             if (conns[i].pid <= 0 || !conns[i].deadline) continue;
             if (now >= conns[i].deadline) {
-                if (!conns[i].timed_out) kill(-conns[i].pid, SIGKILL);
+                if (!conns[i].timed_out) kill_group(conns[i].pid, SIGKILL);
                 conns[i].timed_out = 1;
                 conns[i].deadline = 0;
                 continue;

@@ -1,0 +1,85 @@
+"""Who is asking: the tenant of a request.
+
+  * `Authorization: Bearer <key>`: the admin key is the admin; a tenant's key is that tenant; any
+    other key is refused (401). Over TCP a key is always required.
+  * Over the Unix socket without a key, the peer's uid (SO_PEERCRED, see peercred.py) decides:
+    uid 0 is the admin; any other uid is the tenant `uid-<uid>`, created with default quotas on its
+    first request (an admin may create `uid-<uid>` beforehand to give it other quotas). Who may
+    connect at all is the socket's business: mode 0660, group `shoal`.
+"""
+from __future__ import annotations
+
+import secrets
+
+from fastapi import Depends, Request
+
+from ..core import errors as E
+from .daemon import Daemon
+from .peercred import STATE_KEY, PeerCred
+from .state import ADMIN, Tenant
+
+UID_TENANT_PREFIX = "uid-"
+
+
+def daemon_of(request: Request) -> Daemon:
+    d = request.app.state.daemon
+    if d is None:  # an app built only for its OpenAPI spec
+        raise E.BackendUnavailable("this shoald app serves no backend")
+    return d
+
+
+def peer_of(request: Request) -> PeerCred | None:
+    state = request.scope.get("state") or {}
+    peer = state.get(STATE_KEY)
+    return peer if isinstance(peer, PeerCred) else None
+
+
+def uid_tenant_name(uid: int) -> str:
+    return f"{UID_TENANT_PREFIX}{uid}"
+
+
+def tenant(request: Request) -> Tenant:
+    d = daemon_of(request)
+    d.counters["requests"] += 1
+    auth = request.headers.get("authorization", "")
+    key = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
+    if key:
+        if d.admin_key and secrets.compare_digest(key, d.admin_key):
+            return ADMIN
+        t = d.state.tenant_for_key(key)
+        if t is None:
+            raise E.Unauthorized("invalid API key")
+        return t
+    peer = peer_of(request)
+    if peer is None:
+        raise E.Unauthorized("missing API key (Authorization: Bearer <key>)")
+    if peer.uid == 0:
+        return ADMIN
+    return d.state.tenant_for_uid(uid_tenant_name(peer.uid))
+
+
+def admin(t: Tenant = Depends(tenant)) -> Tenant:
+    if not t.admin:
+        raise E.Unauthorized("this endpoint needs the admin (the admin key, or root on the daemon's socket)")
+    return t
+
+
+class Caller:
+    """A request's daemon and tenant, as route handlers need them."""
+
+    __slots__ = ("d", "t")
+
+    def __init__(self, d: Daemon, t: Tenant):
+        self.d, self.t = d, t
+
+    def sandbox(self, sandbox_id: str) -> str:
+        """The sandbox id, if this tenant may see it (else 404)."""
+        return self.d.visible(self.t, sandbox_id)
+
+
+def caller(request: Request, t: Tenant = Depends(tenant)) -> Caller:
+    return Caller(daemon_of(request), t)
+
+
+def admin_caller(request: Request, t: Tenant = Depends(admin)) -> Caller:
+    return Caller(daemon_of(request), t)

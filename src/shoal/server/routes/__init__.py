@@ -1,0 +1,8 @@
+"""shoald's routes, one module per resource; every one under `API_PREFIX` (except /metrics)."""
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from . import exec, files, health, images, sandboxes, sessions, snapshots, tenants
+
+ROUTERS: list[APIRouter] = [m.router for m in (health, sandboxes, exec, sessions, files, snapshots, images, tenants)]

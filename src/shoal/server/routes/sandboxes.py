@@ -1,0 +1,93 @@
+"""Sandboxes: create (quotas, admission, ownership), list, info, kill, pause, resume, TTLs, network."""
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Response
+
+from ...core import errors as E
+from ...core.contract import (
+    API_PREFIX,
+    CreateRequest,
+    NetworkPolicy,
+    NetworkRequest,
+    SandboxInfo,
+    TimeoutRequest,
+)
+from ..auth import Caller, caller
+from ..quotas import limits_of
+
+router = APIRouter(prefix=API_PREFIX + "/sandboxes", tags=["sandboxes"])
+
+
+@router.post("", status_code=201)
+def create(body: CreateRequest, c: Caller = Depends(caller)) -> SandboxInfo:
+    d, t = c.d, c.t
+    if body.network == "host" and not t.admin:
+        raise E.Unauthorized("network='host' (the host's network, for image builds) is for the admin only")
+    if body.from_snapshot:
+        d.check_image(t, f"snapshots/{body.from_snapshot}:latest")
+    for ref in [body.image] + [x for x in body.layers or [] if ":" in x and not x.startswith("sha256:")]:
+        if ref:
+            d.check_image(t, ref)
+    limits = limits_of(body, d.settings)
+    with d.quotas.reserve(t, [limits]):
+        committed = d.backend.committed()
+        with d.admission.creating(len(committed), sum(x.memory_mb for x in committed), limits.memory_mb):
+            info = d.backend.create(body)
+        d.state.own("sandbox", info.id, t.name)
+    d.counters["creates"] += 1
+    return info
+
+
+@router.get("")
+def list_sandboxes(c: Caller = Depends(caller)) -> list[SandboxInfo]:
+    infos = c.d.backend.list()
+    if c.t.admin:
+        return infos
+    mine = set(c.d.state.owned("sandbox", c.t.name))
+    return [i for i in infos if i.id in mine]
+
+
+@router.get("/{sandbox_id}")
+def info(sandbox_id: str, c: Caller = Depends(caller)) -> SandboxInfo:
+    return c.d.backend.info(c.sandbox(sandbox_id))
+
+
+@router.delete("/{sandbox_id}", status_code=204)
+def kill(sandbox_id: str, c: Caller = Depends(caller)) -> Response:
+    try:
+        c.d.backend.kill(c.sandbox(sandbox_id))
+    except E.SandboxNotFound:
+        if c.t.admin or c.d.state.owner("sandbox", sandbox_id) == c.t.name:
+            c.d.forget(sandbox_id)  # it ended on its own: its record and handles go too
+        raise
+    c.d.forget(sandbox_id)
+    return Response(status_code=204)
+
+
+@router.post("/{sandbox_id}/pause", status_code=204)
+def pause(sandbox_id: str, c: Caller = Depends(caller)) -> Response:
+    c.d.backend.pause(c.sandbox(sandbox_id))
+    return Response(status_code=204)
+
+
+@router.post("/{sandbox_id}/resume", status_code=204)
+def resume(sandbox_id: str, c: Caller = Depends(caller)) -> Response:
+    c.d.backend.resume(c.sandbox(sandbox_id))
+    return Response(status_code=204)
+
+
+@router.put("/{sandbox_id}/timeout")
+def set_ttl(sandbox_id: str, body: TimeoutRequest, c: Caller = Depends(caller)) -> SandboxInfo:
+    """Replaces both lifetimes: a field left out is cleared, not kept."""
+    return c.d.backend.set_ttl(c.sandbox(sandbox_id), body)
+
+
+@router.get("/{sandbox_id}/network")
+def get_network(sandbox_id: str, c: Caller = Depends(caller)) -> NetworkPolicy:
+    return c.d.backend.get_network(c.sandbox(sandbox_id))
+
+
+@router.put("/{sandbox_id}/network")
+def set_network(sandbox_id: str, body: NetworkRequest, c: Caller = Depends(caller)) -> NetworkPolicy:
+    """Replaces the egress rules: fields left out are cleared, never merged."""
+    return c.d.backend.set_network(c.sandbox(sandbox_id), body)
