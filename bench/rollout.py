@@ -33,9 +33,9 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from shoal import Host, Sandbox  # noqa: E402
 from shoal.envs.debian import PYTHON_IMAGE, ensure_python_base  # noqa: E402
-from shoal.tasks.swe import load_suite  # noqa: E402
 from shoal.envs.workspaces import CATALOG, build_workspace  # noqa: E402
 from shoal.rollout.runner import Rollout, resolve_table, write_jsonl, write_parquet  # noqa: E402
+from shoal.tasks.swe import load_suite  # noqa: E402
 from shoal.trajlog import LoggedSandbox, TrajectoryLog  # noqa: E402
 
 console = Console(width=140)

@@ -24,6 +24,14 @@ if os.geteuid() != 0:
 os.environ["SHOAL_URL"] = "local"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def shoal_init_built():
+    """shoal-init current for the C source, as `make setup` leaves it (kept if current: no compile)."""
+    from shoal.backends.container.native import build
+
+    return build()
+
+
 @pytest.fixture(scope="session")
 def root():
     # short path: sandbox control sockets live under it (sun_path is 108 bytes)

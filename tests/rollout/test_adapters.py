@@ -5,7 +5,6 @@ import asyncio
 import json
 
 import pytest
-
 from gymnasium.utils.env_checker import check_env
 
 from shoal.core.errors import InvalidArgument

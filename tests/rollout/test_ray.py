@@ -9,13 +9,12 @@ import time
 from pathlib import Path
 
 import pytest
+from roots import wipe_root
 
 from shoal import Host
-from shoal.tasks.swe.suite import save_suite
 from shoal.rollout.queue import EpisodeQueue
 from shoal.rollout.runner import Rollout
-
-from roots import wipe_root
+from shoal.tasks.swe.suite import save_suite
 
 pytestmark = pytest.mark.slow
 

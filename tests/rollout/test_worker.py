@@ -13,9 +13,9 @@ import time
 
 import pytest
 
+from shoal.rollout.runner import Rollout, resolve_table, write_jsonl, write_parquet
 from shoal.tasks.swe import SUITE_PATH
 from shoal.tasks.swe.suite import save_suite
-from shoal.rollout.runner import Rollout, resolve_table, write_jsonl, write_parquet
 
 pytestmark = pytest.mark.slow
 

@@ -5,7 +5,8 @@ import ast
 import subprocess
 import textwrap
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shoal.tasks.swe.mutate import mutations, unified_diff
 from shoal.tasks.swe.task import BUG_TYPES

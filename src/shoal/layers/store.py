@@ -187,7 +187,7 @@ class LayerStore:
             archive.extract_layer_tar(stream, root, Path(path) if path else None)
             return self.build_from_dir(root, source=source or (f"tar:{path}" if path else "tar:stream"), name=name)
 
-    def pull_image(self, source: "LayerStore", ref: str) -> ImageInfo:
+    def pull_image(self, source: LayerStore, ref: str) -> ImageInfo:
         """Copy an image and the layers it lacks from another store (another host's root: a shared
         filesystem, or a registry mirror). Layer files are hard-linked when both stores share a
         filesystem. Content addressing makes it safe to pull the same image twice."""

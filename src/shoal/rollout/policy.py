@@ -39,7 +39,7 @@ class Policy(ABC):
     @abstractmethod
     async def complete(self, request: dict) -> dict: ...
 
-    async def aclose(self) -> None:
+    async def aclose(self) -> None:  # noqa: B027 - optional hook: most policies hold nothing to close
         pass
 
 

@@ -62,7 +62,7 @@ class EpisodeQueue:
         with self._conn.transaction() as db:
             n0 = db.execute("SELECT COALESCE(MAX(n), 0) FROM episodes").fetchone()[0]
             ids, now = [], time.time()
-            for r in range(repeats):
+            for _ in range(repeats):
                 for t in task_ids:
                     n0 += 1
                     eid = f"{prefix}-{n0:06d}"

@@ -36,8 +36,9 @@ class Rollout:
     def start_workers(self, n: int, *, root: str | os.PathLike | None = None, suite: str | os.PathLike | None = None,
                       concurrency: int = 2, extra: list[str] | None = None,
                       log_dir: str | os.PathLike | None = None) -> list[subprocess.Popen]:
-        for i in range(n):
-            cmd = [sys.executable, "-m", "shoal.rollout.worker", "--db", str(self.db), "--concurrency", str(concurrency)]
+        for _ in range(n):
+            cmd = [sys.executable, "-m", "shoal.rollout.worker", "--db", str(self.db),
+                   "--concurrency", str(concurrency)]
             if root:
                 cmd += ["--root", str(root)]
             if suite:

@@ -133,7 +133,7 @@ class SWETask(BaseModel):
         return d
 
     @classmethod
-    def from_swebench(cls, d: dict, **extra) -> "SWETask":
+    def from_swebench(cls, d: dict, **extra) -> SWETask:
         d = {**d, **extra}
         for k in ("FAIL_TO_PASS", "PASS_TO_PASS"):
             if isinstance(d.get(k), str):
