@@ -12,6 +12,7 @@ sandbox, and the loop goes on live from where the log ends. Where the episode's 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import socket
 import time
@@ -103,7 +104,7 @@ async def run_episode(task: Task, policy: Policy, log: TrajectoryLog, host: Host
         req = policy.request(messages, tools.specs)
         t0 = time.perf_counter()
         try:
-            out = (await llm.acall("llm", req, lambda req=req: policy.complete(req), idempotent=True)).result
+            out = (await llm.acall("llm", req, functools.partial(policy.complete, req), idempotent=True)).result
         except UnknownOutcome:  # a model call has no side effect: ask again, log that answer
             out = llm.settle(await policy.complete(req)).result
         llm_s += time.perf_counter() - t0

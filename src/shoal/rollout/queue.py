@@ -75,7 +75,7 @@ class EpisodeQueue:
     def counts(self) -> dict:
         q = "SELECT status, COUNT(*), COALESCE(SUM(reward), 0) FROM episodes"
         rows = self._db.execute(q + " GROUP BY status").fetchall()
-        out = {s: 0 for s in STATES}
+        out: dict[str, float] = {s: 0 for s in STATES}
         reward = 0.0
         for status, n, r in rows:
             out[status] = n

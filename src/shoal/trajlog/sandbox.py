@@ -15,6 +15,7 @@ original is gone (its host was lost), so the episode can go on elsewhere.
 from __future__ import annotations
 
 import base64
+import builtins
 import time
 from dataclasses import dataclass, field
 
@@ -120,10 +121,10 @@ class LoggedSandbox:
     def read(self, path: str) -> str:
         return _decode(self._call("read", {"path": path}).result).decode("utf-8", "replace")
 
-    def list(self, path: str) -> list[str]:
+    def list(self, path: str) -> builtins.list[str]:  # builtins: `list` here is this method
         return self._call("list", {"path": path}).result["entries"]
 
-    def snapshot(self, exclude: list[str] | None = None) -> dict:
+    def snapshot(self, exclude: builtins.list[str] | None = None) -> dict:
         return self._call("snapshot", {"exclude": exclude}).result
 
 

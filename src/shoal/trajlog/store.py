@@ -268,7 +268,7 @@ class JournaledLogStore(SQLiteLogStore):
         with self._lock:
             os.write(self._journal(), line)
             self._buf.append(rec)
-        if self._durable:
+        if self._durable and self._fd is not None:
             os.fsync(self._fd)
 
     def _flusher(self) -> None:

@@ -306,7 +306,7 @@ def evaluate(host: Host, task: SWETask, patch: str | None, timeout: float = 60, 
     in another fresh sandbox (under unittest for TestCase tests) and must pass there too.
     `screen=False` / `confirm=False` switch a layer off (to measure the others)."""
     if not patch or not patch.strip():
-        patch_text, dropped = "", []
+        patch_text, dropped = "", list[str]()
     else:
         if why := malformed_patch(patch):
             return _malformed(task, why, []), ""

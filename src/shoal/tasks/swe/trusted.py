@@ -94,7 +94,7 @@ class RunRecord:
     exit: dict | None = None
     lines: int = 0
     audit: list[str] = field(default_factory=list)  # what the runner's audit hook refused, as it happened
-    phases: dict[str, str] = field(default_factory=dict)  # nodeid -> status from its phase lines so far
+    phases: dict[str, str | None] = field(default_factory=dict)  # nodeid -> status from its phase lines so far
 
     @property
     def tampered(self) -> list[str]:
