@@ -80,9 +80,9 @@ def leftovers(root: Path) -> dict:
 def start_daemon(root: Path) -> tuple[subprocess.Popen, str]:
     env = dict(os.environ, SHOAL_ROOT=str(root))
     env.pop("SHOAL_URL", None)
-    proc = subprocess.Popen([sys.executable, "-m", "shoal.cli", "serve", "--max-sandboxes", "2048"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    sock = root / "shoald.sock"
+    sock = root / "shoald.sock"  # private: the host daemon's /run/shoal/shoald.sock is left alone
+    proc = subprocess.Popen([sys.executable, "-m", "shoal.cli", "serve", "--socket", str(sock),
+                             "--max-sandboxes", "2048"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for _ in range(600):
         try:
             if sock.exists() and httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)),

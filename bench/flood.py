@@ -35,7 +35,7 @@ from roots import wipe_root  # noqa: E402
 
 from shoal import Host  # noqa: E402
 from shoal.layers.busybox import make_busybox_tree  # noqa: E402
-from shoal.sdk.remote import Client  # noqa: E402
+from shoal.backends.http import HttpBackend  # noqa: E402
 
 RESULTS = HERE / "results"
 
@@ -67,20 +67,20 @@ def flood(seconds: float, root: Path) -> dict:
     proc = start_daemon(root)
     pid = proc.pid
     sock = root / "shoald.sock"
-    c = Client(f"unix://{sock}")
+    c = HttpBackend(f"unix://{sock}", "")  # root on the socket: the admin
     raw = httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://x", timeout=30)
     stop = threading.Event()
     execs: list[dict] = []
     try:
-        sb = c.json("POST", "/v1/sandboxes", json={"image": "busybox:flood", "cpu": 1})
-        p = f"/v1/sandboxes/{sb['id']}"
+        sb = c.json("POST", "/sandboxes", json={"image": "busybox:flood", "cpu": 1})
+        p = f"/sandboxes/{sb['id']}"
 
         def exec_flood() -> None:
             while not stop.is_set():
-                execs.append(c.json("POST", f"{p}/exec", json={"cmd": "yes", "timeout": 3,
+                execs.append(c.json("POST", f"{p}/exec", json={"argv": ["yes"], "timeout": 3,
                                                                "output_cap": 64 * 1024}))
 
-        hid = c.json("POST", f"{p}/commands", json={"cmd": "yes"})["id"]
+        hid = c.json("POST", f"{p}/commands", json={"argv": ["yes"]})["id"]
         worker = threading.Thread(target=exec_flood, daemon=True)
         worker.start()
         time.sleep(5)  # warm-up: buffers reach their caps, thread pools are spawned

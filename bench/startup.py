@@ -174,8 +174,8 @@ class Shoald:
         env = dict(os.environ, SHOAL_ROOT=str(root))
         env.pop("SHOAL_URL", None)
         self.log = open(root / "shoald.log", "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "shoal.cli", "serve", "--creates-per-s", "10000"],
-                                     env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen([sys.executable, "-m", "shoal.cli", "serve", "--socket", str(self.sock),
+                                      "--creates-per-s", "10000"], env=env, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.time() + 60
         while time.time() < deadline:
             if self.sock.exists():
@@ -283,9 +283,9 @@ COMPARISONS = {  # comparison -> (Shoal row, peer row, title, short title for th
 def make_samplers(shoal_sock: Path, proc_root: Path, docker_env: dict | None, docker_cli: str,
                   bundle: Path | None) -> dict[str, Callable[[], None]]:
     """Each sampler does one full unit of work and raises on failure."""
-    env_d = dict(os.environ, SHOAL_ROOT=str(shoal_sock.parent))
-    env_d.pop("SHOAL_URL", None)
-    env_p = dict(env_d, SHOAL_ROOT=str(proc_root))
+    # the CLI reaches this benchmark's daemon by its socket; the in-process rows ask for `local` explicitly
+    env_d = dict(os.environ, SHOAL_ROOT=str(shoal_sock.parent), SHOAL_URL=f"unix://{shoal_sock}")
+    env_p = dict(env_d, SHOAL_ROOT=str(proc_root), SHOAL_URL="local")
     shoal = str(Path(sys.executable).with_name("shoal"))
     if not os.path.exists(shoal):
         raise SystemExit(f"{shoal} missing: install the package (make setup)")

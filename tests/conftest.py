@@ -86,27 +86,22 @@ def sandbox(make_sandbox):
 # ------------------------------------------------------------------ shoald (daemon, security suites)
 @pytest.fixture(scope="module")
 def daemon(root, base_image):
-    """A real shoald (uvicorn on a Unix socket) per test module, on the session's Shoal root."""
+    """A real shoald (uvicorn on a private Unix socket) per test module, on the session's Shoal root.
+    Tests that restart it put the new process in d["proc"]: that one is stopped at the end."""
     sock = root / "shoald.sock"
-    proc = start_daemon(root, "--max-starting", "8")
-    yield {"proc": proc, "sock": sock, "url": f"unix://{sock}", "root": root,
-           "admin_key": (root / "admin.key").read_text().strip()}
-    proc.terminate()
-    proc.wait(10)
+    d = {"proc": start_daemon(root, "--max-starting", "8"), "sock": sock, "url": f"unix://{sock}", "root": root,
+         "admin_key": (root / "admin.key").read_text().strip()}
+    yield d
+    d["proc"].terminate()
+    d["proc"].wait(20)
 
 
 @pytest.fixture(scope="module")
 def tenants(daemon):
     """Two tenants, a and b, with their keys."""
-    from shoal.sdk.remote import Client
+    from daemonctl import make_tenants
 
-    admin = Client(daemon["url"])
-    keys = {}
-    for name in ("tenant-a", "tenant-b"):
-        keys[name] = admin.json("POST", "/v1/tenants", json={"name": name, "quotas": {"sandboxes": 5, "cpu": 8,
-                                                                                       "memory_mb": 4096,
-                                                                                       "disk_mb": 8192}})["api_key"]
-    return keys
+    return make_tenants(daemon["url"])
 
 
 @pytest.fixture(scope="session")

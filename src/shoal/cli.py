@@ -379,9 +379,10 @@ def serve(socket: Path | None = typer.Option(None, "--socket", envvar="SHOAL_SOC
 
 
 def _admin_client(root: Optional[str]):
-    from .sdk.remote import Client
+    """shoald as the admin: root on its socket needs no key ($SHOAL_API_KEY may hold the admin key)."""
+    from .backends.http import client_for
 
-    return Client("local", None, root)
+    return client_for(None, None, root)
 
 
 @tenant_app.command("create")
@@ -389,7 +390,7 @@ def tenant_create(name: str, sandboxes: int = typer.Option(100, "--sandboxes"), 
                   memory_mb: int = typer.Option(65536, "--memory-mb"), disk_mb: int = typer.Option(262144, "--disk-mb"),
                   root: Optional[str] = RootOpt):
     """Create a tenant; prints its API key once (only a hash is stored)."""
-    r = _admin_client(root).json("POST", "/v1/tenants", json={"name": name, "quotas": {
+    r = _admin_client(root).json("POST", "/tenants", json={"name": name, "quotas": {
         "sandboxes": sandboxes, "cpu": cpu, "memory_mb": memory_mb, "disk_mb": disk_mb}})
     console.print(r["api_key"])
 
@@ -398,7 +399,7 @@ def tenant_create(name: str, sandboxes: int = typer.Option(100, "--sandboxes"), 
 def tenant_ls(root: Optional[str] = RootOpt):
     """List tenants with quotas and current usage."""
     t = Table("TENANT", "SANDBOXES", "CPU", "MEMORY MiB", "DISK MiB")
-    for x in _admin_client(root).json("GET", "/v1/tenants"):
+    for x in _admin_client(root).json("GET", "/tenants"):
         q, u = x["quotas"], x["usage"]
         t.add_row(x["name"], f"{u['sandboxes']:g}/{q['sandboxes']:g}", f"{u['cpu']:g}/{q['cpu']:g}",
                   f"{u['memory_mb']:g}/{q['memory_mb']:g}", f"{u['disk_mb']:g}/{q['disk_mb']:g}")
@@ -408,7 +409,7 @@ def tenant_ls(root: Optional[str] = RootOpt):
 @tenant_app.command("rm")
 def tenant_rm(name: str, root: Optional[str] = RootOpt):
     """Delete a tenant (its key stops working)."""
-    _admin_client(root).call("DELETE", f"/v1/tenants/{name}")
+    _admin_client(root).call("DELETE", f"/tenants/{name}")
     console.print(f"removed {name}")
 
 

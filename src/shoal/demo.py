@@ -47,23 +47,21 @@ def platform_demo() -> None:
     host.store.create_image("demo:latest", ["busybox", "demo-toolkit"])
 
     # the daemon: started here, stopped at the end; everything below goes through its HTTP API
-    from .sdk.remote import Client
+    from .backends.http import HttpBackend
+    from .server.ensure import answering
 
     env = dict(os.environ, SHOAL_ROOT=str(root))
     env.pop("SHOAL_URL", None)
-    daemon = subprocess.Popen([sys.executable, "-m", "shoal.cli", "serve"], env=env)
-    sock = root / "shoald.sock"
-    for _ in range(300):
-        try:
-            if sock.exists() and Client(f"unix://{sock}").json("GET", "/v1/health")["ok"]:
-                break
-        except Exception:
-            pass
+    sock = root / "shoald.sock"  # a private socket: the host daemon's /run/shoal/shoald.sock is left alone
+    daemon = subprocess.Popen([sys.executable, "-m", "shoal.cli", "serve", "--socket", str(sock)], env=env)
+    for _ in range(600):
+        if answering(sock):
+            break
         time.sleep(0.05)
     url = f"unix://{sock}"
-    admin = Client(url)
-    key = admin.json("POST", "/v1/tenants", json={"name": "demo-team", "quotas": {"sandboxes": 10}})["api_key"]
-    other = admin.json("POST", "/v1/tenants", json={"name": "other-team"})["api_key"]
+    admin = HttpBackend(url, "")  # root on the socket: the admin
+    key = admin.json("POST", "/tenants", json={"name": "demo-team", "quotas": {"sandboxes": 10}})["api_key"]
+    other = admin.json("POST", "/tenants", json={"name": "other-team"})["api_key"]
     console.print(f"shoald listening on {sock}; tenants demo-team and other-team created (keys shown once)")
     try:
         _sandboxes_through_api(url, key, other)

@@ -14,23 +14,22 @@ import sys
 import pytest
 
 from shoal import cli_fast
-from shoal.config import DEFAULT_CONFIG, DEFAULT_ROOT, load_settings
-from shoal.server.app import CreateRequest, ExecBody
-from shoal.core.contract import ExecResult, SandboxInfo
-from shoal.sdk.remote import Client, list_remote
+from shoal.backends import LOCAL
+from shoal.backends.http import HttpBackend
+from shoal.config import DEFAULT_SOCKET
+from shoal.core.contract import CreateRequest, ExecRequest, ExecResult, SandboxInfo
 from shoal.sdk.sandbox import Sandbox
 
 FAST = [sys.executable, "-m", "shoal.cli_fast"]  # what the `shoal` script runs (entry point cli_fast:main)
 
 
 def _env(root) -> dict:
-    env = dict(os.environ, SHOAL_ROOT=str(root))
-    env.pop("SHOAL_URL", None)
-    return env
+    """The CLI pointed at the test daemon's private socket (the `daemon` fixture's)."""
+    return dict(os.environ, SHOAL_ROOT=str(root), SHOAL_URL=f"unix://{root / 'shoald.sock'}")
 
 
-def _creates(client: Client) -> int:
-    text = client.call("GET", "/metrics").text
+def _creates(client: HttpBackend) -> int:
+    text = client.http.get("/metrics").text
     return int(next(x.split()[1] for x in text.splitlines() if x.startswith("shoal_creates_total ")))
 
 
@@ -58,41 +57,31 @@ def test_anything_else_goes_to_the_full_cli(argv):
         cli_fast.try_fast(argv)
 
 
-def test_socket_resolution_matches_config(tmp_path, monkeypatch):
-    """The fast path finds the same root as shoal.config (argument > $SHOAL_ROOT > config > default)."""
-    assert (cli_fast.DEFAULT_ROOT, cli_fast.DEFAULT_CONFIG) == (str(DEFAULT_ROOT), str(DEFAULT_CONFIG))
+def test_socket_resolution(monkeypatch):
+    """The fast path goes where the SDK goes: $SHOAL_URL's socket, else the host daemon's."""
+    assert (cli_fast.DEFAULT_SOCKET, cli_fast.LOCAL) == (str(DEFAULT_SOCKET), LOCAL)
     monkeypatch.delenv("SHOAL_URL", raising=False)
-    monkeypatch.setenv("SHOAL_CONFIG", str(tmp_path / "absent.toml"))
-    monkeypatch.delenv("SHOAL_ROOT", raising=False)
-    want = lambda r=None: str(load_settings(r).root / "shoald.sock")  # noqa: E731
-    assert cli_fast.socket_path(None) == want() == f"{DEFAULT_ROOT}/shoald.sock"
-    assert cli_fast.socket_path("rel/dir") == want("rel/dir")
-    monkeypatch.setenv("SHOAL_ROOT", str(tmp_path / "env"))
-    assert cli_fast.socket_path(None) == want()
-    monkeypatch.delenv("SHOAL_ROOT")
-    cfg = tmp_path / "config.toml"
-    cfg.write_text(f'root = "{tmp_path / "cfg"}"\n')
-    monkeypatch.setenv("SHOAL_CONFIG", str(cfg))
-    assert cli_fast.socket_path(None) == want() == str(tmp_path / "cfg" / "shoald.sock")
+    assert cli_fast.socket_path() == "/run/shoal/shoald.sock"
     monkeypatch.setenv("SHOAL_URL", "unix:///x/y.sock")
-    assert cli_fast.socket_path(None) == "/x/y.sock"
-    for url in ("embedded", "https://h:8443"):
+    assert cli_fast.socket_path() == "/x/y.sock"
+    for url in ("local", "https://h:8443"):
         monkeypatch.setenv("SHOAL_URL", url)
-        assert cli_fast.socket_path(None) is None
+        assert cli_fast.socket_path() is None
 
 
-def test_stale_socket_falls_back(tmp_path):
-    """A socket file with nothing listening (a daemon that died) means in-process, not an error."""
-    assert cli_fast.daemon_connection({"root": str(tmp_path)}) is None  # no socket at all
+def test_stale_socket_falls_back(tmp_path, monkeypatch):
+    """A socket file with nothing listening (a daemon that died) goes to the SDK, which names the problem."""
+    monkeypatch.setenv("SHOAL_URL", f"unix://{tmp_path / 'shoald.sock'}")
+    assert cli_fast.daemon_connection({}) is None  # no socket at all
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.bind(str(tmp_path / "shoald.sock"))
     s.close()
-    assert cli_fast.daemon_connection({"root": str(tmp_path)}) is None
+    assert cli_fast.daemon_connection({}) is None
 
 
 def test_no_daemon_runs_in_process_without_typer(root, base_image):
-    """No daemon on this root: the sandbox runs in-process, and still without typer, rich or click."""
-    env = _env(root)
+    """Asked for in-process: the sandbox runs here, and still without typer, rich or click."""
+    env = dict(_env(root), SHOAL_URL=LOCAL)  # `exec` has no --in-process: SHOAL_URL=local says it
     r = subprocess.run([sys.executable, "-X", "importtime", "-m", "shoal.cli_fast", "run", "--in-process", "-d",
                         "--memory-mb", "96", base_image], env=env, capture_output=True, text=True)
     sid = r.stdout.strip()
@@ -141,11 +130,11 @@ def test_bodies_are_valid_for_the_daemon_models():
     assert set(body) <= set(CreateRequest.model_fields)
     assert CreateRequest.model_validate(body).model_dump(exclude_unset=True) == body
     body = cli_fast.exec_body(o)
-    assert set(body) <= set(ExecBody.model_fields)
-    assert ExecBody.model_validate(body).model_dump(exclude_unset=True) == body
+    assert set(body) <= set(ExecRequest.model_fields)
+    assert ExecRequest.model_validate(body).model_dump(exclude_unset=True) == body
     _, o = cli_fast.parse(["run", "img"])
     assert CreateRequest.model_validate(cli_fast.create_body(o)).image == "img"
-    assert ExecBody.model_validate(cli_fast.exec_body(o)).cmd == ["/bin/sh", "-c", "true"]
+    assert ExecRequest.model_validate(cli_fast.exec_body(o)).argv == ["/bin/sh", "-c", "true"]
     assert "id" in SandboxInfo.model_fields and "exit_code" in ExecResult.model_fields
 
 
@@ -177,18 +166,18 @@ def test_fast_path_and_sdk_agree(daemon, base_image, cmd):
 
 # ------------------------------------------------------------------------------------------ end to end
 def test_run_goes_through_the_daemon(daemon, base_image, root):
-    client = Client(daemon["url"])
-    before, live = _creates(client), {i.id for i in list_remote(client)}
+    client = HttpBackend(daemon["url"], "")
+    before, live = _creates(client), {i.id for i in client.list()}
     r = subprocess.run(FAST + ["run", base_image, "--", "sh", "-c", "echo from-daemon; echo e >&2; exit 4"],
                        env=_env(root), capture_output=True, text=True)
     assert (r.stdout, r.stderr, r.returncode) == ("from-daemon\n", "e\n", 4)
     assert _creates(client) == before + 1
-    assert {i.id for i in list_remote(client)} <= live  # and removed afterwards
+    assert {i.id for i in client.list()} <= live  # and removed afterwards
 
 
 def test_detach_exec_and_kill_through_the_daemon(daemon, base_image, root):
     env = _env(root)
-    client = Client(daemon["url"])
+    client = HttpBackend(daemon["url"], "")
     before = _creates(client)
     sid = subprocess.run(FAST + ["run", "-d", "--memory-mb", "96", "--ttl", "120", base_image], env=env,
                          capture_output=True, text=True).stdout.strip()
@@ -227,7 +216,7 @@ def test_daemon_errors_are_one_line_and_status_2(daemon, base_image, root):
 
 
 def test_in_process_flag_bypasses_the_daemon(daemon, base_image, root):
-    client = Client(daemon["url"])
+    client = HttpBackend(daemon["url"], "")
     before = _creates(client)
     r = subprocess.run(FAST + ["run", "--in-process", base_image, "--", "sh", "-c", "echo here; exit 5"],
                        env=_env(root), capture_output=True, text=True)
@@ -252,7 +241,7 @@ def test_hot_path_imports_no_heavy_modules(daemon, base_image, root):
 
 def test_full_cli_run_uses_the_daemon_too(daemon, base_image, root):
     """argv the fast parser leaves to typer (no `--`) still runs through the daemon: one dispatch."""
-    client = Client(daemon["url"])
+    client = HttpBackend(daemon["url"], "")
     before = _creates(client)
     r = subprocess.run(FAST + ["run", base_image, "echo", "via-typer"], env=_env(root), capture_output=True,
                        text=True)
@@ -273,12 +262,12 @@ def test_module_main_and_full_cli_still_work(root, base_image):
 
 def test_reader_going_away_removes_the_sandbox(daemon, base_image, root):
     """`shoal run … | head`: no traceback, SIGPIPE's status, and the sandbox is removed."""
-    client = Client(daemon["url"])
-    live = {i.id for i in list_remote(client)}
+    client = HttpBackend(daemon["url"], "")
+    live = {i.id for i in client.list()}
     p = subprocess.Popen(FAST + ["run", base_image, "--", "sh", "-c", "yes | head -c 20000000"], env=_env(root),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert p.stdout is not None and p.stdout.read(4) == b"y\ny\n"
     p.stdout.close()
     err = p.stderr.read().decode() if p.stderr else ""
     assert p.wait(60) == 141 and "Traceback" not in err
-    assert {i.id for i in list_remote(client)} <= live
+    assert {i.id for i in client.list()} <= live

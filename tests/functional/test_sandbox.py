@@ -109,6 +109,10 @@ def test_files_api_roundtrip(sandbox, tmp_path):
     assert "up/sub/x.py" in names
     f.remove("/work/a/b/c.txt")
     assert not f.exists("/work/a/b/c.txt")
+    # a whole tree goes, and a symlink planted in it is removed, not followed
+    sandbox.commands.run("mkdir -p /work/t/x/y && echo 1 > /work/t/x/y/z && ln -s /bin /work/t/bin", check=True)
+    f.remove("/work/t")
+    assert not f.exists("/work/t") and f.exists("/bin/sh")
 
 
 def test_writes_never_reach_layers_or_other_sandboxes(make_sandbox, base_image, host):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import io
 import os
+import shutil
 import stat
 import tarfile
 from pathlib import PurePosixPath
@@ -186,7 +187,9 @@ class SandboxFiles:
         try:
             st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
             if stat.S_ISDIR(st.st_mode):
-                os.rmdir(name, dir_fd=pfd)
+                # fd-relative all the way down (shutil's safe variant): a symlink planted in the tree is
+                # unlinked, never followed, so nothing outside the sandbox root can be reached
+                shutil.rmtree(name, dir_fd=pfd)
             else:
                 os.unlink(name, dir_fd=pfd)
         except OSError as e:
