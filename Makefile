@@ -5,9 +5,14 @@ PY    := $(VENV)/bin/python
 APT_PKGS := erofs-utils busybox-static gcc libc6-dev debootstrap nftables iproute2 openssl
 STAMP := $(VENV)/.installed
 
-.PHONY: setup daemon demo demo-platform test test-vm bench repro clean docker-engine
+.PHONY: setup system-deps daemon demo demo-platform test test-vm bench repro clean docker-engine
 
+# Debian packages first (gcc builds the C helper), then the venv, then the helper itself: the
+# editable install builds it only if a compiler was already there, so it is built here, explicitly.
 setup: $(STAMP)
+	$(PY) -m shoal.backends.container.native build
+
+system-deps:
 	@missing=""; \
 	command -v mkfs.erofs >/dev/null || missing="$$missing erofs-utils"; \
 	{ [ -x /bin/busybox ] && /bin/busybox --list | grep -qx sh; } || missing="$$missing busybox-static"; \
@@ -22,7 +27,8 @@ setup: $(STAMP)
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
-$(STAMP): pyproject.toml
+# order-only: the system packages are checked on every `make setup`, but do not make the venv stale
+$(STAMP): pyproject.toml setup.py | system-deps
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -e '.[test]'

@@ -33,9 +33,9 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from shoal import Host, Sandbox  # noqa: E402
 from shoal.envs.debian import PYTHON_IMAGE, ensure_python_base  # noqa: E402
-from shoal.envs.swe import load_suite  # noqa: E402
 from shoal.envs.workspaces import CATALOG, build_workspace  # noqa: E402
 from shoal.rollout.runner import Rollout, resolve_table, write_jsonl, write_parquet  # noqa: E402
+from shoal.tasks.swe import load_suite  # noqa: E402
 from shoal.trajlog import LoggedSandbox, TrajectoryLog  # noqa: E402
 
 console = Console(width=140)
@@ -50,7 +50,7 @@ def log_overhead(root: Path, n: int, work: Path, cmd: list[str]) -> dict:
     """Same sandbox, interleaved: exec direct, then the same exec through the log."""
     log = TrajectoryLog(work / f"overhead-{len(cmd)}.db")
     direct, logged = [], []
-    with Sandbox.create(PYTHON_IMAGE, root=root) as sb:
+    with Sandbox.create(PYTHON_IMAGE, root=root, url="local") as sb:
         lsb = LoggedSandbox(sb, log.stream("overhead", sandbox=sb.id))
         for _ in range(20):  # warm-up
             sb.commands.run(cmd)
@@ -69,7 +69,7 @@ def log_overhead(root: Path, n: int, work: Path, cmd: list[str]) -> dict:
 
 def replay_rate(root: Path, steps: int, work: Path) -> dict:
     log = TrajectoryLog(work / "replay.db")
-    with Sandbox.create(PYTHON_IMAGE, root=root) as sb:
+    with Sandbox.create(PYTHON_IMAGE, root=root, url="local") as sb:
         rec = LoggedSandbox(sb, log.stream("replay", sandbox=sb.id))
         t = time.perf_counter()
         for i in range(steps):

@@ -23,6 +23,14 @@ if os.geteuid() != 0:
 os.environ["SHOAL_URL"] = "local"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def shoal_init_built():
+    """shoal-init current for the C source, as `make setup` leaves it (kept if current: no compile)."""
+    from shoal.backends.container.native import build
+
+    return build()
+
+
 @pytest.fixture(scope="session")
 def root():
     # short path: sandbox control sockets live under it (sun_path is 108 bytes)
@@ -100,7 +108,7 @@ def swe_tasks(host):
     """The bundled SWE suite, with the environments it needs built in this root (cached builds: free
     when test_real_envs ran first). Needs the package registries on first build."""
     from shoal.envs.debian import ensure_python_base
-    from shoal.envs.swe import load_suite
+    from shoal.tasks.swe import load_suite
     from shoal.envs.workspaces import CATALOG, build_workspace
 
     if not shutil.which("debootstrap"):

@@ -47,5 +47,7 @@ mapfile -t sel < /shoal/.vm-in/tests
 echo "SHOAL-VM: pytest ${sel[*]}"
 # SHOAL_VM_ACCEL: what vm/pytest_vm.py skips under TCG; shoald's start is slow under emulation
 export SHOAL_VM_ACCEL="$(cat /shoal/.vm-in/accel)" SHOAL_TEST_DAEMON_START_S=240
+# the tree is copied as source: build the C helper the way `make setup` does (never at run time)
+PYTHONPATH=/shoal/src /opt/shoal-venv/bin/python -m shoal.backends.container.native build
 PYTHONPATH=/shoal/src:/shoal/vm /opt/shoal-venv/bin/python -m pytest -v -rs --color=no -p no:cacheprovider \
   -p pytest_vm --durations=15 --junitxml="$OUT/junit.xml" "${sel[@]}"

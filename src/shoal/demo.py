@@ -137,8 +137,8 @@ def swe_demo() -> None:
     import json
 
     from .envs.debian import ensure_python_base
-    from .envs.swe import load_suite
-    from .envs.swe.suite import summary
+    from .tasks.swe import load_suite
+    from .tasks.swe.suite import summary
     from .envs.workspaces import CATALOG, build_workspace
     from .rollout.episode import run_episode
     from .rollout.policy import make_policy

@@ -5,6 +5,7 @@ import asyncio
 import json
 
 import pytest
+from gymnasium.utils.env_checker import check_env
 
 from shoal.core.errors import InvalidArgument
 from shoal.rollout.adapters import ShoalSWEAgentLoop, ShoalSWEEnv, parse_tool_calls
@@ -29,11 +30,21 @@ def test_gym_env_oracle_and_null(root, few_tasks, tmp_path):
     for _ in range(4):
         assert env.step({"tool": "shell", "arguments": {"command": "true"}})[3] is False
     assert env.step({"tool": "shell", "arguments": {"command": "true"}})[3] is True  # truncated at max_steps
-    with pytest.raises(InvalidArgument):
-        env.step("not json")
+    env.reset(options={"instance_id": task.instance_id})
+    o, r, term, trunc, info = env.step("not json")  # a malformed tool call is an observation, not an exception
+    assert o.startswith("error: the action is not JSON") and "shell, view_file" in o
+    assert (r, term, trunc, info["error"]) == (0.0, False, False, True)
     with pytest.raises(InvalidArgument, match="no task"):
         env.reset(options={"instance_id": "nope"})
     env.close()
+
+
+def test_gym_env_passes_gymnasium_check_env(root, few_tasks, tmp_path):
+    env = ShoalSWEEnv(few_tasks[:2], root=str(root), log_path=tmp_path / "c.db", max_steps=5)
+    try:
+        check_env(env, skip_render_check=True)  # steps with sampled (random text) actions too
+    finally:
+        env.close()
 
 
 class CharTokenizer:

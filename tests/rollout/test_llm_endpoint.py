@@ -11,11 +11,11 @@ import time
 import httpx
 import pytest
 
-from shoal.envs.swe.suite import save_suite
 from shoal.core.errors import LLMUnavailable
 from shoal.rollout.episode import run_episode
 from shoal.rollout.policy import ChatEndpointPolicy, make_policy
 from shoal.rollout.runner import Rollout
+from shoal.tasks.swe.suite import save_suite
 from shoal.trajlog import TrajectoryLog
 
 pytestmark = pytest.mark.slow

@@ -7,8 +7,8 @@ import time
 import pytest
 
 from shoal.core.errors import InvalidArgument
-from shoal.rollout.limits import HostRateLimiter
 from shoal.rollout.queue import EpisodeQueue
+from shoal.rollout.ratelimit import HostRateLimiter
 
 
 def test_leases_attempts_pause_and_resume(tmp_path):

@@ -9,13 +9,12 @@ import time
 from pathlib import Path
 
 import pytest
+from roots import wipe_root
 
 from shoal import Host
-from shoal.envs.swe.suite import save_suite
 from shoal.rollout.queue import EpisodeQueue
 from shoal.rollout.runner import Rollout
-
-from roots import wipe_root
+from shoal.tasks.swe.suite import save_suite
 
 pytestmark = pytest.mark.slow
 
@@ -84,8 +83,8 @@ def test_node_loss_mid_run_resumes_elsewhere(tmp_path, root, few_tasks, node_roo
         assert victim, "node 2 never started an episode"
         cluster.remove_node(nodes[1])  # the raylet and its actor die...
         lost = Host.get(node_roots[1])
-        for info in lost.runtime.list():  # ...and so do the node's sandboxes, as on a real machine
-            lost.runtime.kill(info.id)
+        for info in lost.backend().list():  # ...and so do the node's sandboxes, as on a real machine
+            lost.kill(info.id)
         assert ray.get(runs[0], timeout=300)["finished"] >= 1
         with pytest.raises(ray.exceptions.RayError):
             ray.get(runs[1], timeout=60)

@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from shoal.envs.swe import SUITE_PATH
-from shoal.envs.swe.suite import save_suite
 from shoal.rollout.runner import Rollout, resolve_table, write_jsonl, write_parquet
+from shoal.tasks.swe import SUITE_PATH
+from shoal.tasks.swe.suite import save_suite
 
 pytestmark = pytest.mark.slow
 
@@ -71,7 +71,7 @@ def test_worker_killed_mid_command_resumes_exactly_once(tmp_path, root, few_task
 
 _TRAINER = textwrap.dedent("""
     import sys, time
-    from shoal.envs.swe import load_suite
+    from shoal.tasks.swe import load_suite
     from shoal.rollout.runner import Rollout
     db, root, suite = sys.argv[1:4]
     tasks = load_suite(suite)
@@ -114,7 +114,7 @@ def test_bundled_suite_path_is_packaged():
 _GRADER = textwrap.dedent("""
     import sys
     from shoal import Host
-    from shoal.envs.swe.suite import evaluate, load_suite
+    from shoal.tasks.swe.suite import evaluate, load_suite
     root, suite = sys.argv[1:3]
     task = load_suite(suite)[0]
     print("grading", flush=True)
@@ -123,7 +123,7 @@ _GRADER = textwrap.dedent("""
 
 
 def test_grading_sandbox_of_a_killed_grader_has_a_ttl(tmp_path, root, host, few_tasks, suite_file):
-    before = {i.id for i in host.runtime.list()}
+    before = {i.id for i in host.backend().list()}
     (tmp_path / "grader.py").write_text(_GRADER)
     p = subprocess.Popen([sys.executable, str(tmp_path / "grader.py"), str(root), str(suite_file)],
                          stdout=subprocess.PIPE, text=True)
@@ -131,11 +131,11 @@ def test_grading_sandbox_of_a_killed_grader_has_a_ttl(tmp_path, root, host, few_
     deadline = time.time() + 60
     new = []
     while not new and time.time() < deadline:
-        new = [i for i in host.runtime.list() if i.id not in before]
+        new = [i for i in host.backend().list() if i.id not in before]
         time.sleep(0.02)
     p.kill()
     p.wait()
     assert new, "the grader never created its sandbox"
     assert all(i.ttl is not None and i.ttl <= 900 for i in new), [(i.id, i.ttl) for i in new]  # bounded life
     for i in new:
-        host.runtime.kill(i.id)
+        host.kill(i.id)

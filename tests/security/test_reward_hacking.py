@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import pytest
 from swe.gold import gold_reports
 
-from shoal.envs.swe import evaluate
-from shoal.envs.swe.grading import eval_script, grade, log_id, split_patch
-from shoal.envs.swe.mutate import unified_diff
+from shoal.tasks.swe import evaluate
+from shoal.tasks.swe.grading import eval_script, grade, log_id, split_patch
+from shoal.tasks.swe.mutate import unified_diff
 
 pytestmark = pytest.mark.slow
 
@@ -624,7 +624,7 @@ HACKS += [
 
 
 def _read(host, task, path: str) -> str:
-    from shoal.envs.swe import task_sandbox
+    from shoal.tasks.swe import task_sandbox
 
     with task_sandbox(host, task) as sb:
         return sb.files.read(f"{task.repo_dir}/{path}")
@@ -642,7 +642,7 @@ _OLD_PROTECTED = re.compile(r"(^|/)(tests?|testing)/|(^|/)test_[^/]*\.py$|_test\
 
 
 def old_grader(host, task, patch: str):
-    from shoal.envs.swe import task_sandbox
+    from shoal.tasks.swe import task_sandbox
 
     kept = "".join(text for path, text in split_patch(patch) if not _OLD_PROTECTED.search(path))
     with task_sandbox(host, task, ttl=300) as sb:
@@ -725,7 +725,7 @@ def test_protected_paths_come_from_git_not_the_parser(host, tasks):
     """Defence in depth for the parser confusions: with no filter at all, what `git apply` wrote
     to a test file, a conftest.py anywhere or a pytest config is put back from HEAD (new ones
     deleted), and the screen and the grader see git's list of changed paths."""
-    from shoal.envs.swe.suite import _apply, grader_sandbox
+    from shoal.tasks.swe.suite import _apply, grader_sandbox
 
     task = tasks[PARSE]
     def read(t, p):

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-import shoal.envs.swe as swe_pkg
+import shoal.tasks.swe as swe_pkg
 from shoal import Sandbox
-from shoal.envs.swe.suite import TASK_LIMITS, ensure_task_image
+from shoal.tasks.swe.suite import TASK_LIMITS, ensure_task_image
 from shoal.rollout.episode import run_episode
 from shoal.rollout.policy import make_policy
 from shoal.rollout.queue import EpisodeQueue

@@ -6,9 +6,9 @@ import textwrap
 
 import pytest
 
-from shoal.envs.swe import evaluate
-from shoal.envs.swe.grading import EXIT
-from shoal.envs.swe.mutate import unified_diff
+from shoal.tasks.swe import evaluate
+from shoal.tasks.swe.grading import EXIT
+from shoal.tasks.swe.mutate import unified_diff
 
 pytestmark = pytest.mark.slow
 
@@ -18,7 +18,7 @@ def _task(few_tasks):
 
 
 def _read(host, task, path):
-    from shoal.envs.swe import task_sandbox
+    from shoal.tasks.swe import task_sandbox
 
     with task_sandbox(host, task) as sb:
         return sb.files.read(f"{task.repo_dir}/{path}")

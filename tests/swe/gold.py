@@ -6,7 +6,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from shoal.envs.swe import evaluate
+from shoal.tasks.swe import evaluate
 
 _cache: dict[str, tuple[dict, float]] = {}
 _lock = threading.Lock()

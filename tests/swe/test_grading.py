@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from shoal.envs.swe.grading import (
+from shoal.tasks.swe.grading import (
     END,
     EXIT,
     START,

@@ -5,10 +5,11 @@ import ast
 import subprocess
 import textwrap
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from shoal.envs.swe.mutate import mutations, unified_diff
-from shoal.envs.swe.task import BUG_TYPES
+from shoal.tasks.swe.mutate import mutations, unified_diff
+from shoal.tasks.swe.task import BUG_TYPES
 
 SRC = textwrap.dedent("""\
     LIMIT = 3  # module level: never mutated

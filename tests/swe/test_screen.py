@@ -8,8 +8,8 @@ import secrets
 
 import pytest
 
-from shoal.envs.swe import load_suite
-from shoal.envs.swe.grading import (
+from shoal.tasks.swe import load_suite
+from shoal.tasks.swe.grading import (
     END,
     EXIT,
     PROTECTED_PATTERN,
@@ -18,12 +18,12 @@ from shoal.envs.swe.grading import (
     grade,
     grade_run,
 )
-from shoal.envs.swe.screen import screen_patch, screen_source
-from shoal.envs.swe.trusted import HERE, RunRecord, verify_record
+from shoal.tasks.swe.screen import screen_patch, screen_source
+from shoal.tasks.swe.trusted import HERE, RunRecord, verify_record
 
 
 def _mod(path: str, before: str, after: str) -> str:
-    from shoal.envs.swe.mutate import unified_diff
+    from shoal.tasks.swe.mutate import unified_diff
 
     return unified_diff(path, before, after)
 

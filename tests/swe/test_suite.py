@@ -7,8 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from shoal.envs.swe import BUG_TYPES, SWETask, load_suite, task_sandbox, validate
 from shoal.core.errors import InvalidArgument
+from shoal.tasks.swe import BUG_TYPES, SWETask, load_suite, task_sandbox, validate
 
 from .gold import gold_reports
 

@@ -10,12 +10,23 @@ import textwrap
 import time
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from shoal import Sandbox
 from shoal.core.errors import FileOpError, TrajectoryDivergence, UnknownOutcome
-from shoal.trajlog import (DONE, PENDING, UNKNOWN, Entry, JournaledLogStore, LoggedSandbox, SQLiteLogStore,
-                           TrajectoryLog, replay, request_hash)
+from shoal.trajlog import (
+    DONE,
+    PENDING,
+    UNKNOWN,
+    Entry,
+    JournaledLogStore,
+    LoggedSandbox,
+    SQLiteLogStore,
+    TrajectoryLog,
+    replay,
+    request_hash,
+)
 from shoal.trajlog.sandbox import restore
 
 

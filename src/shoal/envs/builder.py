@@ -24,12 +24,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..backends.container.backend import BUILD_CA_PATH, HOST_CA_BUNDLE
+from ..core.contract import ExecRequest, Limits
 from ..core.errors import BuildError, InvalidArgument
 from ..host import Host
 from ..layers.store import ImageInfo
-from ..core.contract import ExecRequest, Limits
-from ..backends.container.backend import BUILD_CA_PATH, HOST_CA_BUNDLE
 from .recipe import Recipe, Step, load_recipe
+from .sandboxes import create_request
 
 # build residue left out of RUN layers: scratch space and package-manager caches
 DEFAULT_EXCLUDE = ("tmp", "var/tmp", "root/.cache", "var/cache/apt/archives", "var/lib/apt/lists",
@@ -141,26 +142,26 @@ class Builder:
                 return store.build_from_dir(root, source=f"recipe:{step.text}").digest
         if not layers:
             raise BuildError(f"line {step.line}: RUN needs a base with a shell (FROM scratch has none)")
-        rt = self.host.runtime
+        host = self.host
         step_env = dict(env)
         if step.network == "host" and os.path.isfile(HOST_CA_BUNDLE):
             step_env.update({k: BUILD_CA_PATH for k in _CA_ENV if k not in env})
-        info = self.host.create_sandbox(None, layers, self.limits, env=step_env, network=step.network,
-                                        hostname="shoal-build")
+        lim = self.limits
+        info = host.create(create_request(None, layers, cpu=lim.cpu, memory_mb=lim.memory_mb, disk_mb=lim.disk_mb,
+                                          pids=lim.pids, upper=lim.upper, env=step_env, network=step.network,
+                                          hostname="shoal-build"))
         try:
             script = f"mkdir -p {_q(workdir)} && cd {_q(workdir)} && {step.args[0]}"
-            res = rt.exec(info.id, ExecRequest(argv=["/bin/sh", "-c", script], cwd="/", timeout=self.step_timeout,
-                                               output_cap=1 << 20),
-                          on_stdout=self.on_output, on_stderr=self.on_output)
+            res = host.exec(info.id, ExecRequest(argv=["/bin/sh", "-c", script], cwd="/", timeout=self.step_timeout,
+                                                 output_cap=1 << 20),
+                            on_stdout=self.on_output, on_stderr=self.on_output)
             if res.timed_out or res.exit_code != 0:
                 tail = (res.stdout + res.stderr)[-2000:]
                 why = "timed out" if res.timed_out else f"exited with {res.exit_code}"
                 raise BuildError(f"line {step.line}: `{step.text}` {why}:\n{tail}")
-            rt.pause(info.id)  # nothing may change while the upper is captured
-            layer = store.build_from_dir(rt.upper_dir(info.id), source=f"recipe:{step.text}", exclude=self.exclude)
-            return layer.digest
+            return host.capture_layer(info.id, source=f"recipe:{step.text}", exclude=list(self.exclude)).digest
         finally:
-            rt.kill(info.id)
+            host.kill(info.id)
 
     def _stage_copy(self, step: Step, context: Path, root: Path, workdir: str) -> None:
         *sources, dest = step.args

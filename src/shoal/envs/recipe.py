@@ -77,7 +77,7 @@ def parse_recipe(text: str, context: str | Path = ".", name: str = "recipe") -> 
         op = word.upper()
         rest = rest.strip()
 
-        def bad(msg: str) -> InvalidArgument:
+        def bad(msg: str, n: int = n, line: str = line) -> InvalidArgument:
             return InvalidArgument(f"{name}:{n}: {msg}: {line!r}")
 
         if op == "FROM":

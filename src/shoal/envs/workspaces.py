@@ -13,10 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..core.contract import ExecResult
 from ..core.errors import BuildError
 from ..host import Host
 from ..layers.store import ImageInfo
-from ..core.contract import ExecResult
 from .builder import Builder
 from .debian import PYTHON_IMAGE
 from .recipe import parse_recipe
@@ -98,10 +98,9 @@ def build_workspace(host: Host, spec: WorkspaceSpec, log: Callable[[str], None] 
 
 def verify_workspace(host: Host, spec: WorkspaceSpec, quick: bool = False, timeout: float = 600) -> ExecResult:
     """Run the project's own tests inside a fresh sandbox of python:3.11 + the workspace."""
-    from ..sdk.sandbox import Sandbox
+    from .sandboxes import open_sandbox
 
-    with Sandbox.create(PYTHON_IMAGE, layers=[spec.image], root=host.settings.root, memory_mb=1024,
-                        disk_mb=512) as sb:
+    with open_sandbox(host, PYTHON_IMAGE, [spec.image], memory_mb=1024, disk_mb=512) as sb:
         return sb.commands.run(test_command(spec, quick), timeout=timeout)
 
 

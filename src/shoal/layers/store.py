@@ -25,6 +25,7 @@ from typing import IO
 
 from ..config import Settings
 from ..core.errors import BadDigest, CorruptArchive, ImageNotFound, InvalidArgument, LayerInUse, LayerNotFound
+from ..core.sqlite import transaction
 from . import archive, erofs
 from .digest import tree_digest
 from .fold import fold_trees
@@ -108,14 +109,8 @@ class LayerStore:
     # ---------------------------------------------------------------- internals
     @contextmanager
     def _tx(self):
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+        with self._lock, transaction(self._db) as db:  # one connection shared by threads: the lock orders them
+            yield db
 
     def _query(self, sql: str, args: Iterable = ()) -> list[tuple]:
         with self._lock:
@@ -192,7 +187,7 @@ class LayerStore:
             archive.extract_layer_tar(stream, root, Path(path) if path else None)
             return self.build_from_dir(root, source=source or (f"tar:{path}" if path else "tar:stream"), name=name)
 
-    def pull_image(self, source: "LayerStore", ref: str) -> ImageInfo:
+    def pull_image(self, source: LayerStore, ref: str) -> ImageInfo:
         """Copy an image and the layers it lacks from another store (another host's root: a shared
         filesystem, or a registry mirror). Layer files are hard-linked when both stores share a
         filesystem. Content addressing makes it safe to pull the same image twice."""

@@ -13,7 +13,10 @@ import os
 import socket
 from dataclasses import dataclass
 
-import ray
+try:
+    import ray
+except ImportError as e:  # an extra: the SDK, CLI and daemon do not need it
+    raise ImportError("rollouts on Ray need ray: pip install 'shoal[rollout]'") from e
 
 
 @ray.remote(num_cpus=0, max_restarts=0)  # the sandboxes use the node's cores; the actor mostly waits
@@ -43,5 +46,7 @@ class NodeSpec:
 
 def start_actors(db: str, nodes: list[NodeSpec], **kw) -> list:
     """One actor pinned to each node (by its custom resource)."""
-    return [RolloutActor.options(resources={n.resource: 0.001}).remote(db, n.root, node=n.resource, **kw)
+    # @ray.remote turns the class into an ActorClass (with .options); its stubs type it as the plain class
+    return [RolloutActor.options(resources={n.resource: 0.001}).remote(  # type: ignore[attr-defined]
+                db, n.root, node=n.resource, **kw)
             for n in nodes]

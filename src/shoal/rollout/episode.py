@@ -1,4 +1,4 @@
-"""One episode of an agent on a SWE task, every step through the trajectory log.
+"""One episode of an agent on a task (any `rollout.task.Task`), every step through the trajectory log.
 
 Streams per episode: `<ep>/sandbox` (tool calls on the sandbox), `<ep>/llm` (policy calls) and
 `<ep>/eval` (the grade). Running an episode that the log already holds, in part or whole, fast-
@@ -12,24 +12,20 @@ sandbox, and the loop goes on live from where the log ends. Where the episode's 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import socket
 import time
 from dataclasses import asdict, dataclass, field
 
-from ..envs.swe.suite import evaluate, task_sandbox
-from ..envs.swe.task import SWETask
 from ..core.errors import SandboxNotFound, UnknownOutcome
+from ..envs.sandboxes import attach
 from ..host import Host
 from ..sdk.sandbox import Sandbox
 from ..trajlog import LoggedSandbox, TrajectoryLog, restore
 from .policy import Policy
-from .tools import ToolBox
+from .task import Task, Verdict
 
-SYSTEM_PROMPT = """You are a software engineer fixing a bug in a Python repository at /work/repo.
-Use the tools: `shell` runs one bash command in the repository (a fresh shell each time), `view_file`,
-`edit_file` and `create_file` work on files, `submit` ends the task. The tests must pass afterwards;
-do not modify the tests. Your changes to the repository are your answer."""
 SANDBOX_TTL_S = 3600.0  # a sandbox outlives a dead worker long enough to be resumed, not forever
 
 
@@ -43,7 +39,7 @@ class EpisodeRecord:
     reward: float
     resolved: bool
     report: dict
-    patch: str
+    patch: str  # the graded answer (the task's `answer()`: for SWE, the repository's diff)
     steps: int
     submitted: bool
     messages: list[dict]
@@ -63,19 +59,19 @@ class EpisodeRecord:
         return asdict(self)
 
 
-def _sandbox_for(host: Host, log: TrajectoryLog, task: SWETask, name: str, size: int,
+def _sandbox_for(host: Host, log: TrajectoryLog, task: Task, name: str, size: int,
                  node: str) -> tuple[Sandbox, int]:
     info = log.info(name)
     meta = (info.meta if info else {}) or {}
     root = str(host.settings.root)
     if meta.get("sandbox") and meta.get("root") == root:
         try:
-            sb = Sandbox.connect(meta["sandbox"], root=root)
+            sb = attach(host, meta["sandbox"])
             if sb.is_running():
                 return sb, 0
         except SandboxNotFound:
             pass
-    sb = task_sandbox(host, task, ttl=SANDBOX_TTL_S)
+    sb = task.sandbox(host, ttl=SANDBOX_TTL_S)
     restored = 0
     if size:
         restored = restore(log, name, sb).ops
@@ -83,32 +79,32 @@ def _sandbox_for(host: Host, log: TrajectoryLog, task: SWETask, name: str, size:
     return sb, restored
 
 
-async def run_episode(task: SWETask, policy: Policy, log: TrajectoryLog, host: Host, episode_id: str, *,
+async def run_episode(task: Task, policy: Policy, log: TrajectoryLog, host: Host, episode_id: str, *,
                       max_steps: int = 30, writer: str | None = None, node: str | None = None,
                       keep_sandbox: bool = False) -> EpisodeRecord:
     node = node or socket.gethostname()
     t_start = time.perf_counter()
-    sb_stream = log.stream(f"{episode_id}/sandbox", episode=episode_id, image=task.base_image, writer=writer,
-                           meta={"instance_id": task.instance_id})
+    # no image: the stream gets the sandbox's full layer stack once it exists (what replay recreates)
+    sb_stream = log.stream(f"{episode_id}/sandbox", episode=episode_id, writer=writer,
+                           meta={"instance_id": task.id, "task_image": task.image})
     llm = log.stream(f"{episode_id}/llm", episode=episode_id, writer=writer)
     ev = log.stream(f"{episode_id}/eval", episode=episode_id, writer=writer)
     sb, restored = await asyncio.to_thread(_sandbox_for, host, log, task, sb_stream.name, sb_stream.size, node)
     lsb = LoggedSandbox(sb, sb_stream)
-    tools = ToolBox(lsb, task.repo_dir)
+    tools = task.tools(lsb)
     setup_s = time.perf_counter() - t_start
 
-    messages: list[dict] = [{"role": "system", "content": SYSTEM_PROMPT},
-                            {"role": "user", "content": task.problem_statement}]
+    messages: list[dict] = task.prompt()
     actions: list[dict] = []
     turns: list[dict] = []
     llm_s = tools_s = 0.0
     submitted, unknown = False, 0
     step = 0
     for step in range(1, max_steps + 1):
-        req = policy.request(messages)
+        req = policy.request(messages, tools.specs)
         t0 = time.perf_counter()
         try:
-            out = (await llm.acall("llm", req, lambda: policy.complete(req), idempotent=True)).result
+            out = (await llm.acall("llm", req, functools.partial(policy.complete, req), idempotent=True)).result
         except UnknownOutcome:  # a model call has no side effect: ask again, log that answer
             out = llm.settle(await policy.complete(req)).result
         llm_s += time.perf_counter() - t0
@@ -134,26 +130,26 @@ async def run_episode(task: SWETask, policy: Policy, log: TrajectoryLog, host: H
                 break
         if submitted:
             break
-    patch = await asyncio.to_thread(tools.diff)
+    answer = await asyncio.to_thread(task.answer, tools)
     t0 = time.perf_counter()
 
     def grade() -> dict:
-        rep, _ = evaluate(host, task, patch)
-        return rep.to_dict()
+        return task.grade(host, answer).to_dict()
 
-    grade_req = {"instance_id": task.instance_id, "patch_sha256": hashlib.sha256(patch.encode()).hexdigest()}
+    grade_req = {"task": task.id, "answer_sha256": hashlib.sha256(answer.encode()).hexdigest()}
     try:
-        report = (await asyncio.to_thread(ev.call, "grade", grade_req, grade)).result
+        verdict = Verdict.from_dict((await asyncio.to_thread(ev.call, "grade", grade_req, grade)).result)
     except UnknownOutcome:  # grading runs in its own fresh sandbox: doing it again is harmless
-        report = ev.settle(await asyncio.to_thread(grade)).result
+        verdict = Verdict.from_dict(ev.settle(await asyncio.to_thread(grade)).result)
     grade_s = time.perf_counter() - t0
     layers = sb.info().layers
     if not keep_sandbox:
         await asyncio.to_thread(sb.kill)
+    about = task.describe()
     return EpisodeRecord(
-        episode_id=episode_id, instance_id=task.instance_id, repo=task.repo, labels=task.labels.model_dump(),
-        policy=policy.name, reward=1.0 if report["resolved"] else 0.0, resolved=report["resolved"], report=report,
-        patch=patch, steps=step, submitted=submitted, messages=messages, actions=actions, turns=turns,
+        episode_id=episode_id, instance_id=task.id, repo=about.get("repo", ""), labels=about.get("labels", {}),
+        policy=policy.name, reward=verdict.reward, resolved=verdict.resolved, report=verdict.report,
+        patch=answer, steps=step, submitted=submitted, messages=messages, actions=actions, turns=turns,
         timings={"wall_s": time.perf_counter() - t_start, "setup_s": setup_s, "llm_s": llm_s, "tools_s": tools_s,
                  "grade_s": grade_s},
         sandbox=sb.id, layers=layers, node=node,

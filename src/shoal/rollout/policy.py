@@ -32,13 +32,14 @@ def turn(content: str = "", tool_calls: list[dict] | None = None, **extra: Any) 
 class Policy(ABC):
     name: str = "policy"
 
-    def request(self, messages: list[dict]) -> dict:
-        return {"policy": self.name, "messages": messages, "tools": TOOLS}
+    def request(self, messages: list[dict], tools: list[dict] | None = None) -> dict:
+        """The model call for this turn; `tools` are the task's tool schemas (default: the coding tools)."""
+        return {"policy": self.name, "messages": messages, "tools": TOOLS if tools is None else tools}
 
     @abstractmethod
     async def complete(self, request: dict) -> dict: ...
 
-    async def aclose(self) -> None:
+    async def aclose(self) -> None:  # noqa: B027 - optional hook: most policies hold nothing to close
         pass
 
 
@@ -65,8 +66,9 @@ class ChatEndpointPolicy(Policy):
         self._client = httpx.AsyncClient(timeout=timeout_s, headers=headers)
         self.attempts = 0  # HTTP requests made, retries included
 
-    def request(self, messages: list[dict]) -> dict:
-        return {"model": self.model, "messages": messages, "tools": TOOLS, "tool_choice": "auto",
+    def request(self, messages: list[dict], tools: list[dict] | None = None) -> dict:
+        return {"model": self.model, "messages": messages, "tools": TOOLS if tools is None else tools,
+                "tool_choice": "auto",
                 "temperature": self.temperature, "max_tokens": self.max_tokens, "logprobs": True,
                 **self.extra_body}
 

@@ -53,22 +53,16 @@ class EpisodeQueue:
     def _db(self) -> sqlite3.Connection:
         return self._conn.get()
 
-    def _tx(self):
-        db = self._db
-        db.execute("BEGIN IMMEDIATE")
-        return db
-
     # ------------------------------------------------------------------ trainer side
     def submit(self, task_ids: list[str], policy: dict, *, repeats: int = 1, images: dict[str, str] | None = None,
                prefix: str | None = None) -> list[str]:
         if not task_ids or repeats < 1:
             raise InvalidArgument("submit needs at least one task id and repeats >= 1")
         prefix = prefix or uuid.uuid4().hex[:8]
-        db = self._tx()
-        try:
+        with self._conn.transaction() as db:
             n0 = db.execute("SELECT COALESCE(MAX(n), 0) FROM episodes").fetchone()[0]
             ids, now = [], time.time()
-            for r in range(repeats):
+            for _ in range(repeats):
                 for t in task_ids:
                     n0 += 1
                     eid = f"{prefix}-{n0:06d}"
@@ -76,16 +70,12 @@ class EpisodeQueue:
                                "VALUES(?,?,?,?,?,?,?)", (eid, n0, t, json.dumps(policy), (images or {}).get(t),
                                                          QUEUED, now))
                     ids.append(eid)
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
         return ids
 
     def counts(self) -> dict:
         q = "SELECT status, COUNT(*), COALESCE(SUM(reward), 0) FROM episodes"
         rows = self._db.execute(q + " GROUP BY status").fetchall()
-        out = {s: 0 for s in STATES}
+        out: dict[str, float] = {s: 0 for s in STATES}
         reward = 0.0
         for status, n, r in rows:
             out[status] = n
@@ -117,21 +107,15 @@ class EpisodeQueue:
         """Take the oldest claimable episode (queued, or running under an expired lease), preferring
         ones whose task image this node already has."""
         now = time.time()
-        db = self._tx()
-        try:
+        with self._conn.transaction() as db:
             rows = db.execute("SELECT id, task_id, policy, image, attempts, status FROM episodes "
                               "WHERE status=? OR (status=? AND lease_until < ?) ORDER BY n LIMIT 256",
                               (QUEUED, RUNNING, now)).fetchall()
             if not rows:
-                db.execute("COMMIT")
                 return None
             pick = next((r for r in rows if r[3] and r[3] in prefer_images), rows[0])
             db.execute("UPDATE episodes SET status=?, worker=?, node=?, lease_until=?, attempts=attempts+1, "
                        "started=COALESCE(started, ?) WHERE id=?", (RUNNING, worker, node, now + lease_s, now, pick[0]))
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
         return Claim(pick[0], pick[1], json.loads(pick[2]), pick[4] + 1, resumed=pick[4] > 0)
 
     def heartbeat(self, ids: list[str], worker: str, lease_s: float = 30.0) -> None:
@@ -148,8 +132,7 @@ class EpisodeQueue:
 
     def fail(self, eid: str, worker: str, error: str) -> str:
         """Requeue (attempts left) or mark failed; returns the new state."""
-        db = self._tx()
-        try:
+        with self._conn.transaction() as db:
             row = db.execute("SELECT attempts FROM episodes WHERE id=? AND worker=? AND status=?",
                              (eid, worker, RUNNING)).fetchone()
             state = RUNNING
@@ -157,10 +140,6 @@ class EpisodeQueue:
                 state = FAILED if row[0] >= self.max_attempts else QUEUED
                 db.execute("UPDATE episodes SET status=?, error=?, worker=NULL, lease_until=NULL, finished=? "
                            "WHERE id=?", (state, error[-2000:], time.time() if state == FAILED else None, eid))
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
         return state
 
     def pause(self, eid: str, worker: str, reason: str) -> None:

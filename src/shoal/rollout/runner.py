@@ -12,10 +12,11 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
-from ..envs.swe.task import SWETask
 from .queue import DONE, FAILED, PAUSED, QUEUED, RUNNING, EpisodeQueue
+from .task import Task
 
 
 class Rollout:
@@ -28,15 +29,16 @@ class Rollout:
     def log_path(self) -> Path:
         return self.db.with_name(self.db.stem + ".traj.db")
 
-    def submit(self, tasks: list[SWETask], policy: dict, repeats: int = 1, prefix: str | None = None) -> list[str]:
-        return self.queue.submit([t.instance_id for t in tasks], policy, repeats=repeats,
-                                 images={t.instance_id: t.image for t in tasks}, prefix=prefix)
+    def submit(self, tasks: Sequence[Task], policy: dict, repeats: int = 1, prefix: str | None = None) -> list[str]:
+        return self.queue.submit([t.id for t in tasks], policy, repeats=repeats,
+                                 images={t.id: t.image for t in tasks}, prefix=prefix)
 
     def start_workers(self, n: int, *, root: str | os.PathLike | None = None, suite: str | os.PathLike | None = None,
                       concurrency: int = 2, extra: list[str] | None = None,
                       log_dir: str | os.PathLike | None = None) -> list[subprocess.Popen]:
-        for i in range(n):
-            cmd = [sys.executable, "-m", "shoal.rollout.worker", "--db", str(self.db), "--concurrency", str(concurrency)]
+        for _ in range(n):
+            cmd = [sys.executable, "-m", "shoal.rollout.worker", "--db", str(self.db),
+                   "--concurrency", str(concurrency)]
             if root:
                 cmd += ["--root", str(root)]
             if suite:
@@ -111,8 +113,11 @@ def write_jsonl(records: list[dict], path: str | os.PathLike) -> Path:
 def write_parquet(records: list[dict], path: str | os.PathLike) -> Path:
     """One row per episode: scalars as columns, token ids / logprobs as list columns, the nested rest
     (messages, actions, report...) as JSON strings."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError as e:  # an extra: the SDK, CLI and daemon do not need it
+        raise ImportError("Parquet export needs pyarrow: pip install 'shoal[rollout]'") from e
 
     cols: dict[str, list] = {k: [r.get(k) for r in records] for k in _SCALARS}
     for k in _JSON:

@@ -12,18 +12,19 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from ..envs.swe.suite import load_suite
-from .policy import NullPolicy, OraclePolicy, RandomEditPolicy
+from ..tasks.swe.suite import load_suite
+from .policy import NullPolicy, OraclePolicy, RandomEditPolicy, ScriptedPolicy
 
 
 def make_app(suite: str | None = None) -> FastAPI:
     app = FastAPI(title="shoal scripted chat endpoint")
     by_statement = {t.problem_statement: t for t in load_suite(suite)}
-    state = {"down_until": 0.0, "status": 503, "requests": 0, "failed": 0}
+    state: dict[str, Any] = {"down_until": 0.0, "status": 503, "requests": 0, "failed": 0}
 
     @app.post("/admin/outage")
     async def outage(body: dict) -> dict:
@@ -54,7 +55,7 @@ def make_app(suite: str | None = None) -> FastAPI:
             task = by_statement.get(statement)
             if task is None:
                 return JSONResponse({"error": {"message": "no task has this problem statement"}}, status_code=400)
-            policy = OraclePolicy(task.patch)
+            policy: ScriptedPolicy = OraclePolicy(task.patch)
         elif model == "null":
             policy = NullPolicy()
         elif model.startswith("random"):

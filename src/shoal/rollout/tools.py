@@ -60,6 +60,10 @@ def clip(text: str, limit: int = OBS_MAX_CHARS) -> str:
 
 
 class ToolBox:
+    """Coding tools on a repository (implements `rollout.task.Tools`)."""
+
+    specs = TOOLS
+
     def __init__(self, sandbox: LoggedSandbox, repo_dir: str = "/work/repo"):
         self.sb, self.repo_dir = sandbox, repo_dir
 

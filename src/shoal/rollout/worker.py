@@ -14,19 +14,19 @@ import os
 import socket
 import traceback
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
 
-from ..envs.swe.suite import load_suite
-from ..envs.swe.task import SWETask
 from ..config import load_settings
-from ..core.errors import ImageNotFound, LLMUnavailable
+from ..core.errors import LLMUnavailable
 from ..host import Host
 from ..layers.store import LayerStore
 from ..trajlog import TrajectoryLog
 from .episode import run_episode
-from .limits import HostRateLimiter
 from .policy import make_policy
 from .queue import EpisodeQueue
+from .ratelimit import HostRateLimiter
+from .task import Task
 
 log = logging.getLogger("shoal.rollout")
 
@@ -35,12 +35,18 @@ class Worker:
     def __init__(self, db: str | os.PathLike, *, root: str | os.PathLike | None = None,
                  suite: str | os.PathLike | None = None, concurrency: int = 2, create_rate: float = 20.0,
                  lease_s: float = 20.0, max_steps: int = 30, node: str | None = None, name: str | None = None,
-                 log_db: str | os.PathLike | None = None, pull_from: str | os.PathLike | None = None):
+                 log_db: str | os.PathLike | None = None, pull_from: str | os.PathLike | None = None,
+                 tasks: Iterable[Task] | None = None):
+        """tasks: the episodes' tasks by id (default: the SWE suite at `suite`, or the bundled one)."""
         self.db = Path(db)
         self.queue = EpisodeQueue(self.db)
         self.log = TrajectoryLog(log_db or self.db.with_name(self.db.stem + ".traj.db"))
         self.host = Host.get(root)
-        self.tasks: dict[str, SWETask] = {t.instance_id: t for t in load_suite(suite)}
+        if tasks is None:
+            from ..tasks.swe import load_suite
+
+            tasks = load_suite(suite)
+        self.tasks: dict[str, Task] = {t.id: t for t in tasks}
         self.concurrency, self.lease_s, self.max_steps = concurrency, lease_s, max_steps
         self.node = node or socket.gethostname()
         self.name = name or f"{self.node}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
@@ -50,24 +56,8 @@ class Worker:
         # where this node gets the images it lacks (another host's root, a registry mirror)
         self.source = LayerStore(load_settings(pull_from)) if pull_from else None
 
-    def _ensure_images(self, task: SWETask) -> None:
-        store = self.host.store
-        for ref in (task.base_image, task.base_commit, task.image):
-            try:
-                store.get_image(ref)
-            except ImageNotFound:
-                if self.source is None:
-                    if ref == task.image:
-                        continue  # built from the bug patch on first use
-                    raise
-                try:
-                    store.pull_image(self.source, ref)
-                except ImageNotFound:
-                    if ref != task.image:
-                        raise
-
     def _local_images(self) -> set[str]:
-        return {f"{i.name}:{i.tag}" for i in self.host.store.list_images() if i.name.startswith("swe/")}
+        return {f"{i.name}:{i.tag}" for i in self.host.store.list_images()}
 
     async def _heartbeat(self) -> None:
         while True:
@@ -80,7 +70,7 @@ class Worker:
             if task is None:
                 raise KeyError(f"task {claim.task_id} is not in this worker's suite")
             policy = make_policy(claim.policy, task)
-            await asyncio.to_thread(self._ensure_images, task)
+            await asyncio.to_thread(task.prepare, self.host, self.source)
             await self.limiter.acquire()
             try:
                 rec = await run_episode(task, policy, self.log, self.host, claim.id, max_steps=self.max_steps,

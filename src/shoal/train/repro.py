@@ -39,7 +39,7 @@ import os
 import random
 import statistics
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -117,11 +117,15 @@ def response_mask(seqs: torch.Tensor) -> torch.Tensor:
 
 # ------------------------------------------------------------------------------------------ models
 def make_model(layers: int, width: int, seed: int):
-    from transformers import GPT2Config, GPT2LMHeadModel
+    try:
+        from transformers import GPT2Config, GPT2LMHeadModel
+    except ImportError as e:
+        raise ImportError("the OPD reproduction needs transformers: pip install 'shoal[train]'") from e
 
     torch.manual_seed(seed)
     cfg = GPT2Config(vocab_size=VOCAB, n_positions=PROMPT_LEN + RESPONSE_LEN + 1, n_embd=width, n_layer=layers,
-                     n_head=4, bos_token_id=EOS, eos_token_id=EOS, pad_token_id=PAD, loss_type="ForCausalLM")
+                     n_head=4, bos_token_id=EOS, eos_token_id=EOS, pad_token_id=PAD)
+    cfg.loss_type = "ForCausalLM"  # an extra PretrainedConfig field (what the kwarg did): not in GPT2Config's signature
     return GPT2LMHeadModel(cfg)
 
 
@@ -147,18 +151,18 @@ def _step(model, ids: torch.Tensor, cache):
     """One forward with the KV cache, under either transformers' `cache` (5.x) or `past_key_values`."""
     if cache is None:
         out = model(input_ids=ids, use_cache=True)
-    elif _step.kw == "cache":
+    elif _CACHE_KW["kw"] == "cache":
         out = model(input_ids=ids, cache=cache, use_cache=True)
     else:
         out = model(input_ids=ids, past_key_values=cache, use_cache=True)
     if "cache" in out:
-        _step.kw = "cache"
+        _CACHE_KW["kw"] = "cache"
         return out.logits[:, -1], out["cache"]
-    _step.kw = "past_key_values"
+    _CACHE_KW["kw"] = "past_key_values"
     return out.logits[:, -1], out["past_key_values"]
 
 
-_step.kw = "cache"
+_CACHE_KW = {"kw": "cache"}  # which keyword this transformers version takes, learnt on the first step
 
 
 @torch.no_grad()
@@ -258,7 +262,7 @@ def opd_run(student0, teacher, selector: str, budget: float, seed: int, steps: i
 # ------------------------------------------------------------------------------------------ configs
 @dataclass(frozen=True)
 class Config:
-    teacher: tuple = (3, 128)
+    teacher: tuple[int, int] = (3, 128)
     student: tuple = (2, 64)
     teacher_steps: int = 1600
     student_steps: int = 550

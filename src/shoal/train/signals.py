@@ -63,7 +63,7 @@ class TokenStats:
         self.t_top, self.t_ids = self.lt.topk(self.k, -1)
 
     @classmethod
-    def of(cls, student_logprobs, teacher_logprobs, k: int, stats: "TokenStats | None") -> "TokenStats":
+    def of(cls, student_logprobs, teacher_logprobs, k: int, stats: TokenStats | None) -> TokenStats:
         return stats if stats is not None and stats.k == min(k, student_logprobs.shape[-1]) else \
             cls(student_logprobs, teacher_logprobs, k)
 

@@ -36,7 +36,7 @@ def request_hash(kind: str, request: dict) -> str:
     return canonical(kind, request)[1]
 
 
-def _head_or_entry(stream: "Stream") -> Entry | None:
+def _head_or_entry(stream: Stream) -> Entry | None:
     # past the entries that existed when this writer took the stream over, only it writes: no lookup
     if stream.cursor >= stream.size:
         return None
@@ -53,7 +53,7 @@ class Outcome:
 
 
 class Stream:
-    def __init__(self, log: "TrajectoryLog", name: str, *, episode: str | None, sandbox: str | None,
+    def __init__(self, log: TrajectoryLog, name: str, *, episode: str | None, sandbox: str | None,
                  writer: str, size: int):
         self.log, self.name, self.episode, self.sandbox, self.writer = log, name, episode, sandbox, writer
         self.cursor = 0

@@ -15,6 +15,7 @@ original is gone (its host was lost), so the episode can go on elsewhere.
 from __future__ import annotations
 
 import base64
+import builtins
 import time
 from dataclasses import dataclass, field
 
@@ -120,10 +121,10 @@ class LoggedSandbox:
     def read(self, path: str) -> str:
         return _decode(self._call("read", {"path": path}).result).decode("utf-8", "replace")
 
-    def list(self, path: str) -> list[str]:
+    def list(self, path: str) -> builtins.list[str]:  # builtins: `list` here is this method
         return self._call("list", {"path": path}).result["entries"]
 
-    def snapshot(self, exclude: list[str] | None = None) -> dict:
+    def snapshot(self, exclude: builtins.list[str] | None = None) -> dict:
         return self._call("snapshot", {"exclude": exclude}).result
 
 
@@ -172,15 +173,16 @@ def _run_into(log: TrajectoryLog, name: str, sb: Sandbox, effects_only: bool) ->
     return rep
 
 
-def replay(log: TrajectoryLog, name: str, *, root=None, memory_mb: int | None = None,
+def replay(log: TrajectoryLog, name: str, *, root=None, url: str | None = None, memory_mb: int | None = None,
            keep: bool = False) -> tuple[ReplayReport, Sandbox | None]:
-    """Re-run a recorded stream into a fresh sandbox from the same layers; compare every result."""
+    """Re-run a recorded stream into a fresh sandbox from the same layers; compare every result.
+    The sandbox is made where `Sandbox.create(url=, root=)` makes it: shoald by default, "local" in-process."""
     info = log.info(name)
     if info is None:
         raise errors.InvalidArgument(f"no trajectory stream named {name!r}")
     if not info.layers and not info.image:
         raise errors.InvalidArgument(f"stream {name!r} recorded no image or layers to replay into")
-    sb = Sandbox.create(None if info.layers else info.image, layers=info.layers or None, root=root,
+    sb = Sandbox.create(None if info.layers else info.image, layers=info.layers or None, root=root, url=url,
                         memory_mb=memory_mb)
     try:
         rep = _run_into(log, name, sb, effects_only=False)

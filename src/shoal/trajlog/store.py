@@ -138,35 +138,22 @@ class SQLiteLogStore(LogStore):
         return self._conn.get()
 
     def open_stream(self, stream, *, episode, image, layers, writer, meta=None) -> int:
-        db = self._db
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with self._conn.transaction() as db:
             db.execute("INSERT INTO streams(stream, episode, image, layers, writer, created, meta) "
                        "VALUES(?,?,?,?,?,?,?) ON CONFLICT(stream) DO UPDATE SET writer=excluded.writer",
                        (stream, episode, image, json.dumps(layers), writer, time.time(), json.dumps(meta or {})))
             db.execute("UPDATE entries SET status=?, finished=? WHERE stream=? AND status=? AND writer IS NOT ?",
                        (UNKNOWN, time.time(), stream, PENDING, writer))
-            n = db.execute("SELECT COUNT(*) FROM entries WHERE stream=?", (stream,)).fetchone()[0]
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        return n
+            return db.execute("SELECT COUNT(*) FROM entries WHERE stream=?", (stream,)).fetchone()[0]
 
     def update_stream(self, stream, *, image=None, layers=None, meta=None):
-        db = self._db
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with self._conn.transaction() as db:
             row = db.execute("SELECT meta FROM streams WHERE stream=?", (stream,)).fetchone()
             merged = {**json.loads(row[0]), **(meta or {})} if row else None
             db.execute("UPDATE streams SET image=COALESCE(?, image), layers=COALESCE(?, layers), "
                        "meta=COALESCE(?, meta) WHERE stream=?",
                        (image, json.dumps(layers) if layers is not None else None,
                         json.dumps(merged) if merged is not None else None, stream))
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
 
     def stream_info(self, stream):
         row = self._db.execute("SELECT stream, episode, image, layers, writer, created, meta FROM streams "
@@ -281,7 +268,7 @@ class JournaledLogStore(SQLiteLogStore):
         with self._lock:
             os.write(self._journal(), line)
             self._buf.append(rec)
-        if self._durable:
+        if self._durable and self._fd is not None:
             os.fsync(self._fd)
 
     def _flusher(self) -> None:
@@ -295,9 +282,7 @@ class JournaledLogStore(SQLiteLogStore):
             self._apply(recs)
 
     def _apply(self, recs: list[list]) -> None:
-        db = self._db
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with self._conn.transaction() as db:
             for r in recs:
                 if r[0] in ("P", "Pt"):  # SQLite gets request and result as JSON text (Pt: already text)
                     v = list(r[1])
@@ -311,10 +296,6 @@ class JournaledLogStore(SQLiteLogStore):
                                                    finished, stream, seq, DONE))
                 elif r[0] == "X":
                     db.execute("DELETE FROM entries WHERE stream=? AND seq=? AND status=?", (*r[1], PENDING))
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
 
     def recover(self) -> int:
         """Fold the journals of dead processes into SQLite; returns how many were folded."""

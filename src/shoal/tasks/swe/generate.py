@@ -6,7 +6,7 @@ mutated file, run the tests, restore the file. A candidate becomes a task when a
 that passed at baseline now fails (FAIL_TO_PASS) and the suite still runs (not everything fails).
 Each task is then validated from its own layers (unpatched: not resolved; gold patch: resolved).
 
-    python -m shoal.envs.swe.generate --per-repo 6 --out src/shoal/envs/swe/suite.jsonl
+    python -m shoal.tasks.swe.generate --per-repo 6 --out src/shoal/tasks/swe/suite.jsonl
 """
 from __future__ import annotations
 
@@ -18,10 +18,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ...envs.debian import PYTHON_IMAGE
+from ...envs.sandboxes import open_sandbox
+from ...envs.workspaces import CATALOG, WorkspaceSpec
 from ...host import Host
 from ...sdk.sandbox import Sandbox
-from ..debian import PYTHON_IMAGE
-from ..workspaces import CATALOG, WorkspaceSpec
 from .grading import PASS_STATES, eval_script, failure_messages, parse_log
 from .mutate import Mutation, mutations, unified_diff
 from .suite import TASK_LIMITS
@@ -165,7 +166,7 @@ def generate_repo(host: Host, spec: WorkspaceSpec, n: int, seed: int = 0, max_tr
     rng = random.Random(f"{seed}:{spec.name}")
     tasks: list[SWETask] = []
     seen_symbols: set[str] = set()
-    with Sandbox.create(PYTHON_IMAGE, layers=[spec.image], root=host.settings.root, **TASK_LIMITS) as sb:
+    with open_sandbox(host, PYTHON_IMAGE, [spec.image], **TASK_LIMITS) as sb:
         base = baseline(sb, spec)
         tries = 0
         for m in candidates(base, rng):
@@ -188,8 +189,8 @@ def main() -> None:
 
     from rich.progress import Progress
 
-    from ..debian import ensure_python_base
-    from ..workspaces import build_workspace
+    from ...envs.debian import ensure_python_base
+    from ...envs.workspaces import build_workspace
     from .suite import SUITE_PATH, save_suite, summary, validate
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -114,7 +114,8 @@ def _fold(node: ast.AST) -> str | None:
         return left + right if left is not None and right is not None else None
     if isinstance(node, ast.JoinedStr):
         parts = [_fold(v.value if isinstance(v, ast.FormattedValue) else v) for v in node.values]
-        return "".join(parts) if all(p is not None for p in parts) else None
+        known = [p for p in parts if p is not None]
+        return "".join(known) if len(known) == len(parts) else None
     return None
 
 
@@ -124,8 +125,10 @@ def _string_rules(text: str, out: Counter) -> None:
         if m:
             out[(rule, f"string {m.group(0).strip()!r}")] += 1
     m = SENSITIVE_PARTS.search(text)
-    if text in SENSITIVE_WORDS or m:
-        out[("sensitive-name", f"string {text if text in SENSITIVE_WORDS else m.group(0)!r}")] += 1
+    if text in SENSITIVE_WORDS:
+        out[("sensitive-name", f"string {text!r}")] += 1
+    elif m:
+        out[("sensitive-name", f"string {m.group(0)!r}")] += 1
 
 
 def _features(tree: ast.AST, lines: set[int] | None = None) -> Counter:
@@ -160,7 +163,8 @@ def _features(tree: ast.AST, lines: set[int] | None = None) -> Counter:
             return lines is None
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             return node.lineno in lines  # its header, not its whole body
-        return any(n in lines for n in range(node.lineno, (node.end_lineno or node.lineno) + 1))
+        first: int = getattr(node, "lineno")  # noqa: B009 - present (checked above) on statements and expressions
+        return any(n in lines for n in range(first, (getattr(node, "end_lineno", None) or first) + 1))
 
     for node in ast.walk(tree):
         if not on(node):

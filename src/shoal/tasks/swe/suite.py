@@ -14,11 +14,13 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ...core.contract import ExecRequest
 from ...core.errors import BuildError, ImageNotFound, InvalidArgument, ShoalError
+from ...envs.builder import DEFAULT_EXCLUDE
+from ...envs.sandboxes import create_request, open_sandbox
+from ...envs.workspaces import CATALOG, WorkspaceSpec
 from ...host import Host
 from ...sdk.sandbox import Sandbox
-from ..builder import DEFAULT_EXCLUDE
-from ..workspaces import CATALOG, WorkspaceSpec
 from .grading import (
     END,
     EXIT,
@@ -52,7 +54,7 @@ _GIT = "git -c user.email=task@shoal -c user.name=shoal"
 def load_suite(path: str | os.PathLike | None = None) -> list[SWETask]:
     p = Path(path) if path else SUITE_PATH
     if not p.exists():
-        raise InvalidArgument(f"no task suite at {p}; generate one with `python -m shoal.envs.swe.generate`")
+        raise InvalidArgument(f"no task suite at {p}; generate one with `python -m shoal.tasks.swe.generate`")
     tasks = []
     for i, line in enumerate(p.read_text().splitlines(), 1):
         if line.strip():
@@ -85,19 +87,17 @@ def ensure_task_image(host: Host, task: SWETask) -> str:
         return task.image
     except ImageNotFound:
         pass
-    sb = Sandbox.create(task.base_image, layers=[task.base_commit], root=host.settings.root, ttl=900, **TASK_LIMITS)
+    info = host.create(create_request(task.base_image, [task.base_commit], ttl=900, **TASK_LIMITS))
     try:
-        sb.files.write("/tmp/bug.patch", task.bug_patch)
-        r = sb.commands.run(f"cd {task.repo_dir} && git apply /tmp/bug.patch && rm -rf .git /tmp/bug.patch && "
-                            f"git init -q && git add -A && {_GIT} commit -qm 'task state' && git gc -q --prune=now",
-                            timeout=300)
+        host.write_file(info.id, "/tmp/bug.patch", task.bug_patch.encode())
+        script = (f"cd {task.repo_dir} && git apply /tmp/bug.patch && rm -rf .git /tmp/bug.patch && git init -q && "
+                  f"git add -A && {_GIT} commit -qm 'task state' && git gc -q --prune=now")
+        r = host.exec(info.id, ExecRequest(argv=["/bin/sh", "-c", script], timeout=300))
         if r.exit_code != 0:
             raise BuildError(f"task {task.instance_id}: could not apply its bug patch: {(r.stdout + r.stderr)[-800:]}")
-        host.runtime.pause(sb.id)  # nothing may change while the upper is captured
-        layer = host.store.build_from_dir(host.runtime.upper_dir(sb.id), source=f"swe task {task.instance_id}",
-                                          exclude=DEFAULT_EXCLUDE)
+        layer = host.capture_layer(info.id, source=f"swe task {task.instance_id}", exclude=list(DEFAULT_EXCLUDE))
     finally:
-        sb.kill()
+        host.kill(info.id)
     host.store.create_image(task.image, [layer.digest], config={"role": "task", "workdir": task.repo_dir,
                                                                "built_on": task.base_commit})
     return task.image
@@ -105,16 +105,14 @@ def ensure_task_image(host: Host, task: SWETask) -> str:
 
 def task_sandbox(host: Host, task: SWETask, **kw) -> Sandbox:
     ensure_task_image(host, task)
-    return Sandbox.create(task.base_image, layers=[task.base_commit, task.image], root=host.settings.root,
-                          **{**TASK_LIMITS, **kw})
+    return open_sandbox(host, task.base_image, [task.base_commit, task.image], **{**TASK_LIMITS, **kw})
 
 
 def grader_sandbox(host: Host, task: SWETask, **kw) -> Sandbox:
     """A fresh sandbox of the task with the trusted grader layer on top (never the agent's)."""
     ensure_task_image(host, task)
     grader = ensure_grader_image(host)
-    return Sandbox.create(task.base_image, layers=[task.base_commit, task.image, grader], root=host.settings.root,
-                          **{**TASK_LIMITS, **kw})
+    return open_sandbox(host, task.base_image, [task.base_commit, task.image, grader], **{**TASK_LIMITS, **kw})
 
 
 CONFIRM_MAX = 3  # flipped tests re-run one by one per evaluation (a secret random sample beyond that)
@@ -308,7 +306,7 @@ def evaluate(host: Host, task: SWETask, patch: str | None, timeout: float = 60, 
     in another fresh sandbox (under unittest for TestCase tests) and must pass there too.
     `screen=False` / `confirm=False` switch a layer off (to measure the others)."""
     if not patch or not patch.strip():
-        patch_text, dropped = "", []
+        patch_text, dropped = "", list[str]()
     else:
         if why := malformed_patch(patch):
             return _malformed(task, why, []), ""

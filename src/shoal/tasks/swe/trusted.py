@@ -21,10 +21,10 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ...envs.builder import Builder
+from ...envs.debian import PYTHON_IMAGE
+from ...envs.recipe import parse_recipe
 from ...host import Host
-from ..builder import Builder
-from ..debian import PYTHON_IMAGE
-from ..recipe import parse_recipe
 
 HERE = Path(__file__).parent
 GRADER_IMAGE = "shoal/swe-grader:1"
@@ -94,7 +94,7 @@ class RunRecord:
     exit: dict | None = None
     lines: int = 0
     audit: list[str] = field(default_factory=list)  # what the runner's audit hook refused, as it happened
-    phases: dict[str, str] = field(default_factory=dict)  # nodeid -> status from its phase lines so far
+    phases: dict[str, str | None] = field(default_factory=dict)  # nodeid -> status from its phase lines so far
 
     @property
     def tampered(self) -> list[str]:

@@ -72,9 +72,11 @@ def _symbol(node: ast.AST, parent: dict[int, ast.AST]) -> str | None:
     return ".".join(reversed(names)) if in_func else None
 
 
-def _gap_edit(line: str, start: int, end: int, old: str, new: str, bug_type: str, path: str, lineno: int,
-              symbol: str) -> Mutation | None:
+def _gap_edit(line: str, start: int | None, end: int | None, old: str, new: str, bug_type: str, path: str,
+              lineno: int, symbol: str) -> Mutation | None:
     """Swap the operator `old` that sits in line[start:end] (between two operands) for `new`."""
+    if start is None or end is None:  # ast gives every parsed expression its offsets; never guess
+        return None
     gap = line[start:end]
     m = re.search(r"(?<![\w=!<>])" + re.escape(old).replace(r"\ ", r"\s+") + r"(?![\w=<>])", gap)
     if not m or gap.count(old.split()[0]) != 1:
@@ -93,7 +95,7 @@ def mutations(path: str, source: str) -> Iterator[Mutation]:
     for node in ast.walk(tree):
         lineno = getattr(node, "lineno", None)
         span = node.test if isinstance(node, (ast.If, ast.While)) else node  # a statement: its condition's line
-        if lineno is None or span.lineno != lineno or getattr(span, "end_lineno", None) != lineno:
+        if lineno is None or getattr(span, "lineno", None) != lineno or getattr(span, "end_lineno", None) != lineno:
             continue
         symbol = _symbol(node, parent)
         if symbol is None:
@@ -114,7 +116,8 @@ def mutations(path: str, source: str) -> Iterator[Mutation]:
             old, new = _BIN[type(node.op)]
             found = _gap_edit(line, node.left.end_col_offset, node.right.col_offset, old, new,
                               "arithmetic-operator", path, lineno, symbol)
-        elif isinstance(node, ast.Constant) and type(node.value) is int and 0 <= node.value <= 64:
+        elif isinstance(node, ast.Constant) and type(node.value) is int and 0 <= node.value <= 64 \
+                and node.end_col_offset is not None:
             text = line[node.col_offset:node.end_col_offset]
             if text == str(node.value) and not isinstance(parent.get(id(node)), (ast.Subscript, ast.Slice)):
                 new = "0" if node.value == 1 else str(node.value + 1)
@@ -125,12 +128,11 @@ def mutations(path: str, source: str) -> Iterator[Mutation]:
             if re.fullmatch(r"not\s+", text):
                 found = Mutation(path, lineno, node.col_offset, node.operand.col_offset, text, "", "negation-removed",
                                  symbol)
-        elif isinstance(node, (ast.If, ast.While)):
-            t = node.test
-            text = line[t.col_offset:t.end_col_offset]
+        elif isinstance(node, (ast.If, ast.While)) and node.test.end_col_offset is not None:
+            t, end = node.test, node.test.end_col_offset
+            text = line[t.col_offset:end]
             if not isinstance(t, ast.UnaryOp):
-                found = Mutation(path, lineno, t.col_offset, t.end_col_offset, text, f"not ({text})",
-                                 "negated-condition", symbol)
+                found = Mutation(path, lineno, t.col_offset, end, text, f"not ({text})", "negated-condition", symbol)
         if found is not None:
             yield found
 

@@ -302,8 +302,9 @@ def malformed_patch(patch: str) -> str:
     for line, header in _lines(patch):
         if not header or _HUNK.match(line):  # a hunk header's context is file text
             continue
-        if _BAD_CHARS.search(line.rstrip("\n")):
-            return f"control character {_BAD_CHARS.search(line).group(0)!r} in a header line"
+        bad = _BAD_CHARS.search(line.rstrip("\n"))
+        if bad:
+            return f"control character {bad.group(0)!r} in a header line"
         if line.startswith(_PATH_HEADERS) and '"' in line:
             return "quoted path in a header line"
     return ""
@@ -354,7 +355,8 @@ def _section(lines: list[str]) -> tuple[str, str]:
 
 def filter_patch(patch: str) -> tuple[str, list[str]]:
     """Drop sections that touch tests or test configuration; returns (kept patch, dropped paths)."""
-    kept, dropped = [], []
+    kept: list[str] = []
+    dropped: list[str] = []
     for path, text in split_patch(patch):
         (dropped if _PROTECTED.search(path) else kept).append(path if _PROTECTED.search(path) else text)
     return "".join(kept), dropped

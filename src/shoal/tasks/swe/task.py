@@ -9,8 +9,22 @@ layer whose git history starts at the buggy state (so `git diff` does not give t
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field, field_validator
+
+if TYPE_CHECKING:
+    from ...host import Host
+    from ...layers.store import LayerStore
+    from ...rollout.task import Tools, Verdict
+    from ...rollout.tools import ToolBox
+    from ...sdk.sandbox import Sandbox
+    from ...trajlog import LoggedSandbox
+
+SYSTEM_PROMPT = """You are a software engineer fixing a bug in a Python repository at /work/repo.
+Use the tools: `shell` runs one bash command in the repository (a fresh shell each time), `view_file`,
+`edit_file` and `create_file` work on files, `submit` ends the task. The tests must pass afterwards;
+do not modify the tests. Your changes to the repository are your answer."""
 
 # the label taxonomy (docs/swe.md): what kind of bug, and where it lives
 BUG_TYPES = ("comparison-operator", "boolean-operator", "arithmetic-operator", "off-by-one-constant",
@@ -53,6 +67,63 @@ class SWETask(BaseModel):
         """The task layer's image ref in the layer store."""
         return f"swe/{self.instance_id.lower()}:task"
 
+    # ------------------------------------------------------------------ the rollout Task protocol
+    # (shoal.rollout.task.Task: the loop runs any task through these; imports are lazy because the
+    # suite and the tools import this module)
+    @property
+    def id(self) -> str:
+        return self.instance_id
+
+    def describe(self) -> dict[str, Any]:
+        return {"repo": self.repo, "labels": self.labels.model_dump()}
+
+    def prepare(self, host: Host, source: LayerStore | None = None) -> None:
+        """Base and workspace images must be here or in `source`; the task layer is pulled from
+        `source` if it has it, else built from the bug patch on first use."""
+        from ...core.errors import ImageNotFound
+
+        for ref in (self.base_image, self.base_commit, self.image):
+            try:
+                host.store.get_image(ref)
+            except ImageNotFound:
+                if source is None:
+                    if ref == self.image:
+                        continue
+                    raise
+                try:
+                    host.store.pull_image(source, ref)
+                except ImageNotFound:
+                    if ref != self.image:
+                        raise
+
+    def sandbox(self, host: Host, **create: Any) -> Sandbox:
+        from .suite import task_sandbox
+
+        return task_sandbox(host, self, **create)
+
+    def prompt(self) -> list[dict]:
+        return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": self.problem_statement}]
+
+    def tools(self, sandbox: LoggedSandbox) -> ToolBox:
+        from ...rollout.tools import ToolBox
+
+        return ToolBox(sandbox, self.repo_dir)
+
+    def answer(self, tools: Tools) -> str:
+        """The repository's diff (new files included), taken through the log."""
+        from ...rollout.tools import ToolBox
+
+        if not isinstance(tools, ToolBox):
+            raise TypeError(f"an SWE task's answer is read through its ToolBox, got {type(tools).__name__}")
+        return tools.diff()
+
+    def grade(self, host: Host, answer: str) -> Verdict:
+        from ...rollout.task import Verdict
+        from .suite import evaluate
+
+        rep, _ = evaluate(host, self, answer)
+        return Verdict(reward=1.0 if rep.resolved else 0.0, resolved=rep.resolved, report=rep.to_dict())
+
     def to_swebench(self) -> dict:
         d = self.model_dump(include={"repo", "instance_id", "base_commit", "patch", "test_patch", "problem_statement",
                                      "hints_text", "created_at", "version"})
@@ -62,7 +133,7 @@ class SWETask(BaseModel):
         return d
 
     @classmethod
-    def from_swebench(cls, d: dict, **extra) -> "SWETask":
+    def from_swebench(cls, d: dict, **extra) -> SWETask:
         d = {**d, **extra}
         for k in ("FAIL_TO_PASS", "PASS_TO_PASS"):
             if isinstance(d.get(k), str):
