@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 VENV  := .venv
 PY    := $(VENV)/bin/python
-APT_PKGS := erofs-utils busybox-static gcc libc6-dev debootstrap nftables iproute2 openssl
+APT_PKGS := erofs-utils busybox-static gcc libc6-dev debootstrap nftables iproute2 openssl runsc
 STAMP := $(VENV)/.installed
 
 .PHONY: setup system-deps daemon demo demo-platform test test-vm bench repro clean docker-engine
@@ -22,6 +22,7 @@ system-deps:
 	command -v nft >/dev/null || missing="$$missing nftables"; \
 	command -v ip >/dev/null || missing="$$missing iproute2"; \
 	command -v openssl >/dev/null || missing="$$missing openssl"; \
+	command -v runsc >/dev/null || missing="$$missing runsc"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \

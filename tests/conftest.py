@@ -108,8 +108,8 @@ def swe_tasks(host):
     """The bundled SWE suite, with the environments it needs built in this root (cached builds: free
     when test_real_envs ran first). Needs the package registries on first build."""
     from shoal.envs.debian import ensure_python_base
-    from shoal.tasks.swe import load_suite
     from shoal.envs.workspaces import CATALOG, build_workspace
+    from shoal.tasks.swe import load_suite
 
     if not shutil.which("debootstrap"):
         pytest.fail("debootstrap is missing: `make test` installs it")

@@ -12,10 +12,10 @@ import pytest
 
 import shoal.tasks.swe as swe_pkg
 from shoal import Sandbox
-from shoal.tasks.swe.suite import TASK_LIMITS, ensure_task_image
 from shoal.rollout.episode import run_episode
 from shoal.rollout.policy import make_policy
 from shoal.rollout.queue import EpisodeQueue
+from shoal.tasks.swe.suite import TASK_LIMITS, ensure_task_image
 from shoal.trajlog import TrajectoryLog
 
 from .conftest import probe_results

@@ -18,6 +18,7 @@ import threading
 import time
 import tomllib
 from collections.abc import Callable, Iterable
+from collections.abc import Set as AbstractSet
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -135,7 +136,8 @@ class LayerStore:
 
     def _info(self, row: tuple) -> LayerInfo:
         names = tuple(r[0] for r in self._query("SELECT name FROM layer_names WHERE digest=? ORDER BY name", [row[0]]))
-        return LayerInfo(*row, names=names)
+        digest, size, image_bytes, entries, created, source = row[:6]
+        return LayerInfo(digest, size, image_bytes, entries, created, source, names=names)
 
     # ---------------------------------------------------------------- building
     def build_from_dir(self, src: str | os.PathLike, source: str | None = None, name: str | None = None,
@@ -256,9 +258,6 @@ class LayerStore:
         digest = self.resolve(ref)
         return self._info(self._query("SELECT * FROM layers WHERE digest=?", [digest])[0])
 
-    def list(self) -> list[LayerInfo]:
-        return [self._info(r) for r in self._query("SELECT * FROM layers ORDER BY created")]
-
     def tag_layer(self, name: str, ref: str) -> None:
         if not _NAME_RE.match(name):
             raise InvalidArgument(f"invalid layer name {name!r}: lowercase letters, digits, . _ / - only")
@@ -322,7 +321,7 @@ class LayerStore:
         return [f"{n}:{t}" for n, t in self._query(
             "SELECT DISTINCT name, tag FROM image_layers WHERE digest=?", [digest])]
 
-    def remove_layer(self, ref: str, live: set[str] = frozenset()) -> LayerInfo:
+    def remove_layer(self, ref: str, live: AbstractSet[str] = frozenset()) -> LayerInfo:
         """Remove a layer unless an image or a live sandbox (digests in `live`) still uses it."""
         info = self.get(ref)
         users = self.image_refs(info.digest)
@@ -338,7 +337,7 @@ class LayerStore:
             self.image_path(info.digest).unlink(missing_ok=True)
         return info
 
-    def gc(self, live: set[str] = frozenset(), keep_named: bool = True) -> dict:
+    def gc(self, live: AbstractSet[str] = frozenset(), keep_named: bool = True) -> dict:
         """Unmount layers no live sandbox uses; delete layers no image, name or sandbox references."""
         removed, unmounted = [], []
         named = {r[0] for r in self._query("SELECT digest FROM layer_names")} if keep_named else set()
@@ -379,7 +378,7 @@ class LayerStore:
         """Fold every run of >= 2 consecutive layers whose content is below `threshold_bytes`."""
         out: list[str] = []
         run: list[str] = []
-        for d in [self.resolve(l) for l in layers] + [None]:  # type: ignore[list-item]
+        for d in [*(self.resolve(l) for l in layers), None]:
             if d is not None and self.get(d).size < threshold_bytes:
                 run.append(d)
                 continue
@@ -442,3 +441,7 @@ class LayerStore:
                 pass
             return True
         return False
+
+    # last in the class body: a method named `list` shadows the builtin in the annotations after it
+    def list(self) -> list[LayerInfo]:
+        return [self._info(r) for r in self._query("SELECT * FROM layers ORDER BY created")]
