@@ -85,6 +85,18 @@ def replay_rate(root: Path, steps: int, work: Path) -> dict:
             "replay_vs_live": round(record_s / replay_s, 1)}
 
 
+def over_runs(runs: list[dict], keys: tuple[str, ...]) -> dict:
+    """The median run's values for `keys` (the others from the first run), plus `runs`: every run,
+    and `spread`: min / median / max of each key over the runs."""
+    out = dict(runs[0])
+    spread = {}
+    for k in keys:
+        v = sorted(r[k] for r in runs)
+        out[k] = statistics.median(v)
+        spread[k] = {"min": v[0], "median": statistics.median(v), "max": v[-1]}
+    return {**out, "spread": spread, "runs": runs}
+
+
 def ensure_envs(host: Host, tasks) -> None:
     ensure_python_base(host)
     for spec in CATALOG:
@@ -196,6 +208,8 @@ def main() -> None:
     ap.add_argument("--overhead-n", type=int, default=500)
     ap.add_argument("--replay-steps", type=int, default=5000)
     ap.add_argument("--out", default=str(RESULTS / "rollout.json"))
+    ap.add_argument("--runs", type=int, default=3,
+                    help="runs of the log-overhead and replay measurements (the rollout itself runs once)")
     ap.add_argument("--skip-rollout", action="store_true",
                     help="measure the log only; keep the rollout section of an existing --out file")
     a = ap.parse_args()
@@ -206,13 +220,18 @@ def main() -> None:
         console.print(f"preparing environments under {root} ...")
         ensure_envs(host, tasks)
     work = Path(tempfile.mkdtemp(prefix="shoal-rollout-bench-"))
-    res = {"machine": {"cpus": os.cpu_count()}, "suite": {"tasks": len(tasks), "repos": len({t.repo for t in tasks})}}
-    console.print("trajectory-log overhead ...")
-    res["log_overhead"] = log_overhead(root, a.overhead_n, work, ["true"])
-    # the agent's shell tool: `bash -c <command>` in the repo
-    res["log_overhead_agent_shell"] = log_overhead(root, a.overhead_n, work, ["bash", "-c", "echo $((6*7))"])
-    console.print("fast-forward replay ...")
-    res["replay"] = replay_rate(root, a.replay_steps, work)
+    res = {"machine": {"cpus": os.cpu_count()}, "suite": {"tasks": len(tasks), "repos": len({t.repo for t in tasks})},
+           "runs": a.runs, "rollout_runs": 1, "load_avg_before": round(os.getloadavg()[0], 2)}
+    over = ("direct_p50_ms", "logged_p50_ms", "overhead_ms", "overhead_pct")
+    for key, cmd in (("log_overhead", ["true"]),
+                     ("log_overhead_agent_shell", ["bash", "-c", "echo $((6*7))"])):  # the agent's shell tool
+        console.print(f"trajectory-log overhead, {cmd} ({a.runs} runs) ...")
+        res[key] = over_runs([log_overhead(root, a.overhead_n, work / f"{key}-{i}", cmd) for i in range(a.runs)],
+                             over)
+    console.print(f"fast-forward replay ({a.runs} runs) ...")
+    res["replay"] = over_runs([replay_rate(root, a.replay_steps, work / f"replay-{i}") for i in range(a.runs)],
+                              ("record_steps_per_s", "replay_steps_per_s", "replay_vs_live"))
+    res["load_avg_after_log"] = round(os.getloadavg()[0], 2)
     if a.skip_rollout:
         res["rollout"] = json.loads(Path(a.out).read_text())["rollout"]
     else:
