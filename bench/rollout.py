@@ -81,7 +81,8 @@ def replay_rate(root: Path, steps: int, work: Path) -> dict:
             r = again.exec(["echo", str(i)])
         replay_s = time.perf_counter() - t
         assert r.stdout == f"{steps - 1}\n" and again.stream.executed == 0 and again.stream.replayed == steps
-    return {"steps": steps, "record_steps_per_s": round(steps / record_s), "replay_steps_per_s": round(steps / replay_s),
+    return {"steps": steps, "record_steps_per_s": round(steps / record_s),
+            "replay_steps_per_s": round(steps / replay_s),
             "replay_vs_live": round(record_s / replay_s, 1)}
 
 
@@ -130,8 +131,9 @@ def rollout(root: Path, tasks, episodes: int, workers: int, concurrency: int, ki
         while True:
             c = ro.counts()
             done = c["done"] + c["failed"] + c["paused"]
-            bar.update(job, completed=done, live=f"running {c['running']}  failed {c['failed']}  "
-                                                 f"reward {c['reward']:.0f}" + ("  [killed a worker]" if killed else ""))
+            note = "  [killed a worker]" if killed else ""
+            bar.update(job, completed=done,
+                       live=f"running {c['running']}  failed {c['failed']}  reward {c['reward']:.0f}{note}")
             if killed is None and done >= kill_at * total:
                 victim = ro.workers[0]
                 os.kill(victim.pid, signal.SIGKILL)
@@ -258,7 +260,8 @@ def main() -> None:
               f"{r['episodes_per_s']} /s", "1,000 oracle")
     for p in r["by_policy"]:
         goal = {"oracle": "100%", "null": "0%"}.get(p["policy"], "-")
-        t.add_row(f"  {p['policy']} resolved", f"{p['resolved']}/{p['episodes']} = {100 * p['resolve_rate']:.1f}%", goal)
+        t.add_row(f"  {p['policy']} resolved", f"{p['resolved']}/{p['episodes']} = {100 * p['resolve_rate']:.1f}%",
+                  goal)
     t.add_row("worker killed -9 at", f"{r['killed_worker']}", "no episode lost")
     t.add_row("lost / failed episodes", f"{r['counts']['queued'] + r['counts']['running']} / {r['counts']['failed']}",
               "0 / 0")

@@ -85,7 +85,8 @@ def _sandboxes_through_api(url: str, key: str, other_key: str) -> None:
     t.add_row(a.id, "cat /root/note (a wrote it)", a.commands.run("cat /root/note").stdout.strip())
     t.add_row(b.id, "cat /root/note", (b.commands.run("cat /root/note 2>&1").stdout.strip()))
     t.add_row(b.id, "ls / (a deleted /bin/ls)", " ".join(b.commands.run("ls /").stdout.split()))
-    t.add_row(c.id, "ps (only its own processes)", " | ".join(c.commands.run("ps -o pid,args").stdout.strip().splitlines()))
+    t.add_row(c.id, "ps (only its own processes)",
+              " | ".join(c.commands.run("ps -o pid,args").stdout.strip().splitlines()))
     t.add_row(c.id, "ip link (no network)", " ".join(c.commands.run("ls /sys/class/net").stdout.split()))
     t.add_row(c.id, "mount -t tmpfs x /mnt", c.commands.run("mount -t tmpfs x /mnt 2>&1").stdout.strip())
     with c.sessions.create() as s:
@@ -137,12 +138,12 @@ def swe_demo() -> None:
     import json
 
     from .envs.debian import ensure_python_base
-    from .tasks.swe import load_suite
-    from .tasks.swe.suite import summary
     from .envs.workspaces import CATALOG, build_workspace
     from .rollout.episode import run_episode
     from .rollout.policy import make_policy
     from .rollout.runner import Rollout, resolve_table, write_jsonl, write_parquet
+    from .tasks.swe import load_suite
+    from .tasks.swe.suite import summary
     from .trajlog import TrajectoryLog
 
     root = Path(os.environ.get("SHOAL_DEMO_ROOT", "/var/lib/shoal-bench"))

@@ -145,7 +145,8 @@ class OraclePolicy(ScriptedPolicy):
             return turn("Writing the fix as a patch.", [tool_call(0, "create_file", path="/tmp/fix.patch",
                                                                   content=self.gold)])
         if step == 1:
-            return turn("Applying it.", [tool_call(1, "shell", command="git apply /tmp/fix.patch && git status --short")])
+            return turn("Applying it.",
+                        [tool_call(1, "shell", command="git apply /tmp/fix.patch && git status --short")])
         return turn("Done.", [tool_call(step, "submit")])
 
 

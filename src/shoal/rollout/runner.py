@@ -127,7 +127,8 @@ def write_parquet(records: list[dict], path: str | os.PathLike) -> Path:
     cols["response_token_ids"] = [[t.get("token_ids") or [] for t in r.get("turns", [])] for r in records]
     cols["response_logprobs"] = [[[x if x is not None else float("nan") for x in (t.get("logprobs") or [])]
                                   for t in r.get("turns", [])] for r in records]
-    table = pa.table({**cols, "response_token_ids": pa.array(cols["response_token_ids"], pa.list_(pa.list_(pa.int64()))),
+    table = pa.table({**cols,
+                      "response_token_ids": pa.array(cols["response_token_ids"], pa.list_(pa.list_(pa.int64()))),
                       "response_logprobs": pa.array(cols["response_logprobs"], pa.list_(pa.list_(pa.float64())))})
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)

@@ -426,11 +426,13 @@ def run(config: Config, out: Path, log=print, workers: int | None = None, fresh:
         if config.mopd:
             plan += [("full", 1.0, s, v, config.mopd_lr) for v in ("pooled", "routed", "routed+exopd",
                                                                     "routed+exopd-relu") for s in config.seeds]
-        runs = _drain({pool.submit(_job_opd, ckpt, config, *p): i for i, p in enumerate(plan)}, "OPD runs", log is print)
+        runs = _drain({pool.submit(_job_opd, ckpt, config, *p): i for i, p in enumerate(plan)}, "OPD runs",
+                      log is print)
         result["runs"] = [r for r in runs if r["variant"] == "opd"]
         for r in result["runs"]:
-            log(f"lr {r['lr']:g} {r['selector']:>15} budget {r['budget']:<6} seed {r['seed']}: acc {r['accuracy']['all']:.3f} "
-                f"kept {r['kept_fraction']:.4f} step {r['step_s'] * 1000:.0f} ms selector {r['selector_s'] * 1000:.1f} ms")
+            log(f"lr {r['lr']:g} {r['selector']:>15} budget {r['budget']:<6} seed {r['seed']}: "
+                f"acc {r['accuracy']['all']:.3f} kept {r['kept_fraction']:.4f} step {r['step_s'] * 1000:.0f} ms "
+                f"selector {r['selector_s'] * 1000:.1f} ms")
         if config.mopd:
             experts = {c: evals[f"expert-{c}"][c] for c in CATEGORIES}
             result["mopd"] = _mopd_summary(experts, evals["student"], [r for r in runs if r["variant"] != "opd"])
@@ -497,9 +499,10 @@ def report(result: dict, out: Path) -> str:
                   "|---|---:|---|---:|---:|---:|---:|---:|"]
         for r in (r for r in summ["rows"] if r["lr"] == lr):
             ov = f"{r['selector_overhead_pct']:+.1f}%" if r["selector_overhead_pct"] is not None else ""
-            lines.append(f"| {r['selector']} | {r['budget']:g} | {r['acc_mean']:.3f} ({r['acc_min']:.3f}..{r['acc_max']:.3f})"
-                         f" | {r['acc_mean'] - base['student']['all']:+.3f} | {r['kept']:.4f} | {r['step_ms']:.0f} ms | "
-                         f"{r['selector_ms']:.1f} ms | {ov} |")
+            lines.append(f"| {r['selector']} | {r['budget']:g} | "
+                         f"{r['acc_mean']:.3f} ({r['acc_min']:.3f}..{r['acc_max']:.3f})"
+                         f" | {r['acc_mean'] - base['student']['all']:+.3f} | {r['kept']:.4f} | "
+                         f"{r['step_ms']:.0f} ms | {r['selector_ms']:.1f} ms | {ov} |")
     if result.get("overhead"):
         lines += ["", "| student | params | full-OPD step | selector (tip+ier-and, k=16) | overhead |",
                   "|---|---:|---:|---:|---:|"]
@@ -608,7 +611,8 @@ def lr_sweep(config: Config, out: Path, lrs=SWEEP_LRS, selectors_=SWEEP_SELECTOR
     log(f"lr sweep: {len(plan)} runs, {len(plan) - len(todo)} reused from earlier runs in {out}")
     workers = workers if workers is not None else min(2, os.cpu_count() or 1)
     with _pool(workers) as pool:
-        fresh = _drain({pool.submit(_job_opd, ckpt, config, *p): i for i, p in enumerate(todo)}, "lr sweep", log is print)
+        fresh = _drain({pool.submit(_job_opd, ckpt, config, *p): i for i, p in enumerate(todo)}, "lr sweep",
+                       log is print)
     for p, r in zip(todo, fresh):
         known[(p[4], p[0], p[1], p[2])] = r
     runs = [known[(p[4], p[0], p[1], p[2])] for p in plan]
@@ -616,7 +620,8 @@ def lr_sweep(config: Config, out: Path, lrs=SWEEP_LRS, selectors_=SWEEP_SELECTOR
     result = {"lrs": list(lrs), "budget": budget, "student_start": start, "runs": runs}
     (out / "opd_lr_sweep.json").write_text(json.dumps(result, indent=1))
     lines = [f"accuracy after {config.opd_steps} OPD steps, mean (min..max) over seeds {list(config.seeds)}; "
-             f"selectors at budget {budget:g}; student start " + (f"{start:.3f}" if start is not None else "unknown"), "",
+             f"selectors at budget {budget:g}; student start "
+             + (f"{start:.3f}" if start is not None else "unknown"), "",
              "| selector | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " |", "|---|" + "---|" * len(lrs)]
     curves = {}
     for sel in selectors_:

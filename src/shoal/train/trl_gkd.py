@@ -33,7 +33,8 @@ def selective_gkd_trainer():
     try:
         from trl.experimental.gkd import GKDTrainer
     except ImportError as e:  # pragma: no cover - exercised only without trl
-        raise ImportError("selective_gkd_trainer needs TRL >= 1.0: pip install 'shoal[train]' or pip install trl") from e
+        raise ImportError("selective_gkd_trainer needs TRL >= 1.0: "
+                          "pip install 'shoal[train]' or pip install trl") from e
 
     class SelectiveGKDTrainer(GKDTrainer):
         def __init__(self, *args: Any, selector: str = "tip+ier-and", budget: float = 0.01, k: int = signals.DEFAULT_K,
@@ -43,7 +44,8 @@ def selective_gkd_trainer():
             if not 0 < budget <= 1:
                 raise ValueError(f"budget must be in (0, 1], got {budget}")
             if loss not in ("gkd", "opd"):
-                raise ValueError(f"loss must be 'gkd' (TRL's JSD on kept tokens) or 'opd' (sampled reverse KL), got {loss!r}")
+                raise ValueError("loss must be 'gkd' (TRL's JSD on kept tokens) or 'opd' (sampled reverse KL), "
+                                 f"got {loss!r}")
             super().__init__(*args, **kwargs)
             self.selector, self.budget, self.k, self.selection_loss = selector, budget, k, loss
             self.selection_log: list[tuple[int, int]] = []

@@ -4,5 +4,6 @@ from .log import Outcome, Stream, TrajectoryLog, request_hash
 from .sandbox import LoggedSandbox, ReplayReport, replay, restore
 from .store import DONE, PENDING, UNKNOWN, Entry, JournaledLogStore, LogStore, SQLiteLogStore, StreamInfo
 
-__all__ = ["DONE", "PENDING", "UNKNOWN", "Entry", "JournaledLogStore", "LogStore", "LoggedSandbox", "Outcome", "ReplayReport",
-           "SQLiteLogStore", "Stream", "StreamInfo", "TrajectoryLog", "replay", "request_hash", "restore"]
+__all__ = ["DONE", "PENDING", "UNKNOWN", "Entry", "JournaledLogStore", "LogStore", "LoggedSandbox", "Outcome",
+           "ReplayReport", "SQLiteLogStore", "Stream", "StreamInfo", "TrajectoryLog", "replay", "request_hash",
+           "restore"]

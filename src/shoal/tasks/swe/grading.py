@@ -12,7 +12,8 @@ is applied (SWE-bench gets the same effect by applying its test_patch last).
 `grade` reads a log alone (SWE-bench's way). `grade_run` is what Shoal's grader uses: per-test
 statuses come from the trusted runner's HMAC-chained record (trusted.py), and the log is only a
 cross-check. It is stricter than SWE-bench: an XFAIL or SKIPPED status counts only where the gold
-patch's run gave the same status (`f2p_passed`, `p2p_maintained`). A Report's `reason` says why a run was not believed, in a machine-readable form:
+patch's run gave the same status (`f2p_passed`, `p2p_maintained`).
+A Report's `reason` says why a run was not believed, in a machine-readable form:
 `patch-not-applied`, `tamper-suspect: <rule>`, `tampered`, `forged-output`, `incomplete`, `timeout`,
 `unconfirmed`, `no-tests-ran`, `malformed-patch: <what>` (see docs/swe.md).
 """

@@ -365,7 +365,8 @@ def _confirm(host: Host, task: SWETask, patch_text: str, record: RunRecord, rep:
                 continue
             _, rec = _run_trusted(sb, task, cfg, timeout)
         st = rec.status.get(nodeid)
-        why = rec.problem or "; ".join(rec.tampered[:2]) or ("" if rec.end and rec.exit else "the run did not finish") or \
+        why = rec.problem or "; ".join(rec.tampered[:2]) or \
+            ("" if rec.end and rec.exit else "the run did not finish") or \
             ("" if f2p_passed(st, (gold_statuses(host, task) if st == "XFAIL" else {}).get(t))
              else f"status {st or 'missing'}")
         if why:

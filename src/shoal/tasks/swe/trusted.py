@@ -3,7 +3,8 @@
 The grader layer (`GRADER_IMAGE`, a toolkit image built on `python:3.11`) holds
 /opt/shoal-grader/run.py (runner/run.py: the bootstrap and the pytest plugin) and its own copy of
 pytest and pluggy (site/) and of pytest's other dependencies (deps/: iniconfig, packaging, which
-the tests must import from the project when the project is one of them), byte-compiled, read-only. Grading sandboxes compose it on top of
+the tests must import from the project when the project is one of them), byte-compiled, read-only.
+Grading sandboxes compose it on top of
 the task layers; the agent's sandbox never has it.
 
 A run gets a fresh random key and record path on stdin. The record is a file of JSON lines,

@@ -861,7 +861,8 @@ def main() -> int:
         if not plugin.finished:
             emit("end", exitstatus=int(code), tests=len(plugin.status), collect_errors=plugin.collect_errors,
                  tampered=["pytest ended without finishing its session"])
-    changed = [f"{name}.{k} replaced" for name, live, snap in watched for k in snap if live.get(k, missing) is not snap[k]]
+    changed = [f"{name}.{k} replaced" for name, live, snap in watched for k in snap
+               if live.get(k, missing) is not snap[k]]
     try:
         found = integrity.check(plugin.items, plugin.codes) if plugin is not None else integrity.check()
         if plugin is not None:
