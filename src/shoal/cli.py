@@ -52,11 +52,12 @@ def _backend(root: str | None):
 
 
 def _size(n: int) -> str:
+    x = float(n)
     for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return f"{n:.1f} TiB"
+        if x < 1024:
+            return f"{x:.0f} {unit}" if unit == "B" else f"{x:.1f} {unit}"
+        x /= 1024
+    return f"{x:.1f} TiB"
 
 
 def _progress() -> Progress:

@@ -40,8 +40,8 @@ try:  # the C halves of `socket` and `json`: the Python wrappers cost ~15 ms of 
     import _json
     import _socket as socket
 except ImportError:  # another Python implementation: the ordinary modules
-    import json as _json  # type: ignore[no-redef]
-    import socket  # type: ignore[no-redef]
+    import json as _json  # type: ignore[no-redef]  # the same names, the pure-Python modules
+    import socket  # type: ignore[no-redef]  # the same names, the pure-Python modules
 
 DEFAULT_SOCKET = "/run/shoal/shoald.sock"  # = shoal.config.DEFAULT_SOCKET (a test keeps them equal)
 LOCAL = "local"  # = shoal.backends.LOCAL: SHOAL_URL value for in-process sandboxes
@@ -85,7 +85,7 @@ if hasattr(_json, "make_scanner") and hasattr(_json, "make_encoder"):
         """= json.dumps(obj) (default separators, ASCII)."""
         return "".join(_encode(obj, 0))
 else:  # pragma: no cover - the pure-Python json module was imported instead
-    loads, dumps = _json.loads, _json.dumps  # type: ignore[attr-defined]
+    loads, dumps = _json.loads, _json.dumps  # type: ignore[attr-defined]  # the json module, not _json
 
 
 class Fallback(Exception):

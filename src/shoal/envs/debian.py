@@ -60,7 +60,8 @@ def ensure_debian_base(host: Host, mirror: str | None = None, log: Callable[[str
         proc = subprocess.Popen(["debootstrap", "--variant=minbase", SUITE, str(target), mirror],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         tail: list[str] = []
-        for line in proc.stdout:  # type: ignore[union-attr]
+        assert proc.stdout is not None  # stdout=PIPE
+        for line in proc.stdout:
             tail = (tail + [line])[-20:]
             if log:
                 log(line)

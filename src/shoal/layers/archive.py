@@ -14,7 +14,7 @@ import json
 import os
 import stat
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -119,7 +119,7 @@ def extract_layer_tar(fileobj: IO[bytes] | None, dest: Path, path: Path | None =
 @dataclass
 class ArchiveLayer:
     name: str  # path of the layer inside the archive
-    open: object  # () -> IO[bytes]
+    open: Callable[[], IO[bytes] | None]  # None: the member is not a regular file
 
 
 @dataclass
@@ -141,7 +141,9 @@ def read_image_archive(path: Path) -> ImageArchive:
         if name not in members:
             raise CorruptArchive(f"{path}: {name} missing from image archive")
         try:
-            return json.load(outer.extractfile(members[name]))  # type: ignore[arg-type]
+            f = outer.extractfile(members[name])  # members holds regular files only: never None
+            assert f is not None
+            return json.load(f)
         except (ValueError, tarfile.TarError) as e:
             raise CorruptArchive(f"{path}: {name} is not valid JSON ({e})") from e
 
@@ -177,4 +179,7 @@ def read_image_archive(path: Path) -> ImageArchive:
 
 def iter_layer_members(archive: ImageArchive) -> Iterator[tuple[str, IO[bytes]]]:
     for layer in archive.layers:
-        yield layer.name, layer.open()  # type: ignore[operator]
+        stream = layer.open()
+        if stream is None:
+            raise CorruptArchive(f"layer {layer.name} is not a regular file")
+        yield layer.name, stream

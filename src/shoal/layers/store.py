@@ -221,7 +221,7 @@ class LayerStore:
         for i, layer in enumerate(img.layers):
             if progress:
                 progress(i, len(img.layers))
-            stream = layer.open()  # type: ignore[operator]
+            stream = layer.open()
             if stream is None:
                 raise CorruptArchive(f"{p}: layer {layer.name} is not a regular file")
             digests.append(self.build_from_tar(stream, source=f"archive:{p.name}:{layer.name}").digest)

@@ -47,6 +47,6 @@ class NodeSpec:
 def start_actors(db: str, nodes: list[NodeSpec], **kw) -> list:
     """One actor pinned to each node (by its custom resource)."""
     # @ray.remote turns the class into an ActorClass (with .options); its stubs type it as the plain class
-    return [RolloutActor.options(resources={n.resource: 0.001}).remote(  # type: ignore[attr-defined]
+    return [RolloutActor.options(resources={n.resource: 0.001}).remote(  # type: ignore[attr-defined]  # see above
                 db, n.root, node=n.resource, **kw)
             for n in nodes]

@@ -55,7 +55,7 @@ else:
 class PeerCredProtocol(_Base):
     """uvicorn's HTTP protocol, plus the peer's credentials in each request's scope["state"]."""
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # uvicorn's stub types it as BaseTransport
         super().connection_made(transport)
         # a per-connection copy: the shared lifespan state must never carry one peer's identity
         state = dict(self.app_state)

@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import anyio.to_thread
 import uvicorn
@@ -111,14 +112,15 @@ def serve(root: str | Path | None = None, socket_path: str | Path | None = None,
     daemon = Daemon(host, admission, admin_key=load_or_create_admin_key(host.settings.root))
     app = create_app(daemon)
     unix = bind_socket(sock_path, socket_group(group))
-    common = dict(log_level=log_level, access_log=False, timeout_keep_alive=30, timeout_graceful_shutdown=GRACE_S)
+    common: dict[str, Any] = dict(log_level=log_level, access_log=False, timeout_keep_alive=30,
+                                  timeout_graceful_shutdown=GRACE_S)
     servers: list[tuple[uvicorn.Server, list[socket.socket] | None]] = [
-        (uvicorn.Server(uvicorn.Config(app, http=PeerCredProtocol, **common)), [unix])]  # type: ignore[arg-type]
+        (uvicorn.Server(uvicorn.Config(app, http=PeerCredProtocol, **common)), [unix])]
     if tcp:
         if not (tls_cert and tls_key) and not os.environ.get("SHOAL_ALLOW_PLAIN_TCP"):
             raise SystemExit("TCP needs --tls-cert and --tls-key (or SHOAL_ALLOW_PLAIN_TCP=1 for loopback tests)")
         h, _, p = tcp.rpartition(":")
         servers.append((uvicorn.Server(uvicorn.Config(app, host=h or "127.0.0.1", port=int(p), ssl_certfile=tls_cert,
-                                                      ssl_keyfile=tls_key, **common)), None))  # type: ignore[arg-type]
+                                                      ssl_keyfile=tls_key, **common)), None))
     log.warning("shoald serving %s on %s%s", host.settings.root, sock_path, f" and {tcp}" if tcp else "")
     asyncio.run(_serve(servers))

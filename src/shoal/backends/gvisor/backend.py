@@ -101,7 +101,7 @@ def _starttime(pid: int) -> int | None:
 
 
 def _alive(pid: int | None, start: int | None) -> bool:
-    return bool(pid) and start is not None and _starttime(pid) == start  # type: ignore[arg-type]
+    return pid is not None and pid > 0 and start is not None and _starttime(pid) == start
 
 
 def _signal_exact(pid: int | None, start: int | None, sig: int) -> bool:
@@ -665,8 +665,8 @@ class _Exec:
         cbs = {"stdout": on_stdout, "stderr": on_stderr}
         decs = {k: codecs.getincrementaldecoder("utf-8")("replace") for k in bufs}
         sel = selectors.DefaultSelector()
-        sel.register(self.proc.stdout, selectors.EVENT_READ, "stdout")  # type: ignore[arg-type]
-        sel.register(self.proc.stderr, selectors.EVENT_READ, "stderr")  # type: ignore[arg-type]
+        sel.register(self.proc.stdout, selectors.EVENT_READ, "stdout")  # type: ignore[arg-type]  # a PIPE: never None
+        sel.register(self.proc.stderr, selectors.EVENT_READ, "stderr")  # type: ignore[arg-type]  # a PIPE: never None
         deadline = None if timeout is None else started + timeout
         timed_out = False
         exited_at = None
@@ -762,7 +762,7 @@ class GvisorProcess(ProcessHandle):
             time.sleep(0.002)
 
     @property
-    def pid(self) -> int | None:  # type: ignore[override]
+    def pid(self) -> int | None:  # type: ignore[override]  # a property over the ABC's attribute
         return self._x.pid
 
     def _expire(self) -> None:
@@ -773,8 +773,8 @@ class GvisorProcess(ProcessHandle):
     def _pump(self) -> None:
         p = self._x.proc
         sel = selectors.DefaultSelector()
-        sel.register(p.stdout, selectors.EVENT_READ, "stdout")  # type: ignore[arg-type]
-        sel.register(p.stderr, selectors.EVENT_READ, "stderr")  # type: ignore[arg-type]
+        sel.register(p.stdout, selectors.EVENT_READ, "stdout")  # type: ignore[arg-type]  # a PIPE: never None
+        sel.register(p.stderr, selectors.EVENT_READ, "stderr")  # type: ignore[arg-type]  # a PIPE: never None
         exited_at = None
         try:
             while sel.get_map():
@@ -841,8 +841,8 @@ class GvisorSession(SessionHandle):
         self._cap = cap
         self.closed = False
         self._sel = selectors.DefaultSelector()
-        self._sel.register(x.proc.stdout, selectors.EVENT_READ, "out")  # type: ignore[arg-type]
-        self._sel.register(x.proc.stderr, selectors.EVENT_READ, "err")  # type: ignore[arg-type]
+        self._sel.register(x.proc.stdout, selectors.EVENT_READ, "out")  # type: ignore[arg-type]  # a PIPE: never None
+        self._sel.register(x.proc.stderr, selectors.EVENT_READ, "err")  # type: ignore[arg-type]  # a PIPE: never None
 
     def _gone(self) -> SessionClosed:
         self.closed = True
