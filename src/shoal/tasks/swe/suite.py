@@ -115,7 +115,8 @@ def grader_sandbox(host: Host, task: SWETask, **kw) -> Sandbox:
     return open_sandbox(host, task.base_image, [task.base_commit, task.image, grader], **{**TASK_LIMITS, **kw})
 
 
-CONFIRM_MAX = 3  # flipped tests re-run one by one per evaluation (a secret random sample beyond that)
+# flipped tests re-run one by one per evaluation: None = every one (a secret random sample beyond a cap)
+CONFIRM_MAX: int | None = None
 RECORD_MAX = 16 << 20
 
 
@@ -293,7 +294,7 @@ def _suspect(task: SWETask, flags, dropped: list[str]) -> Report:
 
 
 def evaluate(host: Host, task: SWETask, patch: str | None, timeout: float = 60, *, screen: bool = True,
-             confirm: bool = True, confirm_max: int = CONFIRM_MAX) -> tuple[Report, str]:
+             confirm: bool = True, confirm_max: int | None = CONFIRM_MAX) -> tuple[Report, str]:
     """Grade a patch in a fresh sandbox of the task (the agent's sandbox may have been tampered
     with), with the trusted runner; returns (report, test log).
 
@@ -302,8 +303,9 @@ def evaluate(host: Host, task: SWETask, patch: str | None, timeout: float = 60, 
     the static screen (over git's list of changed paths and the files read from the sandbox
     before anything runs); the trusted runner
     (`python3 -I -S`, pytest from the grader layer) whose HMAC-chained record gives the statuses,
-    cross-checked against the log; then each FAIL_TO_PASS test that flipped is re-run on its own
-    in another fresh sandbox (under unittest for TestCase tests) and must pass there too.
+    cross-checked against the log; then each FAIL_TO_PASS test that flipped is re-run on its own,
+    in its own process, in another fresh sandbox (under unittest for TestCase tests), and must pass
+    there too.
     `screen=False` / `confirm=False` switch a layer off (to measure the others)."""
     if not patch or not patch.strip():
         patch_text, dropped = "", list[str]()
@@ -342,35 +344,39 @@ def evaluate(host: Host, task: SWETask, patch: str | None, timeout: float = 60, 
     return rep, log
 
 
-def _confirm(host: Host, task: SWETask, patch_text: str, record: RunRecord, rep: Report, confirm_max: int,
+def _confirm(host: Host, task: SWETask, patch_text: str, record: RunRecord, rep: Report, confirm_max: int | None,
              expected: dict[str, str], timeout: float = 60) -> None:
-    """Independent confirmation: each FAIL_TO_PASS test that flipped to pass runs again alone, in its
-    own fresh sandbox and process, under the stdlib unittest runner when it is a TestCase test (else
-    the trusted pytest runner on that one test id). The sample is drawn with the grader's secret
-    randomness, so a patch cannot know which tests will be re-run."""
+    """Independent confirmation: every FAIL_TO_PASS test that flipped to pass runs again alone, in a
+    separate process per test, in one fresh sandbox with the patch applied again: under the stdlib
+    unittest runner when it is a TestCase test, else the trusted pytest runner on that one test id.
+    With a cap (`confirm_max`), the sample is drawn with the grader's secret randomness, so a patch
+    cannot know which tests will be re-run."""
     status, _, raw = record_statuses(record)
     flipped = [t for t in task.FAIL_TO_PASS if f2p_passed(status.get(t), expected.get(t))]
-    chosen = flipped if len(flipped) <= confirm_max else secrets.SystemRandom().sample(flipped, confirm_max)
-    failed, runners = [], {"pytest": 0, "unittest": 0}
-    for t in chosen:
-        nodeid = raw[t]
-        mode = "unittest" if nodeid in record.unittest else "pytest"
-        runners[mode] += 1
-        cfg = RunConfig(repo=task.repo_dir, protected=PROTECTED_PATTERN, mode=mode, nodeid=nodeid,
-                        args=["-q", nodeid])
-        with grader_sandbox(host, task, ttl=timeout + 120) as sb:
+    chosen = flipped if confirm_max is None or len(flipped) <= confirm_max else \
+        secrets.SystemRandom().sample(flipped, confirm_max)
+    failed: list[tuple[str, str]] = []
+    runners = {"pytest": 0, "unittest": 0}
+    if chosen:
+        with grader_sandbox(host, task, ttl=timeout * len(chosen) + 120) as sb:
             ap = _apply(sb, task, patch_text)
             if not ap.ok or ap.malformed:
-                failed.append((t, "patch did not apply" if not ap.ok else ap.malformed))
-                continue
-            _, rec = _run_trusted(sb, task, cfg, timeout)
-        st = rec.status.get(nodeid)
-        why = rec.problem or "; ".join(rec.tampered[:2]) or \
-            ("" if rec.end and rec.exit else "the run did not finish") or \
-            ("" if f2p_passed(st, (gold_statuses(host, task) if st == "XFAIL" else {}).get(t))
-             else f"status {st or 'missing'}")
-        if why:
-            failed.append((t, why))
+                failed = [(t, "patch did not apply" if not ap.ok else str(ap.malformed)) for t in chosen]
+            else:
+                for t in chosen:
+                    nodeid = raw[t]
+                    mode = "unittest" if nodeid in record.unittest else "pytest"
+                    runners[mode] += 1
+                    cfg = RunConfig(repo=task.repo_dir, protected=PROTECTED_PATTERN, mode=mode, nodeid=nodeid,
+                                    args=["-q", nodeid])
+                    _, rec = _run_trusted(sb, task, cfg, timeout)  # a new process, a new key and record
+                    st = rec.status.get(nodeid)
+                    why = rec.problem or "; ".join(rec.tampered[:2]) or \
+                        ("" if rec.end and rec.exit else "the run did not finish") or \
+                        ("" if f2p_passed(st, (gold_statuses(host, task) if st == "XFAIL" else {}).get(t))
+                         else f"status {st or 'missing'}")
+                    if why:
+                        failed.append((t, why))
     rep.confirmation = {"flipped": len(flipped), "checked": len(chosen), "confirmed": len(chosen) - len(failed),
                         "runners": runners, "failed": [f"{t}: {w}" for t, w in failed]}
     if failed:
