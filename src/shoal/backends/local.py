@@ -11,7 +11,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from ..core.contract import (
+    DEFAULT_DOWNLOAD_MAX,
+    DEFAULT_READ_MAX,
     CreateRequest,
+    FileEntry,
     ForkReply,
     ForkRequest,
     Limits,
@@ -21,6 +24,7 @@ from ..core.contract import (
     SnapshotInfo,
     SnapshotRequest,
 )
+from .files import SandboxFiles
 
 if TYPE_CHECKING:
     from ..host import Host
@@ -49,6 +53,37 @@ class LocalBackend(SandboxBackend):
     def upper_dir(self, sandbox_id: str) -> Path:
         """Host path of the sandbox's writable upper: its whole diff against its layers."""
 
+    # ---------------------------------------------------------------- files, on the host's view of the root
+    @abc.abstractmethod
+    def root_files(self, sandbox_id: str) -> SandboxFiles:
+        """The files API over the sandbox's root as the host sees it (resolved inside it); getting it
+        counts as activity for the idle TTL."""
+
+    def read_file(self, sandbox_id: str, path: str, max_bytes: int = DEFAULT_READ_MAX) -> bytes:
+        return self.root_files(sandbox_id).read(path, max_bytes=max_bytes)
+
+    def write_file(self, sandbox_id: str, path: str, data: bytes, mode: int = 0o644) -> int:
+        return self.root_files(sandbox_id).write(path, data, mode=mode)
+
+    def list_files(self, sandbox_id: str, path: str = "/") -> list[FileEntry]:
+        return self.root_files(sandbox_id).list(path)
+
+    def stat_file(self, sandbox_id: str, path: str) -> FileEntry:
+        return self.root_files(sandbox_id).stat(path)
+
+    def mkdir(self, sandbox_id: str, path: str) -> None:
+        self.root_files(sandbox_id).mkdir(path, parents=True)
+
+    def remove_file(self, sandbox_id: str, path: str) -> None:
+        self.root_files(sandbox_id).remove(path)
+
+    def upload_tar(self, sandbox_id: str, dest_dir: str, tar: bytes) -> int:
+        return self.root_files(sandbox_id).upload(dest_dir, tar)
+
+    def download_tar(self, sandbox_id: str, path: str, max_bytes: int = DEFAULT_DOWNLOAD_MAX) -> bytes:
+        return self.root_files(sandbox_id).download(path, max_bytes=max_bytes)
+
+    # ---------------------------------------------------------------- snapshots: the host's one capture
     def snapshot(self, sandbox_id: str, req: SnapshotRequest) -> SnapshotInfo:
         return self.host.capture(self, sandbox_id, req)
 

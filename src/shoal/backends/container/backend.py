@@ -26,11 +26,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ...core.contract import (
-    DEFAULT_DOWNLOAD_MAX,
-    DEFAULT_READ_MAX,
     ExecRequest,
     ExecResult,
-    FileEntry,
     Limits,
     NetworkPolicy,
     NetworkRequest,
@@ -45,10 +42,10 @@ from ...core.contract import (
     to_ms,
 )
 from ...core.errors import InvalidArgument, QuotaExceeded, SandboxError, SandboxNotFound
+from ..files import SandboxFiles
 from ..local import LocalBackend
 from . import initclient
 from .cgroups import CgroupDriver, cgroup_parent
-from .files import SandboxFiles
 from .native import helper_path
 from .processes import ContainerProcess, ContainerSession
 
@@ -546,7 +543,7 @@ class ContainerBackend(LocalBackend):
 
     def open_session(self, sandbox_id: str, req: SessionRequest) -> ContainerSession:
         meta = self._live_meta(sandbox_id)
-        shell = req.shell or ("/bin/bash" if self._files(sandbox_id).exists("/bin/bash") else "/bin/sh")
+        shell = req.shell or ("/bin/bash" if self.root_files(sandbox_id).exists("/bin/bash") else "/bin/sh")
         proc = self._spawn(sandbox_id, [shell], req.env, req.cwd, stdin_pipe=True)
         return ContainerSession(proc, shell, req.output_cap or self.settings.output_cap_bytes, sandbox_id,
                                 before_run=lambda: self.ensure_running(sandbox_id),
@@ -580,7 +577,7 @@ class ContainerBackend(LocalBackend):
         return self._dir(sandbox_id) / "disk" / "upper"
 
     # ------------------------------------------------------------------ files
-    def _files(self, sandbox_id: str) -> SandboxFiles:
+    def root_files(self, sandbox_id: str) -> SandboxFiles:
         """The files API over the sandbox's root, as init sees it. A file operation bypasses init, so it
         counts as activity for the idle TTL here (and resumes a paused sandbox, as any request does)."""
         meta = self._live_meta(sandbox_id)
@@ -588,31 +585,6 @@ class ContainerBackend(LocalBackend):
             self.touch(sandbox_id)
         return SandboxFiles(f"/proc/{meta['init_pid']}/root", sandbox_id)
 
-    def read_file(self, sandbox_id: str, path: str, max_bytes: int = DEFAULT_READ_MAX) -> bytes:
-        return self._files(sandbox_id).read(path, max_bytes=max_bytes)
-
-    def write_file(self, sandbox_id: str, path: str, data: bytes, mode: int = 0o644) -> int:
-        return self._files(sandbox_id).write(path, data, mode=mode)
-
-    def list_files(self, sandbox_id: str, path: str = "/") -> list[FileEntry]:
-        return self._files(sandbox_id).list(path)
-
-    def stat_file(self, sandbox_id: str, path: str) -> FileEntry:
-        return self._files(sandbox_id).stat(path)
-
-    def mkdir(self, sandbox_id: str, path: str) -> None:
-        self._files(sandbox_id).mkdir(path, parents=True)
-
-    def remove_file(self, sandbox_id: str, path: str) -> None:
-        self._files(sandbox_id).remove(path)
-
-    def upload_tar(self, sandbox_id: str, dest_dir: str, tar: bytes) -> int:
-        return self._files(sandbox_id).upload(dest_dir, tar)
-
-    def download_tar(self, sandbox_id: str, path: str, max_bytes: int = DEFAULT_DOWNLOAD_MAX) -> bytes:
-        return self._files(sandbox_id).download(path, max_bytes=max_bytes)
-
-    # last in the class body: a method named `list` shadows the builtin in the annotations after it
     def list(self) -> list[SandboxInfo]:
         out = []
         for d in sorted(self.settings.sandboxes_dir.iterdir()):

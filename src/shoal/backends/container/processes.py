@@ -7,7 +7,6 @@ a session writes each command to a long-lived shell and reads until a random end
 from __future__ import annotations
 
 import os
-import re
 import secrets
 import selectors
 import threading
@@ -16,6 +15,7 @@ from collections.abc import Callable
 
 from ...core.contract import Cursor, ExecResult, ProcessHandle, ProcessOutput, SessionHandle
 from ...core.errors import CommandTimeout, InvalidArgument, SessionClosed
+from ..shell import MarkedCommand
 from . import initclient
 
 
@@ -142,25 +142,15 @@ class ContainerSession(SessionHandle):
             raise SessionClosed(f"session in sandbox {self._sandbox_id} is closed")
         if not isinstance(cmd, str):
             raise InvalidArgument("session commands are shell strings")
-        nonce = secrets.token_hex(8)
-        out_marker = re.compile(rb"__SHOAL_" + nonce.encode() + rb"_(\d+)__\n")
-        err_marker = b"__SHOAL_" + nonce.encode() + b"__\n"
-        quoted = "'" + cmd.replace("'", "'\\''") + "'"
-        script = (f"command eval {quoted} </dev/null\n__shoal_rc=$?\n"
-                  f"printf '__SHOAL_{nonce}_%d__\\n' \"$__shoal_rc\"\nprintf '__SHOAL_{nonce}__\\n' >&2\n")
+        mc = MarkedCommand(cmd, self._cap)
         self._before_run()
         if self._touch:
             self._proc.touch(True)
-        started = time.monotonic()
-        self._write(script.encode("utf-8", "surrogateescape"))
-        bufs = {"out": initclient.CappedBuffer(self._cap), "err": initclient.CappedBuffer(self._cap)}
-        wins = {"out": b"", "err": b""}
-        rc: int | None = None
-        err_done = False
+        self._write(mc.script)
         timed_out = False
-        deadline = None if timeout is None else started + timeout
+        deadline = None if timeout is None else mc.started + timeout
         try:
-            while rc is None or not err_done:
+            while not mc.done:
                 now = time.monotonic()
                 if deadline is not None and now > deadline:
                     if timed_out:  # the shell itself is stuck: give up on this session
@@ -183,28 +173,11 @@ class ContainerSession(SessionHandle):
                         self.closed = True
                         raise SessionClosed(f"session shell in sandbox {self._sandbox_id} exited "
                                             f"(did the command run `exit`?)")
-                    tag = key.data
-                    bufs[tag].add(data)
-                    wins[tag] = (wins[tag] + data)[-256:]
-                    if tag == "out":
-                        m = out_marker.search(wins[tag])
-                        if m:
-                            rc = int(m.group(1))
-                    elif err_marker in wins[tag]:
-                        err_done = True
+                    mc.feed(key.data, data)
         finally:
             if self._touch:
                 self._proc.touch(False)
-        stdout = out_marker.sub(b"", bufs["out"].value(), count=1)
-        stderr = bufs["err"].value().replace(err_marker, b"", 1)
-        marker_len = len(b"__SHOAL_") + len(nonce) + len(b"_") + len(b"__\n")
-        return ExecResult(
-            exit_code=137 if timed_out else rc, signal=9 if timed_out else None, timed_out=timed_out,
-            stdout=stdout.decode("utf-8", "replace"), stderr=stderr.decode("utf-8", "replace"),
-            stdout_bytes=bufs["out"].total - marker_len - len(str(rc)),
-            stderr_bytes=bufs["err"].total - len(err_marker),
-            stdout_truncated=bufs["out"].truncated, stderr_truncated=bufs["err"].truncated,
-            duration_s=time.monotonic() - started)
+        return mc.result(timed_out)
 
     def close(self) -> None:
         self.closed = True

@@ -33,12 +33,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ...core.contract import (
-    DEFAULT_DOWNLOAD_MAX,
-    DEFAULT_READ_MAX,
     Cursor,
     ExecRequest,
     ExecResult,
-    FileEntry,
     Limits,
     NetworkPolicy,
     NetworkRequest,
@@ -63,9 +60,10 @@ from ...core.errors import (
     SessionClosed,
 )
 from ..container.cgroups import cgroup_parent
-from ..container.files import SandboxFiles
 from ..container.initclient import CappedBuffer, RingLog
+from ..files import SandboxFiles
 from ..local import LocalBackend
+from ..shell import MarkedCommand
 from . import oci
 from .supervisor import cleanup
 
@@ -545,36 +543,12 @@ class GvisorBackend(LocalBackend):
     def _files(self, sandbox_id: str) -> SandboxFiles:
         return SandboxFiles(str(self._dir(sandbox_id) / "rootfs"), sandbox_id)
 
-    def _f(self, sandbox_id: str) -> SandboxFiles:
+    def root_files(self, sandbox_id: str) -> SandboxFiles:
         """File operations work on the host overlay: they count as activity but, as on the container
         backend, do not resume a paused sandbox (reading a frozen sandbox's files is a use case)."""
         self._live_meta(sandbox_id)
         self._touch(sandbox_id)
         return self._files(sandbox_id)
-
-    def read_file(self, sandbox_id: str, path: str, max_bytes: int = DEFAULT_READ_MAX) -> bytes:
-        return self._f(sandbox_id).read(path, max_bytes=max_bytes)
-
-    def write_file(self, sandbox_id: str, path: str, data: bytes, mode: int = 0o644) -> int:
-        return self._f(sandbox_id).write(path, data, mode=mode)
-
-    def list_files(self, sandbox_id: str, path: str = "/") -> list[FileEntry]:
-        return self._f(sandbox_id).list(path)
-
-    def stat_file(self, sandbox_id: str, path: str) -> FileEntry:
-        return self._f(sandbox_id).stat(path)
-
-    def mkdir(self, sandbox_id: str, path: str) -> None:
-        self._f(sandbox_id).mkdir(path, parents=True)
-
-    def remove_file(self, sandbox_id: str, path: str) -> None:
-        self._f(sandbox_id).remove(path)
-
-    def upload_tar(self, sandbox_id: str, dest_dir: str, tar: bytes) -> int:
-        return self._f(sandbox_id).upload(dest_dir, tar)
-
-    def download_tar(self, sandbox_id: str, path: str, max_bytes: int = DEFAULT_DOWNLOAD_MAX) -> bytes:
-        return self._f(sandbox_id).download(path, max_bytes=max_bytes)
 
     def upper_dir(self, sandbox_id: str) -> Path:
         self._live_meta(sandbox_id)
@@ -854,27 +828,17 @@ class GvisorSession(SessionHandle):
         if not isinstance(cmd, str):
             raise InvalidArgument("session commands are shell strings")
         self._be.ensure_running(self._x.sid)
-        nonce = secrets.token_hex(8)
-        out_marker = re.compile(rb"__SHOAL_" + nonce.encode() + rb"_(\d+)__\n")
-        err_marker = b"__SHOAL_" + nonce.encode() + b"__\n"
-        quoted = "'" + cmd.replace("'", "'\\''") + "'"
-        script = (f"command eval {quoted} </dev/null\n__shoal_rc=$?\n"
-                  f"printf '__SHOAL_{nonce}_%d__\\n' \"$__shoal_rc\"\nprintf '__SHOAL_{nonce}__\\n' >&2\n")
-        started = time.monotonic()
-        bufs = {"out": CappedBuffer(self._cap), "err": CappedBuffer(self._cap)}
-        wins = {"out": b"", "err": b""}
-        rc: int | None = None
-        err_done = False
+        mc = MarkedCommand(cmd, self._cap)
         timed_out = False
-        deadline = None if timeout is None else started + timeout
+        deadline = None if timeout is None else mc.started + timeout
         with self._be._busy(self._x.sid):
             try:
                 assert self._x.proc.stdin is not None
-                self._x.proc.stdin.write(script.encode("utf-8", "surrogateescape"))
+                self._x.proc.stdin.write(mc.script)
                 self._x.proc.stdin.flush()
             except (BrokenPipeError, OSError, ValueError):
                 raise self._gone() from None
-            while rc is None or not err_done:
+            while not mc.done:
                 now = time.monotonic()
                 if deadline is not None and now > deadline:
                     if timed_out:  # the shell itself is stuck: give up on this session
@@ -888,24 +852,8 @@ class GvisorSession(SessionHandle):
                     data = os.read(key.fd, 65536)
                     if not data:
                         raise self._gone()
-                    tag = key.data
-                    bufs[tag].add(data)
-                    wins[tag] = (wins[tag] + data)[-256:]
-                    if tag == "out":
-                        m = out_marker.search(wins[tag])
-                        if m:
-                            rc = int(m.group(1))
-                    elif err_marker in wins[tag]:
-                        err_done = True
-        stdout = out_marker.sub(b"", bufs["out"].value(), count=1)
-        stderr = bufs["err"].value().replace(err_marker, b"", 1)
-        marker_len = len(b"__SHOAL_") + len(nonce) + len(b"_") + len(b"__\n")
-        return ExecResult(exit_code=137 if timed_out else rc, signal=9 if timed_out else None, timed_out=timed_out,
-                          stdout=stdout.decode("utf-8", "replace"), stderr=stderr.decode("utf-8", "replace"),
-                          stdout_bytes=bufs["out"].total - marker_len - len(str(rc)),
-                          stderr_bytes=bufs["err"].total - len(err_marker),
-                          stdout_truncated=bufs["out"].truncated, stderr_truncated=bufs["err"].truncated,
-                          duration_s=time.monotonic() - started)
+                    mc.feed(key.data, data)
+        return mc.result(timed_out)
 
     def close(self) -> None:
         self.closed = True

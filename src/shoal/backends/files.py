@@ -15,8 +15,8 @@ import stat
 import tarfile
 from pathlib import PurePosixPath
 
-from ...core.contract import FileEntry, FileType
-from ...core.errors import FileOpError, InvalidArgument, PathOutsideSandbox
+from ..core.contract import FileEntry, FileType
+from ..core.errors import FileOpError, InvalidArgument, PathOutsideSandbox
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
