@@ -38,8 +38,8 @@ from startup import pct  # noqa: E402
 
 from shoal import Host, QuotaExceeded, Sandbox  # noqa: E402
 from shoal.backends.container.cgroups import CgroupDriver, cgroup_parent  # noqa: E402
+from shoal.backends.http import close_clients  # noqa: E402
 from shoal.layers.busybox import make_busybox_tree  # noqa: E402
-from shoal.sdk.sandbox import close_clients  # noqa: E402
 
 console = Console(width=140)
 RESULTS = Path(__file__).parent / "results"

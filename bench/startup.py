@@ -16,6 +16,9 @@ busybox rootfs (shoal.layers.busybox), network off, removed afterwards:
                         network_mode="none") + exec_run(["true"]) + remove(force=True)
     sdk_shoal_in_process  Sandbox.create(IMG, root=…) + commands.run(["true"]) + kill(), no daemon
                         (no daemon hop, so it favours Shoal: shown, not used for the headline)
+  gVisor, SDK vs SDK (both through their daemon, the same runsc binary and flags)
+    sdk_shoal_gvisor    Sandbox.create(IMG, url=…, backend="gvisor") + commands.run(["true"]) + kill()
+    sdk_docker_gvisor   containers.run(IMG, sleep, detach, network none, runtime="runsc") + exec_run + remove
   runtime vs runtime (a fresh process from the shell, no engine daemon on either side)
     runtime_shoal       = cli_shoal_no_daemon (Shoal's runtime driven by a fresh process: Python
                         start + imports + shoal-init launch + exec + kill and teardown)
@@ -489,7 +492,7 @@ def comparison_rows(res: dict) -> list[list[str]]:
         sp = c["speedup_p50"]
         how = (f"**{sp:.2f}×**" if sp >= 1 else f"{sp:.2f}× (Shoal {1 / sp:.1f}× slower)") + \
             f" (per run {c['speedup_p50_min']:.2f}–{c['speedup_p50_max']:.2f})"
-        peer = "Docker" if c["peer"].endswith("docker") else "runc"
+        peer = "Docker" if "docker" in c["peer"] else "runc"
         out.append([c["title"], "Shoal", a["label"], _ms(a["p50_ms"]), _ms(a["p99_ms"]), _spread(a), how])
         out.append(["", peer, b["label"], _ms(b["p50_ms"]), _ms(b["p99_ms"]), _spread(b), ""])
     return out
