@@ -44,6 +44,7 @@ from ...core.contract import (
 from ...core.errors import InvalidArgument, QuotaExceeded, SandboxError, SandboxNotFound
 from ..files import SandboxFiles
 from ..local import LocalBackend
+from ..pids import alive, starttime
 from . import initclient
 from .cgroups import CgroupDriver, cgroup_parent
 from .native import helper_path
@@ -56,23 +57,6 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 STARTUP_GRACE_S = 30.0
 HOST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 BUILD_CA_PATH = "/run/shoal-build/ca.crt"  # where build sandboxes see the host's CA bundle
-
-
-def _starttime(pid: int) -> int | None:
-    """Process start time (clock ticks since boot) — with the pid, an identity that survives pid reuse."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    fields = data[data.rindex(b")") + 2:].split()
-    if fields[0] in (b"Z", b"X"):  # a zombie is dead for our purposes
-        return None
-    return int(fields[19])
-
-
-def _alive(pid: int | None, start: int | None) -> bool:
-    return pid is not None and pid > 0 and start is not None and _starttime(pid) == start
 
 
 # ------------------------------------------------------------------ upper = "disk"
@@ -242,7 +226,7 @@ class ContainerBackend(LocalBackend):
 
     def _live_meta(self, sandbox_id: str) -> dict:
         meta = self._load(sandbox_id)
-        if not _alive(meta.get("init_pid"), meta.get("init_start")):
+        if not alive(meta.get("init_pid"), meta.get("init_start")):
             self._meta.pop(sandbox_id, None)
             raise SandboxNotFound(self._gone_message(sandbox_id))
         return meta
@@ -307,7 +291,7 @@ class ContainerBackend(LocalBackend):
             detail = line[4:] if line.startswith("ERR ") else (line or proc.stderr.decode(errors="replace").strip())
             raise SandboxError(f"sandbox {sandbox_id} failed to start: {detail}")
         init_pid, sup_pid = (int(x) for x in line.split()[1:3])
-        meta.update(init_pid=init_pid, sup_pid=sup_pid, init_start=_starttime(init_pid), sup_start=_starttime(sup_pid))
+        meta.update(init_pid=init_pid, sup_pid=sup_pid, init_start=starttime(init_pid), sup_start=starttime(sup_pid))
         self._write_meta(meta)
         with self._lock:
             self._meta[sandbox_id] = meta
@@ -315,9 +299,9 @@ class ContainerBackend(LocalBackend):
 
     def _info(self, meta: dict, state: SandboxState | None = None) -> SandboxInfo:
         if state is None:
-            alive = _alive(meta.get("init_pid"), meta.get("init_start"))
+            running = alive(meta.get("init_pid"), meta.get("init_start"))
             state = (SandboxState.PAUSED if self.cgroups.is_frozen(meta["id"]) else SandboxState.RUNNING) \
-                if alive else SandboxState.DEAD
+                if running else SandboxState.DEAD
         return SandboxInfo(id=meta["id"], backend=self.name, image=meta["image"], layers=meta["layers"],
                            limits=Limits(**meta["limits"]),
                            state=state, created=meta["created"], ttl=meta.get("ttl"), idle_ttl=meta.get("idle_ttl"),
@@ -352,7 +336,7 @@ class ContainerBackend(LocalBackend):
 
     def kill(self, sandbox_id: str) -> None:
         meta = self._load(sandbox_id)
-        if not _alive(meta.get("init_pid"), meta.get("init_start")):
+        if not alive(meta.get("init_pid"), meta.get("init_start")):
             self._meta.pop(sandbox_id, None)
             self._cleanup(sandbox_id)
             raise SandboxNotFound(self._gone_message(sandbox_id))
@@ -362,13 +346,13 @@ class ContainerBackend(LocalBackend):
         except ProcessLookupError:
             init_fd = None
         sup_fd = None
-        if _alive(meta.get("sup_pid"), meta.get("sup_start")):
+        if alive(meta.get("sup_pid"), meta.get("sup_start")):
             try:
                 sup_fd = os.pidfd_open(meta["sup_pid"])
             except ProcessLookupError:
                 sup_fd = None
         try:
-            if init_fd is not None and _starttime(meta["init_pid"]) == meta["init_start"]:
+            if init_fd is not None and starttime(meta["init_pid"]) == meta["init_start"]:
                 signal.pidfd_send_signal(init_fd, signal.SIGKILL)
             if self.cgroups.is_frozen(sandbox_id):
                 self.cgroups.freeze(sandbox_id, False)
@@ -418,9 +402,9 @@ class ContainerBackend(LocalBackend):
                     self._cleanup(d.name, reason="orphaned")
                     reaped.append(d.name)
                 continue
-            if _alive(meta.get("sup_pid"), meta.get("sup_start")):
+            if alive(meta.get("sup_pid"), meta.get("sup_start")):
                 continue
-            if _alive(meta["init_pid"], meta.get("init_start")):
+            if alive(meta["init_pid"], meta.get("init_start")):
                 try:
                     os.kill(meta["init_pid"], signal.SIGKILL)
                 except ProcessLookupError:
@@ -428,7 +412,7 @@ class ContainerBackend(LocalBackend):
                 if self.cgroups.is_frozen(d.name):
                     self.cgroups.freeze(d.name, False)
                 for _ in range(200):
-                    if not _alive(meta["init_pid"], meta.get("init_start")):
+                    if not alive(meta["init_pid"], meta.get("init_start")):
                         break
                     time.sleep(0.005)
             self._meta.pop(d.name, None)
@@ -486,7 +470,7 @@ class ContainerBackend(LocalBackend):
         if isinstance(e, SandboxNotFound):
             raise e
         deadline = time.monotonic() + 1.0
-        while _alive(meta.get("init_pid"), meta.get("init_start")):
+        while alive(meta.get("init_pid"), meta.get("init_start")):
             if time.monotonic() > deadline:
                 return
             time.sleep(0.01)
@@ -592,6 +576,6 @@ class ContainerBackend(LocalBackend):
                 meta = self._load(d.name)
             except (SandboxNotFound, SandboxError):
                 continue
-            if meta.get("init_pid") and _alive(meta["init_pid"], meta.get("init_start")):
+            if meta.get("init_pid") and alive(meta["init_pid"], meta.get("init_start")):
                 out.append(self._info(meta))
         return out

@@ -63,6 +63,7 @@ from ..container.cgroups import cgroup_parent
 from ..container.initclient import CappedBuffer, RingLog
 from ..files import SandboxFiles
 from ..local import LocalBackend
+from ..pids import alive, starttime
 from ..shell import MarkedCommand
 from . import oci
 from .supervisor import cleanup
@@ -85,23 +86,6 @@ _WHY = {"ttl": "its absolute TTL expired", "idle_ttl": "its idle TTL expired", "
         "exited": "its pid 1 exited (under gVisor `kill -9 1` from inside ends the sandbox)"}
 
 
-def _starttime(pid: int) -> int | None:
-    """Process start time (clock ticks since boot): with the pid, an identity that survives pid reuse."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    fields = data[data.rindex(b")") + 2:].split()
-    if fields[0] in (b"Z", b"X"):
-        return None
-    return int(fields[19])
-
-
-def _alive(pid: int | None, start: int | None) -> bool:
-    return pid is not None and pid > 0 and start is not None and _starttime(pid) == start
-
-
 def _signal_exact(pid: int | None, start: int | None, sig: int) -> bool:
     """Signal the process (pid, start time) if it still is that process: a pidfd pins it, so a
     reused pid is never signalled. Returns whether it was alive."""
@@ -112,7 +96,7 @@ def _signal_exact(pid: int | None, start: int | None, sig: int) -> bool:
     except ProcessLookupError:
         return False
     try:
-        if _starttime(pid) != start:
+        if starttime(pid) != start:
             return False
         signal.pidfd_send_signal(fd, sig)
         return True
@@ -182,7 +166,7 @@ class GvisorBackend(LocalBackend):
         meta = self._load(sandbox_id)
         if not meta.get("sandbox_pid"):
             raise SandboxNotFound(f"sandbox {sandbox_id} is still starting")
-        if not _alive(meta["sandbox_pid"], meta.get("sandbox_start")):
+        if not alive(meta["sandbox_pid"], meta.get("sandbox_start")):
             self._await_end(sandbox_id, meta)
             raise SandboxNotFound(self._gone_message(sandbox_id))
         return meta
@@ -192,7 +176,7 @@ class GvisorBackend(LocalBackend):
         tombstone (it knows why: TTL, OOM...); clean up here if it is gone too."""
         d = self._dir(sandbox_id)
         deadline = time.monotonic() + 5.0
-        while d.exists() and _alive(meta.get("sup_pid"), meta.get("sup_start")) and time.monotonic() < deadline:
+        while d.exists() and alive(meta.get("sup_pid"), meta.get("sup_start")) and time.monotonic() < deadline:
             time.sleep(0.01)
         if d.exists():
             cleanup(str(d), str(self.tombstones), reason)
@@ -208,7 +192,7 @@ class GvisorBackend(LocalBackend):
         """A runsc control call that must succeed; a failure because the sandbox ended is SandboxNotFound."""
         r = self._runsc(meta, *args)
         if r.returncode != 0:
-            if not _alive(meta["sandbox_pid"], meta.get("sandbox_start")):
+            if not alive(meta["sandbox_pid"], meta.get("sandbox_start")):
                 self._await_end(meta["id"], meta)
                 raise SandboxNotFound(self._gone_message(meta["id"]))
             raise SandboxError(f"sandbox {meta['id']}: runsc {args[0]} failed: {r.stderr.strip()[-500:]}")
@@ -271,12 +255,12 @@ class GvisorBackend(LocalBackend):
             (d / "bundle" / "config.json").write_text(json.dumps(config))
             self._runsc_create(runsc, d, sandbox_id)
             pid = int((d / "sandbox.pid").read_text())
-            meta.update(sandbox_pid=pid, sandbox_start=_starttime(pid))
+            meta.update(sandbox_pid=pid, sandbox_start=starttime(pid))
             self._write_meta(meta)
             sup = subprocess.Popen([sys.executable, "-I", "-S", _SUPERVISOR, str(d), str(self.tombstones)],
                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                    start_new_session=True, env={}, close_fds=True)
-            meta.update(sup_pid=sup.pid, sup_start=_starttime(sup.pid))
+            meta.update(sup_pid=sup.pid, sup_start=starttime(sup.pid))
             self._write_meta(meta)
         except BaseException as e:
             cleanup(str(d), str(self.tombstones), None)
@@ -382,7 +366,7 @@ class GvisorBackend(LocalBackend):
         its supervisor (gVisor's Sentry takes ~1 s to exit under ptrace: no request waits for it)."""
         d = self._dir(sandbox_id)
         meta = self._load(sandbox_id)
-        if not meta.get("sandbox_pid") or not _alive(meta["sandbox_pid"], meta.get("sandbox_start")):
+        if not meta.get("sandbox_pid") or not alive(meta["sandbox_pid"], meta.get("sandbox_start")):
             self._await_end(sandbox_id, meta)
             raise SandboxNotFound(self._gone_message(sandbox_id))
         # the tombstone first, then the marker that makes every later request see the end
@@ -394,7 +378,7 @@ class GvisorBackend(LocalBackend):
         _signal_exact(meta["sandbox_pid"], meta.get("sandbox_start"), signal.SIGKILL)  # stop it now
         # SIGTERM before its handler is in place would end it without cleaning up: wait for it
         deadline = time.monotonic() + 5.0
-        while not (d / "supervised").exists() and _alive(meta.get("sup_pid"), meta.get("sup_start")) \
+        while not (d / "supervised").exists() and alive(meta.get("sup_pid"), meta.get("sup_start")) \
                 and time.monotonic() < deadline:
             time.sleep(0.005)
         if not (d / "supervised").exists() or \
@@ -410,7 +394,7 @@ class GvisorBackend(LocalBackend):
                 meta = json.loads((d / "meta.json").read_text())
             except (OSError, ValueError):
                 meta = {}
-            if _alive(meta.get("sup_pid"), meta.get("sup_start")):
+            if alive(meta.get("sup_pid"), meta.get("sup_start")):
                 continue
             try:
                 started = meta.get("created") or d.stat().st_mtime
@@ -577,7 +561,7 @@ class GvisorBackend(LocalBackend):
                 meta = self._load(sid)
             except (SandboxNotFound, SandboxError):
                 continue
-            if meta.get("sandbox_pid") and _alive(meta["sandbox_pid"], meta.get("sandbox_start")):
+            if meta.get("sandbox_pid") and alive(meta["sandbox_pid"], meta.get("sandbox_start")):
                 out.append(self._info(meta))
         return out
 
@@ -676,7 +660,7 @@ class _Exec:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             rc = self.proc.wait()
-        if not _alive(self.meta["sandbox_pid"], self.meta.get("sandbox_start")):  # it ended meanwhile
+        if not alive(self.meta["sandbox_pid"], self.meta.get("sandbox_start")):  # it ended meanwhile
             self.be._await_end(self.sid, self.meta)
             raise SandboxNotFound(self.be._gone_message(self.sid))
         err = bufs["stderr"].value()
