@@ -25,22 +25,39 @@ from pathlib import Path
 from ..core.errors import TrajectoryDivergence, UnknownOutcome
 from .store import DONE, PENDING, UNKNOWN, Entry, JournaledLogStore, LogStore, StreamInfo
 
+_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+_c_make_encoder = getattr(json.encoder, "c_make_encoder", None)  # None where _json is not built
+_encode_str = json.encoder.encode_basestring  # what ensure_ascii=False encodes strings with
+try:  # CPython's own SHA-256: the same digest as OpenSSL's, without OpenSSL's EVP set-up on every call
+    from _sha256 import sha256 as _sha256  # type: ignore[import-not-found,unused-ignore]  # 3.11
+except ImportError:
+    try:
+        from _sha2 import sha256 as _sha256  # type: ignore[import-not-found,no-redef,unused-ignore]  # 3.12+
+    except ImportError:
+        _sha256 = hashlib.sha256
+
+
+def canonical_json(request: dict) -> str:
+    """json.dumps(request, sort_keys=True, separators=(",", ":"), ensure_ascii=False), character for
+    character (the hashes of logs written before must still match on replay), but with the C encoder
+    made directly, as json.dumps does underneath, without its Python layers on every call."""
+    if _c_make_encoder is None:
+        return _ENCODER.encode(request)
+    return "".join(_c_make_encoder({}, _ENCODER.default, _encode_str, None, ":", ",", True, False, True)(request, 0))
+
 
 def canonical(kind: str, request: dict) -> tuple[str, str]:
     """(canonical JSON of the request, sha256 of kind + it): key order and whitespace do not matter."""
-    blob = json.dumps(request, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return blob, hashlib.sha256(f"{kind}\n{blob}".encode("utf-8", "surrogatepass")).hexdigest()
+    if _c_make_encoder is None:
+        blob = _ENCODER.encode(request)
+    else:  # canonical_json(request), inline: this runs before every logged operation
+        encode = _c_make_encoder({}, _ENCODER.default, _encode_str, None, ":", ",", True, False, True)
+        blob = "".join(encode(request, 0))
+    return blob, _sha256(f"{kind}\n{blob}".encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def request_hash(kind: str, request: dict) -> str:
     return canonical(kind, request)[1]
-
-
-def _head_or_entry(stream: Stream) -> Entry | None:
-    # past the entries that existed when this writer took the stream over, only it writes: no lookup
-    if stream.cursor >= stream.size:
-        return None
-    return stream.log.store.get(stream.name, stream.cursor)
 
 
 class Outcome:
@@ -72,9 +89,11 @@ class Stream:
             raise TrajectoryDivergence(f"stream {self.name} diverged at seq {self.cursor}; start a new stream",
                                        self.name, self.cursor)
         blob_h = canonical(kind, request)
-        h = blob_h[1]
         seq = self.cursor
-        entry = _head_or_entry(self)
+        if seq >= self.size:  # past the entries there were at takeover only this writer writes: no lookup
+            return None, blob_h
+        h = blob_h[1]
+        entry = self.log.store.get(self.name, seq)
         if entry is None:
             return None, blob_h
         if entry.req_hash != h or entry.kind != kind:
@@ -91,9 +110,8 @@ class Stream:
 
     def _begin(self, kind: str, request: dict, blob_h: tuple[str, str]) -> int:
         seq = self.cursor
-        e = Entry(stream=self.name, seq=seq, kind=kind, req_hash=blob_h[1], request=request, episode=self.episode,
-                  sandbox=self.sandbox, host=self.log.host, writer=self.writer, request_json=blob_h[0])
-        if not self.log.store.append(e):
+        if not self.log.store.begin(self.name, seq, kind, blob_h[1], request, blob_h[0], self.episode, self.sandbox,
+                                    self.log.host, self.writer):
             raise TrajectoryDivergence(f"stream {self.name} seq {seq} was written by another writer meanwhile",
                                        self.name, seq)
         return seq
@@ -109,9 +127,12 @@ class Stream:
         self._end(seq, {"__error__": {"type": type(exc).__name__, "message": str(exc)}})
 
     def call(self, kind: str, request: dict, execute: Callable[[], dict]) -> Outcome:
-        done, h = self._lookup(kind, request)
-        if done is not None:
-            return done
+        if self.cursor < self.size or self.diverged:  # replaying (or stopped): the log's entry decides
+            done, h = self._lookup(kind, request)
+            if done is not None:
+                return done
+        else:  # at the head, where a live call spends its time
+            h = canonical(kind, request)
         seq = self._begin(kind, request, h)
         try:
             result = execute()

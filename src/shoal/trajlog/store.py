@@ -8,6 +8,7 @@ which many processes on one host (workers, Ray raylets) can share.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sqlite3
 import threading
@@ -25,16 +26,44 @@ class ModelResult(dict):
     """A result that is a pydantic model (an ExecResult): stored as the model's own JSON, which skips
     a dict round trip on the hot path. Empty as a dict; the caller takes `.model`."""
 
-    def __init__(self, model):
-        super().__init__()
+    def __init__(self, model):  # empty: dict.__init__ has nothing to do
         self.model = model
 
     def to_json(self) -> str:
-        return self.model.model_dump_json()
+        return self.json_bytes().decode()
+
+    def json_bytes(self) -> bytes:
+        m = self.model  # what model_dump_json() returns, as bytes, without its Python layer
+        return m.__pydantic_serializer__.to_json(m)
 
 
 def result_json(result: dict) -> str:
     return result.to_json() if isinstance(result, ModelResult) else json.dumps(result)
+
+
+_pid = os.getpid()  # kept current across forks, so the hot path makes no getpid(2) call
+
+
+def _after_fork() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+_STATUS_JSON = {DONE: b'"DONE"', UNKNOWN: b'"UNKNOWN"'}
+_jstr = json.encoder.encode_basestring_ascii  # json.dumps(s) for a str: one C call, no encoder object
+
+
+def _j(v: object) -> str:
+    """json.dumps(v), without building an encoder for the scalars an entry is mostly made of."""
+    if type(v) is str:
+        return _jstr(v)
+    if v is None:
+        return "null"
+    if type(v) is int or (type(v) is float and math.isfinite(v)):
+        return repr(v)  # what json writes for them
+    return json.dumps(v)
 
 
 @dataclass
@@ -87,6 +116,14 @@ class LogStore(ABC):
     @abstractmethod
     def append(self, entry: Entry) -> bool:
         """Insert a PENDING entry; False if (stream, seq) is taken."""
+
+    def begin(self, stream: str, seq: int, kind: str, req_hash: str, request: dict, request_json: str | None,
+              episode: str | None, sandbox: str | None, host: str | None, writer: str | None) -> bool:
+        """`append` of a new PENDING entry given by its fields (what `Stream` writes before each
+        operation runs); a store may write it without building the `Entry`."""
+        return self.append(Entry(stream=stream, seq=seq, kind=kind, req_hash=req_hash, request=request,
+                                 episode=episode, sandbox=sandbox, host=host, writer=writer,
+                                 request_json=request_json))
 
     @abstractmethod
     def complete(self, stream: str, seq: int, result: dict, status: str = DONE) -> None: ...
@@ -223,10 +260,10 @@ def _stream(r) -> StreamInfo:
 class JournaledLogStore(SQLiteLogStore):
     """SQLite as the index, a per-process append-only journal as the write-ahead: the default.
 
-    `append` and `complete` are one `write(2)` each to this process's journal (O_APPEND), which is
-    on the way to disk the moment it returns: a kill -9 right after loses nothing. A background
-    thread folds the journal into SQLite every `flush_s` in one transaction, so the hot path costs
-    no SQLite commit. Each journal is flock'ed by its process; when a stream is taken over, the
+    `append` (or `begin`) and `complete` are one `write(2)` each to this process's journal (O_APPEND),
+    which is on the way to disk the moment it returns: a kill -9 right after loses nothing. A
+    background thread folds the journal into SQLite every `flush_s` in one transaction, so the hot
+    path costs no SQLite commit. Each journal is flock'ed by its process; when a stream is taken over, the
     journals of dead processes are folded first (their PENDING tail becomes UNKNOWN as usual).
 
     Guarantees are the SQLite store's for a process crash. Differences: another process sees a live
@@ -246,10 +283,12 @@ class JournaledLogStore(SQLiteLogStore):
         self._pid = -1
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._frags: dict[tuple, tuple[str, str, str]] = {}  # the constant parts of a stream's journal lines
+        self._names: dict[str, bytes] = {}  # stream name -> its JSON
 
     # ------------------------------------------------------------------ journal
     def _journal(self) -> int:
-        if self._fd is None or self._pid != os.getpid():
+        if self._fd is None or self._pid != _pid:
             import atexit
             import fcntl
             import uuid
@@ -257,7 +296,7 @@ class JournaledLogStore(SQLiteLogStore):
             p = self.journal_dir / f"{os.getpid()}-{uuid.uuid4().hex[:8]}.jsonl"
             fd = os.open(p, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
             fcntl.flock(fd, fcntl.LOCK_EX)  # held while this process lives: the liveness mark
-            self._fd, self._pid, self._journal_path = fd, os.getpid(), p
+            self._fd, self._pid, self._journal_path = fd, _pid, p
             self._thread = threading.Thread(target=self._flusher, name="trajlog-flush", daemon=True)
             self._thread.start()
             atexit.register(self.close)
@@ -266,7 +305,7 @@ class JournaledLogStore(SQLiteLogStore):
     def _write(self, rec: list, line: bytes | None = None) -> None:
         line = line or (json.dumps(rec, separators=(",", ":")) + "\n").encode()
         with self._lock:
-            os.write(self._journal(), line)
+            os.write(self._fd if self._pid == _pid and self._fd is not None else self._journal(), line)
             self._buf.append(rec)
         if self._durable and self._fd is not None:
             os.fsync(self._fd)
@@ -289,8 +328,10 @@ class JournaledLogStore(SQLiteLogStore):
                     v[4] = v[4] if r[0] == "Pt" else json.dumps(v[4])
                     v[6] = None if v[6] is None else json.dumps(v[6])
                     db.execute(f"INSERT OR IGNORE INTO entries({_COLS}) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?)", v)
-                elif r[0] in ("D", "Dt"):  # Dt: the result is JSON text already (in-memory records only)
+                elif r[0] in ("D", "Dt"):  # Dt: the result is JSON already, text or UTF-8 (in-memory records only)
                     status, result, finished, stream, seq = r[1]
+                    if isinstance(result, bytes):  # Dt straight from `complete`: JSON as UTF-8
+                        result = result.decode()
                     db.execute("UPDATE entries SET status=?, result=?, finished=? WHERE stream=? AND seq=? "
                                "AND status != ?", (status, result if r[0] == "Dt" else json.dumps(result),
                                                    finished, stream, seq, DONE))
@@ -336,18 +377,45 @@ class JournaledLogStore(SQLiteLogStore):
 
     def append(self, e: Entry) -> bool:
         req = e.request_json if e.request_json is not None else json.dumps(e.request)
-        head = json.dumps([e.stream, e.seq, e.kind, e.req_hash])[:-1]
-        tail = json.dumps([e.status, e.result, e.episode, e.sandbox, e.host, e.writer, e.started, e.finished])[1:]
-        line = f'["P",{head},{req},{tail}]\n'.encode()  # the request as JSON inside the record, not re-encoded
+        # built field by field: the request as JSON inside the record, not re-encoded
+        line = (f'["P",[{_j(e.stream)},{_j(e.seq)},{_j(e.kind)},{_j(e.req_hash)},{req},{_j(e.status)},'
+                f'{_j(e.result)},{_j(e.episode)},{_j(e.sandbox)},{_j(e.host)},{_j(e.writer)},{_j(e.started)},'
+                f'{_j(e.finished)}]]\n').encode()
         self._write(["Pt", [e.stream, e.seq, e.kind, e.req_hash, req, e.status, e.result, e.episode, e.sandbox,
                             e.host, e.writer, e.started, e.finished]], line)
         return True
 
+    def begin(self, stream, seq, kind, req_hash, request, request_json, episode, sandbox, host, writer) -> bool:
+        # append(), without the Entry: the line from the stream's constant parts (JSON made once) and the rest
+        started = time.time()
+        req = request_json if request_json is not None else json.dumps(request)
+        key = (stream, kind, episode, sandbox, host, writer)
+        frag = self._frags.get(key)
+        if frag is None:
+            if len(self._frags) >= 256:
+                self._frags.clear()
+            frag = self._frags[key] = (f'["P",[{_j(stream)},', f",{_j(kind)},",
+                                       f",{_j(PENDING)},null,{_j(episode)},{_j(sandbox)},{_j(host)},{_j(writer)},")
+        line = f"{frag[0]}{int(seq)}{frag[1]}{_j(req_hash)},{req}{frag[2]}{started!r},null]]\n".encode()
+        self._write(["Pt", [stream, seq, kind, req_hash, req, PENDING, None, episode, sandbox, host, writer, started,
+                            None]], line)
+        return True
+
     def complete(self, stream, seq, result, status=DONE):
-        text, now = result_json(result), time.time()
-        # the journal line holds the result as JSON, not as a string of JSON: built by hand, no re-encoding
-        line = f'["D",[{json.dumps(status)},{text},{now!r},{json.dumps(stream)},{int(seq)}]]\n'.encode()
-        self._write(["Dt", [status, text, now, stream, seq]], line)
+        if isinstance(result, ModelResult):  # result.json_bytes(), inline
+            body = result.model.__pydantic_serializer__.to_json(result.model)
+        else:
+            body = json.dumps(result).encode()
+        now = time.time()
+        # the journal line holds the result as JSON, not as a string of JSON: built by hand, no re-encoding;
+        # the in-memory record keeps the bytes, decoded when it is folded into SQLite
+        name = self._names.get(stream)
+        if name is None:
+            if len(self._names) >= 256:
+                self._names.clear()
+            name = self._names[stream] = _j(stream).encode()
+        line = b'["D",[%s,%s,%r,%s,%d]]\n' % (_STATUS_JSON.get(status) or _j(status).encode(), body, now, name, seq)
+        self._write(["Dt", [status, body, now, stream, seq]], line)
 
     def discard(self, stream, seq):
         self._write(["X", [stream, seq]])
@@ -362,7 +430,7 @@ class JournaledLogStore(SQLiteLogStore):
 
     def close(self) -> None:
         self._stop.set()
-        if self._fd is not None and self._pid == os.getpid():
+        if self._fd is not None and self._pid == _pid:
             self.flush()
             os.close(self._fd)
             self._journal_path.unlink(missing_ok=True)  # everything in it is in SQLite now
