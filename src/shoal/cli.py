@@ -31,6 +31,8 @@ env_app = typer.Typer(help="Ready-made environments: Debian base, Python toolcha
 app.add_typer(env_app, name="env")
 traj_app = typer.Typer(help="Trajectory logs: what ran where, when, by which episode; replay.", no_args_is_help=True)
 app.add_typer(traj_app, name="traj")
+tasks_app = typer.Typer(help="Task suites: make their images ready on this host for rollouts.", no_args_is_help=True)
+app.add_typer(tasks_app, name="tasks")
 console = Console()
 err_console = Console(stderr=True)
 
@@ -251,6 +253,31 @@ def env_workspaces(verify: bool = typer.Option(False, "--verify", help="run each
     console.print(t)
     if failed:
         raise typer.Exit(1)
+
+
+@tasks_app.command("prepare")
+def tasks_prepare(suite: Path | None = typer.Option(None, "--suite", help="suite JSONL (default: bundled)"),
+                  only: list[str] | None = typer.Option(None, "--only", help="task id (repeatable)"),
+                  root: str | None = RootOpt):
+    """Build every image a suite's episodes and graders start from, in this host's store (as root,
+    once; cached). Rollout workers then run as normal users, through shoald."""
+    from .tasks.swe import load_suite
+    from .tasks.swe.suite import prepare_suite
+
+    tasks = [t for t in load_suite(suite) if not only or t.instance_id in only]
+    if only and len(tasks) != len(set(only)):
+        missing = sorted(set(only) - {t.instance_id for t in tasks})
+        raise typer.BadParameter(f"no such task in the suite: {', '.join(missing)}", param_hint="--only")
+    host = _host(root)
+    t0 = time.perf_counter()
+    with _progress() as p:
+        bar = p.add_task("python base", total=None)
+
+        def step(what: str, i: int, n: int) -> None:
+            p.update(bar, description=what, completed=i, total=n)
+
+        prepare_suite(host, tasks, step)
+    console.print(f"{len(tasks)} tasks ready in {host.settings.root} ({time.perf_counter() - t0:.1f} s)")
 
 
 # ------------------------------------------------------------------------------------------ sandboxes

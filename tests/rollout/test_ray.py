@@ -68,7 +68,7 @@ def test_node_loss_mid_run_resumes_elsewhere(tmp_path, root, few_tasks, node_roo
     try:
         nodes = [cluster.add_node(num_cpus=1, resources={f"shoal-node-{i}": 1}) for i in (1, 2)]
         cluster.wait_for_nodes()
-        specs = [NodeSpec(f"shoal-node-{i}", str(r)) for i, r in zip((1, 2), node_roots)]
+        specs = [NodeSpec(f"shoal-node-{i}", url="local", root=str(r)) for i, r in zip((1, 2), node_roots)]
         actors = start_actors(str(ro.db), specs, suite=str(suite), concurrency=2, pull_from=str(root), lease_s=3.0)
         where = ray.get([a.where.remote() for a in actors], timeout=120)
         assert {w["ray_node"] for w in where} == {n.node_id for n in nodes}

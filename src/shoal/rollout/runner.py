@@ -33,12 +33,16 @@ class Rollout:
         return self.queue.submit([t.id for t in tasks], policy, repeats=repeats,
                                  images={t.id: t.image for t in tasks}, prefix=prefix)
 
-    def start_workers(self, n: int, *, root: str | os.PathLike | None = None, suite: str | os.PathLike | None = None,
-                      concurrency: int = 2, extra: list[str] | None = None,
+    def start_workers(self, n: int, *, url: str | None = None, root: str | os.PathLike | None = None,
+                      suite: str | os.PathLike | None = None, concurrency: int = 2, extra: list[str] | None = None,
                       log_dir: str | os.PathLike | None = None) -> list[subprocess.Popen]:
+        """n worker processes; their sandboxes go to shoald at `url` (default: $SHOAL_URL, else the
+        host's socket), or in-process at `root` with url="local"."""
         for _ in range(n):
             cmd = [sys.executable, "-m", "shoal.rollout.worker", "--db", str(self.db),
                    "--concurrency", str(concurrency)]
+            if url:
+                cmd += ["--url", url]
             if root:
                 cmd += ["--root", str(root)]
             if suite:

@@ -1,8 +1,12 @@
 """A rollout worker: claims episodes from the queue and runs them, `concurrency` at a time.
 
-It is its own process (or a Ray actor, `rollout.ray`) and needs nothing from the trainer: the queue
-and the trajectory log are the shared state. Kill it with -9 at any moment: its leases run out and
-another worker resumes its episodes through the log.
+It is its own process (or a Ray actor, `rollout.distributed`) and needs nothing from the trainer:
+the queue and the trajectory log are the shared state. Kill it with -9 at any moment: its leases run
+out and another worker resumes its episodes through the log.
+
+It is a client of shoald (the default; no root needed) and starts sandboxes from the images the
+operator prepared there (`shoal tasks prepare`). `--url local` runs them in this process instead
+(root), preparing and pulling missing images itself.
 
     python -m shoal.rollout.worker --db runs/rollout.db --concurrency 4
 """
@@ -17,31 +21,38 @@ import uuid
 from collections.abc import Iterable
 from pathlib import Path
 
+from ..backends import open_backend
 from ..config import load_settings
-from ..core.errors import LLMUnavailable
+from ..core.contract import SandboxBackend
+from ..core.errors import InvalidArgument, LLMUnavailable
 from ..host import Host
 from ..layers.store import LayerStore
 from ..trajlog import TrajectoryLog
 from .episode import run_episode
 from .policy import make_policy
 from .queue import EpisodeQueue
-from .ratelimit import HostRateLimiter
+from .ratelimit import HostRateLimiter, bucket_path
 from .task import Task
 
 log = logging.getLogger("shoal.rollout")
 
 
 class Worker:
-    def __init__(self, db: str | os.PathLike, *, root: str | os.PathLike | None = None,
+    def __init__(self, db: str | os.PathLike, *, url: str | None = None, api_key: str | None = None,
+                 root: str | os.PathLike | None = None, backend: SandboxBackend | None = None,
                  suite: str | os.PathLike | None = None, concurrency: int = 2, create_rate: float = 20.0,
                  lease_s: float = 20.0, max_steps: int = 30, node: str | None = None, name: str | None = None,
                  log_db: str | os.PathLike | None = None, pull_from: str | os.PathLike | None = None,
                  tasks: Iterable[Task] | None = None):
-        """tasks: the episodes' tasks by id (default: the SWE suite at `suite`, or the bundled one)."""
+        """Sandboxes go to `backend`, else `open_backend(url, api_key, root)`: shoald at `url`
+        ($SHOAL_URL, the host's socket), or in this process at `root` with url="local".
+        tasks: the episodes' tasks by id (default: the SWE suite at `suite`, or the bundled one)."""
         self.db = Path(db)
         self.queue = EpisodeQueue(self.db)
         self.log = TrajectoryLog(log_db or self.db.with_name(self.db.stem + ".traj.db"))
-        self.host = Host.get(root)
+        self.backend = backend or open_backend(url, api_key, root)
+        # in-process, the worker prepares (builds, pulls) what its tasks need; a client of shoald cannot
+        self.host = self.backend if isinstance(self.backend, Host) else None
         if tasks is None:
             from ..tasks.swe import load_suite
 
@@ -50,14 +61,17 @@ class Worker:
         self.concurrency, self.lease_s, self.max_steps = concurrency, lease_s, max_steps
         self.node = node or socket.gethostname()
         self.name = name or f"{self.node}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-        self.limiter = HostRateLimiter(self.host.settings.root / "rollout-create.bucket", create_rate)
+        self.limiter = HostRateLimiter(bucket_path(self.backend.address), create_rate)
         self.running: set[str] = set()
         self.finished = 0
         # where this node gets the images it lacks (another host's root, a registry mirror)
+        if pull_from and self.host is None:
+            raise InvalidArgument("pull_from needs an in-process worker (url='local'): through shoald, the "
+                                  "operator pulls images on the sandbox host")
         self.source = LayerStore(load_settings(pull_from)) if pull_from else None
 
     def _local_images(self) -> set[str]:
-        return {f"{i.name}:{i.tag}" for i in self.host.store.list_images()}
+        return {i.ref for i in self.backend.images()}
 
     async def _heartbeat(self) -> None:
         while True:
@@ -70,10 +84,11 @@ class Worker:
             if task is None:
                 raise KeyError(f"task {claim.task_id} is not in this worker's suite")
             policy = make_policy(claim.policy, task)
-            await asyncio.to_thread(task.prepare, self.host, self.source)
+            if self.host is not None:
+                await asyncio.to_thread(task.prepare, self.host, self.source)
             await self.limiter.acquire()
             try:
-                rec = await run_episode(task, policy, self.log, self.host, claim.id, max_steps=self.max_steps,
+                rec = await run_episode(task, policy, self.log, self.backend, claim.id, max_steps=self.max_steps,
                                         writer=f"{self.name}/{claim.id}", node=self.node)
             finally:
                 await policy.aclose()
@@ -126,7 +141,9 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--db", required=True, help="the rollout database (queue); the log sits next to it")
-    ap.add_argument("--root", default=None, help="this node's Shoal root")
+    ap.add_argument("--url", default=None, help="shoald's URL (default: $SHOAL_URL, else this host's socket); "
+                                                "`local` runs sandboxes in this process (root)")
+    ap.add_argument("--root", default=None, help="with --url local: this node's Shoal root")
     ap.add_argument("--suite", default=None, help="task suite JSONL (default: the bundled one)")
     ap.add_argument("--concurrency", type=int, default=2)
     ap.add_argument("--create-rate", type=float, default=20.0, help="sandbox-creating episode starts per second")
@@ -137,7 +154,7 @@ def main() -> None:
     ap.add_argument("--forever", action="store_true", help="keep polling when the queue is empty")
     a = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    w = Worker(a.db, root=a.root, suite=a.suite, concurrency=a.concurrency, create_rate=a.create_rate,
+    w = Worker(a.db, url=a.url, root=a.root, suite=a.suite, concurrency=a.concurrency, create_rate=a.create_rate,
                lease_s=a.lease, max_steps=a.max_steps, node=a.node, pull_from=a.pull_from)
     n = asyncio.run(w.run(forever=a.forever))
     log.info("worker %s finished %d episodes", w.name, n)

@@ -28,6 +28,7 @@ from ...core.contract import (
     FileEntry,
     ForkReply,
     ForkRequest,
+    ImageSummary,
     NetworkPolicy,
     NetworkRequest,
     OutputCallback,
@@ -53,6 +54,8 @@ WAIT_SLICE = 60.0  # a background wait() is a series of server-side waits of at 
 FileEntries = list[FileEntry]  # an alias: inside the class, `list` is the contract's method
 _SANDBOXES = TypeAdapter(list[SandboxInfo])
 _ENTRIES = TypeAdapter(FileEntries)
+ImageSummaries = list[ImageSummary]
+_IMAGES = TypeAdapter(ImageSummaries)
 
 
 def default_url() -> str:
@@ -245,7 +248,15 @@ class HttpBackend(SandboxBackend):
     def set_network(self, sandbox_id: str, req: NetworkRequest) -> NetworkPolicy:
         return NetworkPolicy.model_validate(self.json("PUT", self._sb(sandbox_id) + "/network", body=req))
 
+    # ---------------------------------------------------------------- images
+    def images(self) -> ImageSummaries:
+        return _IMAGES.validate_python(self.json("GET", "/images"))
+
     # ---------------------------------------------------------------- resources
+    @property
+    def address(self) -> str:
+        return self.url
+
     def close(self) -> None:
         self.http.close()
 
