@@ -108,6 +108,22 @@ class LLMUnavailable(ShoalError):
     retryable = True
 
 
+class OriginUnavailable(ShoalError):
+    """A registry or blob origin did not answer in time, refused, or failed; the read may be retried."""
+
+    retryable = True
+
+
+class CorruptChunk(ShoalError):
+    """Bytes from an origin do not match their published digest; they were not kept."""
+
+    retryable = True
+
+
+class RegistryError(ShoalError):
+    """An OCI registry answered with an error (auth, unknown repository or manifest, bad request)."""
+
+
 class InternalError(ShoalError):
     """A bug on the serving side (logged there with its traceback)."""
 
@@ -122,6 +138,7 @@ _HTTP_STATUS: list[tuple[tuple[type[ShoalError], ...], int]] = [
     ((LayerInUse,), 409),
     ((CommandTimeout,), 408),
     ((BackendUnavailable,), 501),
+    ((OriginUnavailable, CorruptChunk, RegistryError), 502),
     ((InvalidArgument, CorruptArchive, FileOpError, SessionClosed), 400),
     ((Unauthorized,), 401),
 ]
