@@ -148,6 +148,20 @@ def _sys_file_writable_on_the_host() -> str:
     pytest.fail("no writable /sys file on this host to try")
 
 
+def test_masked_proc_entries_do_not_reach_the_hosts_dev_null(probed):
+    """A masked /proc file must not be the host's /dev/null inode: the sandbox's root would chmod or
+    chown it through /proc/keys and break every program on the host that opens /dev/null."""
+    before = os.stat("/dev/null")
+    try:
+        r = probed.commands.run("for f in /proc/keys /proc/timer_list /proc/kcore /proc/sched_debug; do "
+                                "chmod 000 $f; chown 65534:65534 $f; done 2>&1; echo done")
+        after = os.stat("/dev/null")
+        assert (after.st_mode, after.st_uid, after.st_gid) == (before.st_mode, before.st_uid, before.st_gid), r.stdout
+    finally:  # a broken protection must not leave the host broken
+        os.chmod("/dev/null", before.st_mode & 0o7777)
+        os.chown("/dev/null", before.st_uid, before.st_gid)
+
+
 def test_proc_and_sys_are_hardened(probed, backend_kind):
     r = probed.commands.run("wc -c /proc/kpagecgroup /proc/kpageflags /proc/timer_list /proc/kcore 2>&1")
     lines = [l for l in r.stdout.splitlines() if "total" not in l]
