@@ -40,6 +40,22 @@ def root():
 
 
 @pytest.fixture(scope="session")
+def postgres():
+    """A real PostgreSQL server (Debian's package) for the session: see tests/pgctl.py."""
+    from pgctl import PgServer
+
+    server = PgServer()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def pg_dsn(postgres) -> str:
+    """A fresh database on the session's PostgreSQL server."""
+    return postgres.new_database()
+
+
+@pytest.fixture(scope="session")
 def host(root) -> Host:
     return Host.get(root)
 

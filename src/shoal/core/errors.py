@@ -124,6 +124,13 @@ class RegistryError(ShoalError):
     """An OCI registry answered with an error (auth, unknown repository or manifest, bad request)."""
 
 
+class DatabaseUnavailable(ShoalError):
+    """The shared state database (PostgreSQL) did not answer, or the connection broke mid-statement:
+    that statement happened once or not at all. Retry after a pause."""
+
+    retryable = True
+
+
 class InternalError(ShoalError):
     """A bug on the serving side (logged there with its traceback)."""
 
@@ -139,6 +146,7 @@ _HTTP_STATUS: list[tuple[tuple[type[ShoalError], ...], int]] = [
     ((CommandTimeout,), 408),
     ((BackendUnavailable,), 501),
     ((OriginUnavailable, CorruptChunk, RegistryError), 502),
+    ((DatabaseUnavailable,), 503),
     ((InvalidArgument, CorruptArchive, FileOpError, SessionClosed), 400),
     ((Unauthorized,), 401),
 ]

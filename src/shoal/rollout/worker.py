@@ -19,7 +19,6 @@ import socket
 import traceback
 import uuid
 from collections.abc import Iterable
-from pathlib import Path
 
 from ..backends import open_backend
 from ..config import load_settings
@@ -30,7 +29,7 @@ from ..layers.store import LayerStore
 from ..trajlog import TrajectoryLog
 from .episode import run_episode
 from .policy import make_policy
-from .queue import EpisodeQueue
+from .queue import log_beside, open_queue
 from .ratelimit import HostRateLimiter, bucket_path
 from .task import Task
 
@@ -47,9 +46,9 @@ class Worker:
         """Sandboxes go to `backend`, else `open_backend(url, api_key, root)`: shoald at `url`
         ($SHOAL_URL, the host's socket), or in this process at `root` with url="local".
         tasks: the episodes' tasks by id (default: the SWE suite at `suite`, or the bundled one)."""
-        self.db = Path(db)
-        self.queue = EpisodeQueue(self.db)
-        self.log = TrajectoryLog(log_db or self.db.with_name(self.db.stem + ".traj.db"))
+        self.db = db
+        self.queue = open_queue(db)
+        self.log = TrajectoryLog(log_beside(db, log_db))
         self.backend = backend or open_backend(url, api_key, root)
         # in-process, the worker prepares (builds, pulls) what its tasks need; a client of shoald cannot
         self.host = self.backend if isinstance(self.backend, Host) else None
@@ -140,7 +139,9 @@ def main() -> None:
     import argparse
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--db", required=True, help="the rollout database (queue); the log sits next to it")
+    ap.add_argument("--db", required=True, help="the queue: an SQLite file (the log sits next to it) or a "
+                                                "postgresql:// URL")
+    ap.add_argument("--log", default=None, help="the trajectory log (default: next to an SQLite queue)")
     ap.add_argument("--url", default=None, help="shoald's URL (default: $SHOAL_URL, else this host's socket); "
                                                 "`local` runs sandboxes in this process (root)")
     ap.add_argument("--root", default=None, help="with --url local: this node's Shoal root")
@@ -154,8 +155,8 @@ def main() -> None:
     ap.add_argument("--forever", action="store_true", help="keep polling when the queue is empty")
     a = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    w = Worker(a.db, url=a.url, root=a.root, suite=a.suite, concurrency=a.concurrency, create_rate=a.create_rate,
-               lease_s=a.lease, max_steps=a.max_steps, node=a.node, pull_from=a.pull_from)
+    w = Worker(a.db, log_db=a.log, url=a.url, root=a.root, suite=a.suite, concurrency=a.concurrency,
+               create_rate=a.create_rate, lease_s=a.lease, max_steps=a.max_steps, node=a.node, pull_from=a.pull_from)
     n = asyncio.run(w.run(forever=a.forever))
     log.info("worker %s finished %d episodes", w.name, n)
 
