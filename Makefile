@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 VENV  := .venv
 PY    := $(VENV)/bin/python
-APT_PKGS := erofs-utils busybox-static gcc libc6-dev debootstrap nftables iproute2 openssl runsc
+APT_PKGS := erofs-utils busybox-static gcc libc6-dev debootstrap nftables iproute2 openssl runsc docker-registry
 STAMP := $(VENV)/.installed
 
 .PHONY: setup system-deps daemon demo demo-platform test test-vm bench repro clean docker-engine
