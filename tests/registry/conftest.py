@@ -117,9 +117,10 @@ auth:
                                 start_new_session=True)
     reg = Registry(f"127.0.0.1:{port}", ca, storage, log, proc)
     deadline = time.monotonic() + 20
+    trust = ssl.create_default_context(cafile=ca)
     while True:
         try:
-            if httpx.get(f"https://{reg.addr}/v2/", verify=ssl.create_default_context(cafile=ca), timeout=1).status_code == 401:
+            if httpx.get(f"https://{reg.addr}/v2/", verify=trust, timeout=1).status_code == 401:
                 break
         except httpx.HTTPError:
             pass

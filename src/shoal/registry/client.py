@@ -127,11 +127,8 @@ class RegistryClient:
         headers = {"Authorization": self.credentials.basic()} if self.credentials else {}
         try:
             r = self._http.get(realm, params=query, headers=headers)
-        except httpx.TimeoutException:
-            raise OriginUnavailable(f"registry {self.registry}: token service timed out") from None
         except httpx.TransportError as e:
-            raise OriginUnavailable(f"registry {self.registry}: token service unreachable ({type(e).__name__})") \
-                from None
+            raise self._transport_error(e, "token request") from None
         if r.status_code in (401, 403):
             raise RegistryError(f"registry {self.registry}: authentication failed {self._who()} "
                                 f"(token service answered {r.status_code})")
@@ -145,6 +142,16 @@ class RegistryClient:
         if not isinstance(token, str) or not token:
             raise RegistryError(f"registry {self.registry}: token service returned no token")
         return f"Bearer {token}"
+
+    def _transport_error(self, e: httpx.TransportError, what: str) -> Exception:
+        """Timeouts and dropped connections are retryable; an untrusted certificate is not."""
+        if isinstance(e, httpx.TimeoutException):
+            return OriginUnavailable(f"registry {self.registry}: {what} timed out after {self.timeout:g} s")
+        if "CERTIFICATE_VERIFY_FAILED" in str(e):
+            return RegistryError(f"registry {self.registry}: its TLS certificate is not trusted (give its CA with "
+                                 f"--ca, SHOAL_REGISTRY_CA or SSL_CERT_FILE; --insecure skips the check)")
+        return OriginUnavailable(f"registry {self.registry}: {what} failed ({type(e).__name__}: "
+                                 f"{_no_secrets(str(e))})")
 
     def _authorize(self, response: httpx.Response, repo: str) -> bool:
         """Answer a 401's challenge; False when there is nothing more to try."""
@@ -179,12 +186,8 @@ class RegistryClient:
             log.debug("%s %s", method, urlsplit(str(req.url)).path)
             try:
                 r = self._http.send(req, stream=stream)
-            except httpx.TimeoutException:
-                raise OriginUnavailable(f"registry {self.registry}: {what} timed out after {self.timeout:g} s") \
-                    from None
             except httpx.TransportError as e:
-                raise OriginUnavailable(f"registry {self.registry}: {what} failed ({type(e).__name__}: "
-                                        f"{_no_secrets(str(e))})") from None
+                raise self._transport_error(e, what) from None
             if r.status_code == 401:
                 r.close()
                 if not self._authorize(r, repo):
