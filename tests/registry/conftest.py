@@ -138,6 +138,14 @@ auth:
 
 
 @pytest.fixture(scope="session")
+def ctr_image(registry, tmp_path_factory) -> dict:
+    """An ordinary multi-arch OCI image in the registry, at shoal/ctr:multi (and :docker-v2)."""
+    from .oci_build import push_container_image
+
+    return push_container_image(registry, tmp_path_factory.mktemp("ctr-bb"))
+
+
+@pytest.fixture(scope="session")
 def other_root():
     """A second, fresh Shoal root: the host that pulls."""
     d = Path(tempfile.mkdtemp(prefix="shoal-p-", dir="/tmp"))
