@@ -100,7 +100,7 @@ def test_a_pull_of_present_layers_fetches_no_layer_blob(host, other_host, regist
     assert set(res.present) == set(host.store.get_image("app:1").layers)
 
 
-def test_a_corrupted_blob_is_refused_and_nothing_is_installed(host, registry, fresh_host, tmp_path):
+def test_a_corrupted_blob_is_refused_and_nothing_is_installed(host, base_image, registry, fresh_host, tmp_path):
     d = tmp_path / "tree"
     d.mkdir()
     (d / "data.bin").write_bytes(os.urandom(2 * MiB))
