@@ -22,7 +22,7 @@ from collections.abc import Set as AbstractSet
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Protocol
 
 from ..config import Settings
 from ..core.errors import BadDigest, CorruptArchive, ImageNotFound, InvalidArgument, LayerInUse, LayerNotFound
@@ -90,6 +90,14 @@ def split_ref(ref: str) -> tuple[str, str]:
     if not _NAME_RE.match(name) or not re.match(r"^[A-Za-z0-9_.-]{1,128}$", tag):
         raise InvalidArgument(f"invalid image reference {ref!r}: expected NAME[:TAG] with lowercase name")
     return name, tag
+
+
+class ImageSource(Protocol):
+    """Where a host gets images it lacks: another host's store (a shared filesystem) or a registry
+    (shoal.registry.source.RegistrySource). ImageNotFound when the source has no such image."""
+
+    def pull_into(self, store: LayerStore, ref: str) -> ImageInfo:
+        ...
 
 
 class LayerStore:
@@ -271,6 +279,10 @@ class LayerStore:
             with self._tx() as db:
                 db.execute("INSERT OR REPLACE INTO layers VALUES (?,?,?,?,?,?)", row[0])
         return self.create_image(ref, list(info.layers), config=info.config)
+
+    def pull_into(self, store: LayerStore, ref: str) -> ImageInfo:
+        """This store as an ImageSource: copy image `ref` into `store` (see pull_image)."""
+        return store.pull_image(self, ref)
 
     def import_archive(self, path: str | os.PathLike, ref: str | None = None,
                        progress: Callable[[int, int], None] | None = None) -> ImageInfo:
