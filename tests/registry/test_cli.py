@@ -37,5 +37,6 @@ def test_cli_push_prints_no_credentials(registry, host, base_image):
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads(r.stdout)["target"] == f"{registry.addr}/shoal/cli:1"
     assert PASSWORD not in r.stdout + r.stderr
-    bad = _shoal("push", base_image, f"{registry.addr}/shoal/cli:1", root=host.settings.root)  # no --ca: TLS refused, one red line, no traceback
+    # no --ca: TLS refused, one red line, no traceback
+    bad = _shoal("push", base_image, f"{registry.addr}/shoal/cli:1", root=host.settings.root)
     assert bad.returncode == 2 and "not trusted" in bad.stderr and "Traceback" not in bad.stderr
