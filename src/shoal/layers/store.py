@@ -249,6 +249,9 @@ class LayerStore:
             mnt.mkdir()
             try:
                 erofs.mount_image(image, mnt)
+            except PermissionError:
+                raise InvalidArgument(f"installing layer {digest} mounts it to check its tree: that needs root "
+                                      "(pulling into a host's store is the operator's step)") from None
             except OSError as e:
                 raise BadDigest(f"layer {digest}: the image is not a mountable EROFS image ({e})") from e
             try:
