@@ -1,4 +1,4 @@
-"""`shoal` command line: layers, images, sandboxes, gc."""
+"""`shoal` command line: layers, images, registries (push/pull), sandboxes, gc."""
 from __future__ import annotations
 
 import json
@@ -187,6 +187,69 @@ def image_rm(ref: str, root: str | None = RootOpt):
     """Remove an image (its layers stay until `shoal gc` or `shoal layer rm`)."""
     _host(root).store.remove_image(ref)
     console.print(f"removed {ref}")
+
+
+# ------------------------------------------------------------------------------------------ registries
+CaOpt = typer.Option(None, "--ca", envvar="SHOAL_REGISTRY_CA", help="PEM bundle of the registry's CA (private TLS)")
+InsecureOpt = typer.Option(False, "--insecure", help="do not verify the registry's TLS certificate (test registries)")
+
+
+def _transfer_bar(p: Progress, verb: str):
+    """A rich bar fed by push/pull progress callbacks: (what, bytes done, bytes total)."""
+    task = p.add_task(verb, total=None)
+
+    def update(what: str, done: int, total: int) -> None:
+        p.update(task, description=f"{verb} {what}", completed=done, total=total or None)
+
+    return update
+
+
+@app.command()
+def push(image: str = typer.Argument(..., help="local image name[:tag]"),
+         target: str = typer.Argument(..., help="REGISTRY/REPO:TAG"),
+         ca: Path | None = CaOpt, insecure: bool = InsecureOpt,
+         chunk_mb: int = typer.Option(16, "--chunk-mb", help="upload chunk (the most a resumed push re-sends)"),
+         as_json: bool = typer.Option(False, "--json"), root: str | None = RootOpt):
+    """Push an image to an OCI registry: each layer as its EROFS blob plus a chunk index; blobs the
+    registry has are skipped, interrupted uploads resume. Credentials: SHOAL_REGISTRY_USER /
+    SHOAL_REGISTRY_PASSWORD or `docker login` (~/.docker/config.json)."""
+    from .registry import push as push_image
+
+    host = _host(root)
+    with _progress() as p:
+        res = push_image(host.store, image, target, chunk_size=chunk_mb << 20, progress=_transfer_bar(p, "pushing"),
+                         ca=str(ca) if ca else None, insecure=insecure)
+    if as_json:
+        console.print_json(json.dumps({"target": res.target, "manifest": res.manifest, "bytes_sent": res.bytes_sent,
+                                       "layers": [x.__dict__ for x in res.layers]}))
+        return
+    console.print(f"{image} -> {res.target}@{res.manifest}: {res.layers_sent} of {len(res.layers)} layers sent "
+                  f"({_size(res.bytes_sent)})")
+
+
+@app.command()
+def pull(source: str = typer.Argument(..., help="REGISTRY/REPO:TAG or REGISTRY/REPO@sha256:..."),
+         as_ref: str | None = typer.Option(None, "--as", help="local image name[:tag] (default: REPO:TAG)"),
+         platform: str | None = typer.Option(None, "--platform", help="os/arch or os/arch/variant to take from "
+                                                                         "an index (default: this host's)"),
+         ca: Path | None = CaOpt, insecure: bool = InsecureOpt,
+         as_json: bool = typer.Option(False, "--json"), root: str | None = RootOpt):
+    """Pull an image from an OCI registry: Shoal images fetch only the layers this host lacks;
+    ordinary container images (Docker / OCI, multi-arch) are converted to layers once per diff_id."""
+    from .registry import pull as pull_image
+
+    host = _host(root)
+    with _progress() as p:
+        res = pull_image(host.store, source, as_ref, platform=platform, progress=_transfer_bar(p, "pulling"),
+                         ca=str(ca) if ca else None, insecure=insecure)
+    if as_json:
+        console.print_json(json.dumps({"image": res.image.ref, "layers": list(res.image.layers), "source": res.source,
+                                       "kind": res.kind, "fetched": res.fetched, "present": res.present,
+                                       "bytes_fetched": res.bytes_fetched}))
+        return
+    console.print(f"{res.image.ref}: {len(res.image.layers)} layers from {res.source} ({res.kind} image; "
+                  f"{len(res.fetched)} blobs fetched, {_size(res.bytes_fetched)}; "
+                  f"{len(res.present)} layers already here)")
 
 
 @app.command()

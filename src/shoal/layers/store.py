@@ -22,7 +22,7 @@ from collections.abc import Set as AbstractSet
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Protocol
 
 from ..config import Settings
 from ..core.errors import BadDigest, CorruptArchive, ImageNotFound, InvalidArgument, LayerInUse, LayerNotFound
@@ -90,6 +90,14 @@ def split_ref(ref: str) -> tuple[str, str]:
     if not _NAME_RE.match(name) or not re.match(r"^[A-Za-z0-9_.-]{1,128}$", tag):
         raise InvalidArgument(f"invalid image reference {ref!r}: expected NAME[:TAG] with lowercase name")
     return name, tag
+
+
+class ImageSource(Protocol):
+    """Where a host gets images it lacks: another host's store (a shared filesystem) or a registry
+    (shoal.registry.source.RegistrySource). ImageNotFound when the source has no such image."""
+
+    def pull_into(self, store: LayerStore, ref: str) -> ImageInfo:
+        ...
 
 
 class LayerStore:
@@ -177,8 +185,12 @@ class LayerStore:
             shutil.rmtree(d, ignore_errors=True)
 
     def build_from_tar(self, stream: IO[bytes] | None = None, path: str | os.PathLike | None = None,
-                       source: str | None = None, name: str | None = None) -> LayerInfo:
-        """Build a layer from a tar stream or file (gzip/bz2/xz accepted; OCI whiteouts translated)."""
+                       source: str | None = None, name: str | None = None,
+                       check: Callable[[], None] | None = None) -> LayerInfo:
+        """Build a layer from a tar stream or file (gzip/bz2/xz accepted; OCI whiteouts translated).
+
+        `check` runs after extraction and before anything is stored: a caller that hashes the stream
+        as it is read (a registry pull checking a diff_id) raises there, and no layer is created."""
         if stream is None and path is None:
             raise InvalidArgument("build_from_tar needs a stream or a path")
         if path is not None and not Path(path).is_file():
@@ -187,7 +199,68 @@ class LayerStore:
             root = d / "root"
             root.mkdir()
             archive.extract_layer_tar(stream, root, Path(path) if path else None)
+            if check is not None:
+                check()
             return self.build_from_dir(root, source=source or (f"tar:{path}" if path else "tar:stream"), name=name)
+
+    def has_layer(self, digest: str) -> bool:
+        """Whether the layer's row and its EROFS image are both here (a pull skips such layers)."""
+        return bool(self._query("SELECT 1 FROM layers WHERE digest=?", [digest])) and self.image_path(digest).exists()
+
+    def add_erofs(self, path: str | os.PathLike, digest: str, source: str, verify: bool = True,
+                  size: int | None = None, entries: int | None = None) -> LayerInfo:
+        """Install a ready EROFS image (e.g. a blob pulled from a registry) as layer `digest`.
+
+        The file is moved in when it lives under the root's tmp dir, copied otherwise. With `verify`
+        (the default) the image is mounted once and its tree digest recomputed: a blob whose
+        annotation names another tree is refused with BadDigest and nothing is stored. Without it,
+        the caller vouches for `digest` and must give `size` and `entries` (the layer's metadata)."""
+        if not _DIGEST_RE.match(digest):
+            raise BadDigest(f"bad layer digest {digest!r}: expected sha256:<64 hex>")
+        if self.has_layer(digest):
+            return self.get(digest)
+        src = Path(path)
+        if not src.is_file():
+            raise InvalidArgument(f"EROFS image {src} does not exist")
+        tmp = Path(tempfile.mkstemp(dir=self.settings.tmp_dir, suffix=".erofs")[1])
+        try:
+            if src.parent.resolve() == self.settings.tmp_dir.resolve():
+                os.replace(src, tmp)
+            else:
+                shutil.copyfile(src, tmp)
+            if verify:
+                size, entries = self._verify_erofs(tmp, digest)
+            elif size is None or entries is None:
+                raise InvalidArgument("add_erofs without verify needs the layer's size and entries")
+            os.chmod(tmp, 0o444)
+            image_bytes = tmp.stat().st_size
+            os.replace(tmp, self.image_path(digest))
+        finally:
+            tmp.unlink(missing_ok=True)
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO layers VALUES (?,?,?,?,?,?)",
+                       (digest, size, image_bytes, entries, time.time(), source))
+        return self.get(digest)
+
+    def _verify_erofs(self, image: Path, digest: str) -> tuple[int, int]:
+        """Mount `image` privately, recompute its tree digest; (size, entries) if it is `digest`."""
+        with self._scratch() as d:
+            mnt = d / "mnt"
+            mnt.mkdir()
+            try:
+                erofs.mount_image(image, mnt)
+            except PermissionError:
+                raise InvalidArgument(f"installing layer {digest} mounts it to check its tree: that needs root "
+                                      "(pulling into a host's store is the operator's step)") from None
+            except OSError as e:
+                raise BadDigest(f"layer {digest}: the image is not a mountable EROFS image ({e})") from e
+            try:
+                got, size, entries = tree_digest(mnt)
+            finally:
+                erofs.unmount(mnt)
+        if got != digest:
+            raise BadDigest(f"layer image holds tree {got}, not {digest}: refused")
+        return size, entries
 
     def pull_image(self, source: LayerStore, ref: str) -> ImageInfo:
         """Copy an image and the layers it lacks from another store (another host's root: a shared
@@ -209,6 +282,10 @@ class LayerStore:
             with self._tx() as db:
                 db.execute("INSERT OR REPLACE INTO layers VALUES (?,?,?,?,?,?)", row[0])
         return self.create_image(ref, list(info.layers), config=info.config)
+
+    def pull_into(self, store: LayerStore, ref: str) -> ImageInfo:
+        """This store as an ImageSource: copy image `ref` into `store` (see pull_image)."""
+        return store.pull_image(self, ref)
 
     def import_archive(self, path: str | os.PathLike, ref: str | None = None,
                        progress: Callable[[int, int], None] | None = None) -> ImageInfo:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     from ..core.contract import SandboxBackend
     from ..host import Host
-    from ..layers.store import LayerStore
+    from ..layers.store import ImageSource
     from ..sdk.sandbox import Sandbox
     from ..trajlog import LoggedSandbox
     from .tools import Observation
@@ -69,7 +69,7 @@ class Task(Protocol):
         """What the episode record carries about the task (e.g. {"repo": ..., "labels": {...}})."""
         ...
 
-    def prepare(self, host: Host, source: LayerStore | None = None) -> None:
+    def prepare(self, host: Host, source: ImageSource | None = None) -> None:
         """Make every image the task needs (its sandboxes' and its grader's) present on `host`, pulling
         what is missing from `source` and building the rest. The operator's step: needs the host's store."""
         ...

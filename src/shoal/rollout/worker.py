@@ -21,11 +21,9 @@ import uuid
 from collections.abc import Iterable
 
 from ..backends import open_backend
-from ..config import load_settings
 from ..core.contract import SandboxBackend
 from ..core.errors import InvalidArgument, LLMUnavailable
 from ..host import Host
-from ..layers.store import LayerStore
 from ..trajlog import TrajectoryLog
 from .episode import run_episode
 from .policy import make_policy
@@ -63,11 +61,14 @@ class Worker:
         self.limiter = HostRateLimiter(bucket_path(self.backend.address), create_rate)
         self.running: set[str] = set()
         self.finished = 0
-        # where this node gets the images it lacks (another host's root, a registry mirror)
+        # where this node gets the images it lacks: another host's root (a path), or an OCI registry
+        # ("oci://REGISTRY/PREFIX": image NAME:TAG is pulled from REGISTRY/PREFIX/NAME:TAG)
         if pull_from and self.host is None:
             raise InvalidArgument("pull_from needs an in-process worker (url='local'): through shoald, the "
                                   "operator pulls images on the sandbox host")
-        self.source = LayerStore(load_settings(pull_from)) if pull_from else None
+        from ..registry.source import open_image_source
+
+        self.source = open_image_source(pull_from) if pull_from else None
 
     def _local_images(self) -> set[str]:
         return {i.ref for i in self.backend.images()}

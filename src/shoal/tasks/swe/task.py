@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field, field_validator
 if TYPE_CHECKING:
     from ...core.contract import SandboxBackend
     from ...host import Host
-    from ...layers.store import LayerStore
+    from ...layers.store import ImageSource
     from ...rollout.task import Tools, Verdict
     from ...rollout.tools import ToolBox
     from ...sdk.sandbox import Sandbox
@@ -78,7 +78,7 @@ class SWETask(BaseModel):
     def describe(self) -> dict[str, Any]:
         return {"repo": self.repo, "labels": self.labels.model_dump()}
 
-    def prepare(self, host: Host, source: LayerStore | None = None) -> None:
+    def prepare(self, host: Host, source: ImageSource | None = None) -> None:
         """Base and workspace images must be here or in `source`; the task layer is pulled from
         `source` if it has it, else built from the bug patch; the grader layer is built if missing."""
         from ...core.errors import ImageNotFound
@@ -93,7 +93,7 @@ class SWETask(BaseModel):
                         continue
                     raise
                 try:
-                    host.store.pull_image(source, ref)
+                    source.pull_into(host.store, ref)
                 except ImageNotFound:
                     if ref != self.image:
                         raise
