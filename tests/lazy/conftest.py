@@ -44,18 +44,22 @@ def published(host, base_image, origin_dir, tmp_path_factory):
     published on the origin; returns its digest and chunk index."""
     tree = tmp_path_factory.mktemp("lazy-layer")
     (tree / "data").mkdir()
-    (tree / "data/big.bin").write_bytes(os.urandom(BIG_MB << 20))
+    big = os.urandom(BIG_MB << 20)
+    (tree / "data/big.bin").write_bytes(big)
     for i in range(50):
         (tree / f"data/small-{i}.txt").write_text(f"small file {i}\n" * 10)
     (tree / "data/hello.txt").write_text("hello from a lazy layer\n")
     info = host.store.build_from_dir(tree, source="lazy-test")
     busybox = host.store.resolve("busybox")
-    return {"layer": info.digest, "busybox": busybox,
+    return {"layer": info.digest, "busybox": busybox, "big": big,
             "index": publish_to_dir(host.store, info.digest, origin_dir),
             "busybox_index": publish_to_dir(host.store, busybox, origin_dir)}
 
 
 def _teardown(d: Path) -> None:
+    log = d / "lazy/daemon.log"
+    if log.exists():
+        print(f"--- {log}\n" + log.read_text(errors="replace")[-3000:])
     try:
         wipe_root(d)  # kills sandboxes, gc (unmounts layers, stops the lazy daemon)
     finally:
@@ -66,8 +70,14 @@ def _teardown(d: Path) -> None:
 
 
 @pytest.fixture
-def fresh_root():
-    """A new Shoal root (no layers) as a Host."""
-    d = Path(tempfile.mkdtemp(prefix="shoal-lz-", dir="/tmp"))
-    yield Host.get(d)
-    _teardown(d)
+def make_root():
+    """make_root() -> a Host on a new, empty Shoal root (all torn down after the test)."""
+    made: list[Path] = []
+
+    def _make() -> Host:
+        made.append(Path(tempfile.mkdtemp(prefix="shoal-lz-", dir="/tmp")))
+        return Host.get(made[-1])
+
+    yield _make
+    for d in made:
+        _teardown(d)

@@ -11,6 +11,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import unquote
 
 
 class _Server(ThreadingHTTPServer):
@@ -53,7 +54,7 @@ class RangeServer:
                 path, _, query = self.path.partition("?")
                 if path == "/" and "list-type=2" in query:
                     prefix = re.search(r"prefix=([^&]*)", query)
-                    want = prefix.group(1) if prefix else ""
+                    want = unquote(prefix.group(1)) if prefix else ""
                     keys = sorted(str(p.relative_to(outer.dir)) for p in outer.dir.rglob("*") if p.is_file())
                     body = ("<?xml version=\"1.0\"?><ListBucketResult>" + "".join(
                         f"<Contents><Key>{k}</Key></Contents>" for k in keys if k.startswith(want))

@@ -27,7 +27,7 @@ from ..layers.store import LayerStore
 from . import prefetch
 from .cache import ChunkCache
 from .fuse import FuseServer
-from .layer import LazyLayer, chunk_cache_for, open_origin, spec_key
+from .layer import LazyLayer, chunk_cache_for, open_origin, prefetch_chunks, spec_key
 
 log = logging.getLogger("shoal.lazy.daemon")
 _NAME = re.compile(r"^([0-9a-f]{64})\.erofs$")
@@ -77,7 +77,7 @@ class LayerFiles:
             return layer
 
     def _prefetch(self, name: str, layer: LazyLayer, order: list[int]) -> None:
-        n = prefetch.prefetch(layer, order, self.stop,
+        n = prefetch_chunks(layer, order, self.stop,
                               on_error=lambda i, e: log.warning("%s: prefetch stopped at chunk %d: %s", name, i, e))
         log.info("%s: prefetched %d chunks", name, n)
 
@@ -118,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.foreground and os.fork() != 0:
         os._exit(0)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
     root = Path(args.root).absolute()
     from .mount import lazyfs_dir, pid_path
 

@@ -98,7 +98,7 @@ class LazyLayer:
         return sum(1 for c in set(self.index.chunks) if self.cache.has(c))
 
 
-def prefetch(layer: LazyLayer, order: list[int], stop: threading.Event | None = None,
+def prefetch_chunks(layer: LazyLayer, order: list[int], stop: threading.Event | None = None,
              on_error: Callable[[int, Exception], None] | None = None) -> int:
     """Fetch chunks in `order` (the prefetch list) unless cached; returns how many it fetched. Stops at
     the first origin failure (demand reads still try the origin themselves)."""

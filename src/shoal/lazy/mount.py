@@ -101,9 +101,30 @@ def mount_lazy(root: Path, digest: str, target: Path) -> str:
     """Mount lazy layer `digest` at `target` (the caller holds the store's mount lock)."""
     pid = ensure_daemon(root)
     target.mkdir(parents=True, exist_ok=True)
-    method = erofs.mount_image(lazyfs_dir(root) / f"{digest.split(':', 1)[1]}.erofs", target)
+    try:
+        method = erofs.mount_image(lazyfs_dir(root) / f"{digest.split(':', 1)[1]}.erofs", target)
+    except OSError:
+        _why(root, digest)  # the typed error (OriginUnavailable, CorruptChunk) when the origin is the cause
+        raise
     _marker(root, digest).write_text(f"{pid}\n")
     return method
+
+
+def _why(root: Path, digest: str) -> None:
+    """Read the layer's first chunk in this process: raises what the daemon saw as EIO."""
+    from ..layers.store import LayerStore
+    from ..config import load_settings
+    from .layer import LazyLayer, chunk_cache_for, open_origin, spec_key
+
+    store = LayerStore(load_settings(root))
+    try:
+        rec = store.lazy_layer(digest)
+        if rec is None:
+            return
+        with open_origin(rec[1]) as origin:
+            LazyLayer(rec[0], origin, spec_key(rec[1]), chunk_cache_for(root)).read(0, 4096)
+    finally:
+        store.close()
 
 
 def is_stale(root: Path, digest: str) -> bool:
