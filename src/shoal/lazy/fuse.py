@@ -42,7 +42,8 @@ _FUSE_DEV_IOC_BACKING_OPEN = 0x4010E501
 
 _IN_HDR = struct.Struct("<IIQQIIIHH")  # len opcode unique nodeid uid gid pid total_extlen padding
 _OUT_HDR = struct.Struct("<IiQ")  # len error unique
-_ATTR = struct.Struct("<QQQQQQIIIIIIIIII")  # ino size blocks a/m/ctime a/m/ctimensec mode nlink uid gid rdev blksize flags
+# ino size blocks a/m/ctime a/m/ctimensec mode nlink uid gid rdev blksize flags
+_ATTR = struct.Struct("<QQQQQQIIIIIIIIII")
 _READ_IN = struct.Struct("<QQII")  # fh offset size read_flags (lock_owner, flags, padding follow)
 _OPEN_OUT = struct.Struct("<QIi")  # fh open_flags backing_id
 MAX_PAGES = 256  # 1 MiB per READ: one chunk per request

@@ -112,8 +112,8 @@ def mount_lazy(root: Path, digest: str, target: Path) -> str:
 
 def _why(root: Path, digest: str) -> None:
     """Read the layer's first chunk in this process: raises what the daemon saw as EIO."""
-    from ..layers.store import LayerStore
     from ..config import load_settings
+    from ..layers.store import LayerStore
     from .layer import LazyLayer, chunk_cache_for, open_origin, spec_key
 
     store = LayerStore(load_settings(root))
