@@ -113,8 +113,9 @@ def main() -> None:
                                         "local_p50": statistics.median(local_starts)},
             "bytes_fetched_first_exec": {"median": statistics.median(fetched),
                                          "fraction_of_image": statistics.median(fetched) / image_bytes},
-            "read_mib_s_page_cache_dropped": {"local": local_mbs, "lazy_warm": warm_mbs,
-                                              "ratio_median": statistics.median(warm_mbs) / statistics.median(local_mbs)},
+            "read_mib_s_page_cache_dropped": {
+                "local": local_mbs, "lazy_warm": warm_mbs,
+                "ratio_median": statistics.median(warm_mbs) / statistics.median(local_mbs)},
             "chunk_cache_bytes": chunk_cache_for(roots[-1]).usage()[1],
         }
         print(json.dumps(out, indent=2))

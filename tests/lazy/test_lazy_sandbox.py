@@ -134,14 +134,14 @@ def test_gc_keeps_what_a_live_sandbox_uses(make_root, proxy, published):
     out = h.gc()
     assert out["chunks_evicted"] == 0 and cache.chunks() == before
     proxy.stop()  # what the sandbox read is still here: it reads again from the cache, not the origin
-    assert sb.commands.run("sync; echo 3 > /proc/sys/vm/drop_caches", timeout=10) is not None
     with open("/proc/sys/vm/drop_caches", "w") as f:
         f.write("3")
     r = sb.commands.run(_md5_at(5))
     assert r.exit_code == 0 and r.stdout.strip() == hashlib.md5(
         published["big"][5 << 20:(5 << 20) + (256 << 10)]).hexdigest()
     sb.kill()
+    held = cache.chunks()
     out = h.gc()
-    assert out["chunks_evicted"] == len(before) and cache.chunks() == set()
+    assert out["chunks_evicted"] == len(held) and cache.chunks() == set()
     assert lazy_mount.daemon_pid(h.settings.root) is None
     assert h.store.location(published["layer"]) == "remote"
