@@ -157,10 +157,12 @@ def image_create(ref: str | None = typer.Argument(None, help="name[:tag]"),
 
 @image_app.command("ls")
 def image_ls(root: str | None = RootOpt):
-    """List images."""
-    t = Table("IMAGE", "LAYERS (bottom -> top)", "CREATED")
-    for img in _host(root).store.list_images():
+    """List images; WHERE says, per layer, local / cached / partial / remote (lazy layers)."""
+    t = Table("IMAGE", "LAYERS (bottom -> top)", "WHERE", "CREATED")
+    store = _host(root).store
+    for img in store.list_images():
         t.add_row(img.ref, " ".join(d.split(":")[1][:12] for d in img.layers),
+                  " ".join(store.location(d) for d in img.layers),
                   time.strftime("%F %T", time.localtime(img.created)))
     console.print(t)
 
