@@ -56,6 +56,7 @@ from .schema import CREATING, DEAD, LOST, RUNNING, UP
 log = logging.getLogger("shoal.fleet")
 T = TypeVar("T")
 FileEntries = list[FileEntry]  # `list` is a contract method inside the class
+DEAD_PEER_S = 5.0  # a host that stops acknowledging fails the call after this long (HostUnavailable)
 LOOKUP_REUSE_S = 0.2  # a request's visibility check and its call share one directory lookup
 
 
@@ -80,7 +81,7 @@ class FleetBackend(SandboxBackend):
         with self._lock:
             c = self._clients.get(address)
             if c is None:
-                c = self._clients[address] = HttpBackend(address, "", ssl_context=self.tls)
+                c = self._clients[address] = HttpBackend(address, "", ssl_context=self.tls, dead_peer_s=DEAD_PEER_S)
             return c
 
     def entry(self, sandbox_id: str, tenant: Tenant | None = None) -> Entry:

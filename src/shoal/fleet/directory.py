@@ -10,6 +10,8 @@ create (the first, or the one a client retried on) gets the same sandbox.
 
 Leases: a host renews `lease_until` (database clock) every few seconds; `expire()` (run by every
 gateway, idempotent) turns hosts past it `down` and their live sandboxes `lost`, with the reason.
+A lease never runs out within one lease of the database's own start: while it was down nobody
+could renew, and a database restart must not declare the whole fleet lost.
 """
 from __future__ import annotations
 
@@ -133,7 +135,8 @@ class Directory:
             db.execute(f"""UPDATE fleet_hosts SET state=%s, reason = 'host ' || id || ' stopped renewing its lease: '
                              || 'no heartbeat for ' || round(({NOW} - heartbeat)::numeric, 1) || ' s (lease '
                              || lease_s || ' s), last from ' || address
-                           WHERE state=%s AND lease_until < {NOW}""", (DOWN, UP))
+                           WHERE state=%s AND lease_until < {NOW}
+                             AND extract(epoch from pg_postmaster_start_time()) + lease_s < {NOW}""", (DOWN, UP))
             cur = db.execute(f"""UPDATE fleet_sandboxes s SET state=%s, reason=h.reason, updated={NOW}
                                  FROM fleet_hosts h WHERE h.id = s.host AND h.state=%s AND s.state = ANY(%s)""",
                              (LOST, DOWN, list(LIVE)))

@@ -127,8 +127,9 @@ class Gateway(Served):
         return {"gateway": True, "hosts_up": int(row[0]), "hosts": int(row[1])}
 
     def gauges(self) -> dict[str, float]:
-        rows: dict[str, int] = dict(self.pg.execute("SELECT state, count(*) FROM fleet_sandboxes GROUP BY state").fetchall())
-        hosts: dict[str, int] = dict(self.pg.execute("SELECT state, count(*) FROM fleet_hosts GROUP BY state").fetchall())
+        q = "SELECT state, count(*) FROM {} GROUP BY state"
+        rows: dict[str, int] = dict(self.pg.execute(q.format("fleet_sandboxes")).fetchall())
+        hosts: dict[str, int] = dict(self.pg.execute(q.format("fleet_hosts")).fetchall())
         return {"fleet_hosts_up": hosts.get(UP, 0), "fleet_hosts_down": hosts.get("down", 0),
                 "sandboxes": sum(rows.get(s, 0) for s in LIVE), "sandboxes_lost": rows.get(LOST, 0)}
 

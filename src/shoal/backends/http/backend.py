@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import ssl
 import threading
 import time
@@ -72,22 +73,26 @@ class HttpBackend(SandboxBackend):
     name = "http"
 
     def __init__(self, url: str | None = None, api_key: str | None = None, *,
-                 ssl_context: ssl.SSLContext | None = None):
+                 ssl_context: ssl.SSLContext | None = None, dead_peer_s: float | None = None):
         """`url`: one daemon, or several equivalent ones (a fleet's gateway replicas) separated by
         commas: a request that could not reach one is sent to the next when that is safe (nothing
         was sent, or the request is idempotent). `ssl_context`: TLS settings for https URLs (a
-        client certificate, a private CA); default $SHOAL_CA_CERT, else the system store."""
+        client certificate, a private CA); default $SHOAL_CA_CERT, else the system store.
+        `dead_peer_s`: over TCP, give up on a peer that stops acknowledging (cut off, powered off)
+        after about this long, instead of waiting for the request's timeout: connects time out
+        after it, and the socket has TCP_USER_TIMEOUT and keepalive probes to match."""
         self.url = url = url or default_url()
         self.api_key = api_key if api_key is not None else os.environ.get("SHOAL_API_KEY")
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         urls = [u.strip() for u in url.split(",") if u.strip()] if "," in url else [url]
-        self._clients = [self._client(u, headers, ssl_context) for u in urls]
+        self._clients = [self._client(u, headers, ssl_context, dead_peer_s) for u in urls]
         self._urls = urls
         self._current = 0
         self.http = self._clients[0]
 
     @staticmethod
-    def _client(url: str, headers: dict[str, str], ssl_context: ssl.SSLContext | None) -> httpx.Client:
+    def _client(url: str, headers: dict[str, str], ssl_context: ssl.SSLContext | None,
+                dead_peer_s: float | None = None) -> httpx.Client:
         if url.startswith("unix://"):
             path = url[len("unix://"):]
             try:
@@ -105,7 +110,15 @@ class HttpBackend(SandboxBackend):
             if verify is None:
                 ca = os.environ.get("SHOAL_CA_CERT")  # a private CA (self-signed daemons); else the system store
                 verify = ssl.create_default_context(cafile=ca) if ca else True
-            return httpx.Client(base_url=url, headers=headers, timeout=DEFAULT_TIMEOUT, verify=verify)
+            if dead_peer_s is None:
+                return httpx.Client(base_url=url, headers=headers, timeout=DEFAULT_TIMEOUT, verify=verify)
+            idle = max(1, int(dead_peer_s / 2))
+            opts = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1), (socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, idle),
+                    (socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 1), (socket.IPPROTO_TCP, socket.TCP_KEEPCNT, idle),
+                    (socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(dead_peer_s * 1000))]
+            return httpx.Client(base_url=url, headers=headers, verify=verify,
+                                timeout=httpx.Timeout(DEFAULT_TIMEOUT, connect=dead_peer_s),
+                                transport=httpx.HTTPTransport(verify=verify, socket_options=opts))
         raise E.InvalidArgument(f"unsupported shoald URL {url!r}: use unix:///path or http(s)://host:port")
 
     def __repr__(self) -> str:
@@ -142,6 +155,11 @@ class HttpBackend(SandboxBackend):
             self._current, self.http = k, self._clients[k]
 
     @staticmethod
+    def _timeout(client: httpx.Client, seconds: float | None) -> httpx.Timeout:
+        """A request's own timeout, keeping the client's connect timeout."""
+        return httpx.Timeout(seconds, connect=client.timeout.connect)
+
+    @staticmethod
     def _safe_to_resend(e: httpx.TransportError, method: str, headers: dict[str, str]) -> bool:
         """Whether a request that failed in transport may go to another replica: nothing was sent
         (no connection), or sending it twice does no harm (idempotent methods, keyed creates)."""
@@ -157,7 +175,7 @@ class HttpBackend(SandboxBackend):
         failure: httpx.TransportError | None = None
         for k, client in self._attempts():
             try:
-                resp = client.request(method, API_PREFIX + path, timeout=timeout, **kw)
+                resp = client.request(method, API_PREFIX + path, timeout=self._timeout(client, timeout), **kw)
             except httpx.TransportError as e:
                 failure = e
                 if len(self._clients) > 1 and self._safe_to_resend(e, method, kw.get("headers", {})):
@@ -233,7 +251,7 @@ class HttpBackend(SandboxBackend):
             try:
                 with client.stream("POST", API_PREFIX + path, params={"stream": "true"},
                                    content=req.model_dump_json(), headers={"content-type": "application/json"},
-                                   timeout=timeout) as resp:
+                                   timeout=self._timeout(client, timeout)) as resp:
                     self._answered(k)
                     if resp.status_code >= 400:
                         resp.read()
