@@ -12,3 +12,10 @@
 
 Everything here needs the `fleet` extra (psycopg, cryptography); a single host needs none of it.
 """
+from __future__ import annotations
+
+try:
+    import cryptography  # noqa: F401  (the fleet CA)
+    import psycopg  # noqa: F401  (the directory)
+except ImportError as e:  # an extra: a single host needs none of it
+    raise ImportError("the fleet needs psycopg and cryptography: pip install 'shoal[fleet]'") from e
