@@ -337,3 +337,45 @@ def test_postgres_restart(gw, tenant_key, made):
             assert c.execute("SELECT count(*) FROM fleet_hosts WHERE state='up'").fetchone()[0] == len(gw.hosts)
     finally:
         be.close()
+
+
+def test_gateway_overhead_per_exec_and_create(gw, tenant_key, made):
+    """What the gateway adds over calling the host directly (same TLS, same host); printed, loosely
+    bounded here (bench/fleet.py is where the goal is measured)."""
+    import statistics
+
+    from shoal.fleet.pki import gateway_client_context
+
+    sb = create(gw, tenant_key)
+    made.append(sb)
+    host = gw.host_of(sb.id)
+    direct = HttpBackend(host.url, "", ssl_context=gateway_client_context(gw.fleet_dir))
+    via = HttpBackend(gw.gateways[0].url, tenant_key)
+    req = ExecRequest(argv=["true"])
+
+    def p50(fn, n=30):
+        fn()
+        times = []
+        for _ in range(n):
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+        return statistics.median(times) * 1000
+
+    try:
+        d_exec, g_exec = p50(lambda: direct.exec(sb.id, req)), p50(lambda: via.exec(sb.id, req))
+        cr = CreateRequest(image=IMAGE, memory_mb=64, disk_mb=32)
+
+        def made_by(be):
+            def one():
+                info = be.create(cr)
+                be.kill(info.id)
+            return one
+
+        d_create, g_create = p50(made_by(direct), 5), p50(made_by(via), 5)
+    finally:
+        direct.close()
+        via.close()
+    print(f"exec p50: direct {d_exec:.1f} ms, via gateway {g_exec:.1f} ms (+{g_exec - d_exec:.1f}); "
+          f"create+kill p50: direct {d_create:.1f} ms, via gateway {g_create:.1f} ms (+{g_create - d_create:.1f})")
+    assert g_exec - d_exec < 100
