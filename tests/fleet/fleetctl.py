@@ -258,6 +258,9 @@ class Fleet:
             except Exception:
                 pass
         self.clear_topology(len(self.hosts))
+        import shutil
+
+        shutil.rmtree(self.work, ignore_errors=True)  # the CA, the gateways' logs
 
 
 def build_fleet(pg, n_hosts: int = 3, domains: tuple[str, ...] = ("rack-a", "rack-a", "rack-b")) -> Fleet:
