@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from registryctl import PASSWORD, USER, RegistryServer  # noqa: F401  (tests import USER, PASSWORD from here)
-from roots import wipe_root
+from roots import teardown_root, wipe_root
 
 from shoal import Host
 
@@ -50,4 +50,4 @@ def fresh_host():
     """A root of its own, for a test that must start from nothing."""
     d = Path(tempfile.mkdtemp(prefix="shoal-f-", dir="/tmp"))
     yield Host.get(d)
-    wipe_root(d)
+    teardown_root(d)

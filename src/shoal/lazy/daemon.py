@@ -67,6 +67,8 @@ class LayerFiles:
                     order = prefetch.parse(origin.read(spec["prefetch_key"], 0, size))
                 except ShoalError:
                     order = None
+                if order:  # kept here too: a restarted daemon does not ask again
+                    prefetch.save(self.root, digest, order)
             recorder = None if order else prefetch.Recorder(self.root, digest)
             layer = LazyLayer(index, origin, spec_key(spec), self.cache, recorder)
             self.layers[name] = layer
