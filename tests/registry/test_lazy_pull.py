@@ -7,10 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
-
-import pytest
 
 from shoal import Sandbox
 from shoal.lazy import prefetch
@@ -18,37 +15,7 @@ from shoal.lazy.layer import chunk_cache_for
 from shoal.registry import pull, push
 from shoal.registry.prefetch import prefetch_tag
 
-from .conftest import PASSWORD, USER
-
-MiB = 1 << 20
-BIG = 12 * MiB
-
-
-@pytest.fixture(scope="session")
-def lazy_pushed(host, base_image, registry, tmp_path_factory) -> dict:
-    """busybox + a layer with 12 MiB of random bytes and small files, pushed as shoal/lazy:1."""
-    d = tmp_path_factory.mktemp("lazy-app")
-    (d / "data").mkdir()
-    big = os.urandom(BIG)
-    (d / "data/big.bin").write_bytes(big)
-    for i in range(30):
-        (d / f"data/small-{i}.txt").write_text(f"small {i}\n" * 20)
-    (d / "data/hello.txt").write_text("hello, lazily\n")
-    layer = host.store.build_from_dir(d, source="test:lazy").digest
-    host.store.create_image("lazyapp:1", ["busybox", layer], config={"env": {"WHO": "lazy"}, "workdir": "/data"})
-    host.store.create_image("bbonly:1", ["busybox"])
-    with registry.client() as cl:
-        res = push(host.store, "lazyapp:1", f"{registry.addr}/shoal/lazy:1", client=cl)
-        push(host.store, "bbonly:1", f"{registry.addr}/shoal/lazy:bb", client=cl)
-    return {"layer": layer, "busybox": host.store.resolve("busybox"), "big": big, "push": res,
-            "image_bytes": sum(x.size for x in res.layers)}
-
-
-@pytest.fixture
-def creds(monkeypatch):
-    """The lazy daemon finds credentials where any registry client does: here, the environment."""
-    monkeypatch.setenv("SHOAL_REGISTRY_USER", USER)
-    monkeypatch.setenv("SHOAL_REGISTRY_PASSWORD", PASSWORD)
+from .conftest import BIG, PASSWORD, USER, MiB
 
 
 def _md5(data: bytes) -> str:
