@@ -434,6 +434,8 @@ def main() -> None:
     ap.add_argument("--fanout", type=int, default=64)
     ap.add_argument("--fanout-images", type=int, default=8)
     ap.add_argument("--no-docker", action="store_true")
+    ap.add_argument("--chunk-kb", type=int, default=1024, help="chunk of the pushed chunk indexes")
+    ap.add_argument("--readahead-kb", type=int, default=None, help="the lazy daemon's FUSE read-ahead")
     ap.add_argument("--quick", action="store_true", help="a smoke test: the timing images only")
     ap.add_argument("--out", default=str(RESULTS / "lazy.json"))
     args = ap.parse_args()
@@ -443,6 +445,8 @@ def main() -> None:
     from shoal import Host
     from shoal.registry import push
 
+    if args.readahead_kb:
+        os.environ["SHOAL_LAZY_READAHEAD_KB"] = str(args.readahead_kb)
     t_start = time.time()
     load_before = os.getloadavg()[0]
     src = Host.get(args.src_root)
@@ -457,7 +461,8 @@ def main() -> None:
         log(f"registry at {reg.addr}; pushing {len(images)} images to bench/ws:<name>")
         image_bytes = {}
         for img in images:
-            res = push(src.store, img["ref"], f"{reg.addr}/bench/ws:{img['name']}", plain_http=True)
+            res = push(src.store, img["ref"], f"{reg.addr}/bench/ws:{img['name']}", plain_http=True,
+                       lazy_chunk_size=args.chunk_kb << 10)
             image_bytes[img["name"]] = sum(x.size for x in res.layers)
         docker_env: dict = {}
         docker_sizes: dict = {}
@@ -506,7 +511,9 @@ def main() -> None:
             "host": {"cores": os.cpu_count(), "kernel": platform.release(), "loadavg_1m_before": load_before,
                      "loadavg_1m_after": os.getloadavg()[0]},
             "config": {"runs": args.runs, "fanout": args.fanout, "fanout_images": args.fanout_images,
-                       "timing_images": list(TIMING_IMAGES), "first_exec": FIRST_EXEC, "read_all": READ_ALL,
+                       "timing_images": list(TIMING_IMAGES), "chunk_kb": args.chunk_kb,
+                       "readahead_kb": int(os.environ.get("SHOAL_LAZY_READAHEAD_KB", "1024")),
+                       "first_exec": FIRST_EXEC, "read_all": READ_ALL,
                        "registry": "docker-registry (distribution 2.8, Debian), loopback, plain HTTP, no auth"},
             "image_bytes": image_bytes, "image_mib": statistics.median(image_bytes.values()) / 2**20,
             "docker_image_gzip_bytes": docker_sizes, "wall_s": time.time() - t_start, "samples": samples,

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ..core.errors import InvalidArgument, RegistryError
 from ..layers.store import ImageInfo, LayerStore
-from ..lazy.chunks import CHUNK_INDEX_MEDIA_TYPE, LAYER_MEDIA_TYPE, ChunkIndex, build_index
+from ..lazy.chunks import CHUNK_INDEX_MEDIA_TYPE, CHUNK_SIZE, LAYER_MEDIA_TYPE, ChunkIndex, build_index
 from .client import DEFAULT_CHUNK_SIZE, RegistryClient, UploadResult, sha256_digest
 from .media import ANN_CHUNKS, ANN_LAYER, ANN_LAYER_ENTRIES, ANN_LAYER_SIZE, OCI_MANIFEST, SHOAL_CONFIG_MEDIA_TYPE
 from .reference import parse_reference
@@ -70,12 +70,13 @@ def registry_dir(store: LayerStore) -> Path:
     return store.settings.root / "registry"
 
 
-def chunk_index(store: LayerStore, digest: str) -> ChunkIndex:
+def chunk_index(store: LayerStore, digest: str, chunk_size: int = CHUNK_SIZE) -> ChunkIndex:
     """The chunk index of a local layer's EROFS image, cached beside the root (layers are immutable:
     the cache is keyed by the image file's size and mtime, so a replaced file is indexed again)."""
     path = store.image_path(digest)
     st = path.stat()
-    cache = registry_dir(store) / "chunks" / f"{digest.split(':', 1)[1]}.json"
+    suffix = "" if chunk_size == CHUNK_SIZE else f".{chunk_size}"
+    cache = registry_dir(store) / "chunks" / f"{digest.split(':', 1)[1]}{suffix}.json"
     stamp = f"{st.st_size}:{st.st_mtime_ns}"
     try:
         data = json.loads(cache.read_text())
@@ -83,7 +84,7 @@ def chunk_index(store: LayerStore, digest: str) -> ChunkIndex:
             return ChunkIndex.model_validate(data["index"])
     except (OSError, ValueError, KeyError):
         pass
-    idx = build_index(digest, path)
+    idx = build_index(digest, path, chunk_size)
     cache.parent.mkdir(parents=True, exist_ok=True)
     tmp = cache.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps({"stamp": stamp, "index": idx.model_dump()}))
@@ -99,9 +100,10 @@ def index_blob(idx: ChunkIndex) -> bytes:
 def push(store: LayerStore, image_ref: str, target: str, *, client: RegistryClient | None = None,
          chunk_size: int = DEFAULT_CHUNK_SIZE, progress: PushProgress | None = None,
          ca: str | None = None, insecure: bool = False, plain_http: bool = False,
-         prefetch_only: bool = False) -> PushResult:
+         prefetch_only: bool = False, lazy_chunk_size: int = CHUNK_SIZE) -> PushResult:
     """Push image `image_ref` of `store` to `target` ("REGISTRY/REPO:TAG"), then the prefetch lists
-    recorded for its layers; `prefetch_only`: only those lists."""
+    recorded for its layers; `prefetch_only`: only those lists. `lazy_chunk_size`: the chunk of the
+    layers' chunk indexes, what a lazy reader fetches at a time (default 1 MiB)."""
     from .prefetch import publish_prefetch
 
     info = store.get_image(image_ref)
@@ -113,7 +115,8 @@ def push(store: LayerStore, image_ref: str, target: str, *, client: RegistryClie
     try:
         result = PushResult(str(ref), "")
         if not prefetch_only:
-            _push_image(store, info, ref.repository, ref.reference, cl, chunk_size, progress, result)
+            _push_image(store, info, ref.repository, ref.reference, cl, chunk_size, progress, result,
+                        lazy_chunk_size)
         result.prefetch_lists = publish_prefetch(store, image_ref, target, client=cl).published
         return result
     finally:
@@ -133,14 +136,14 @@ def _lazy_index(store: LayerStore, digest: str, cl: RegistryClient, repo: str) -
 
 
 def _push_image(store: LayerStore, info: ImageInfo, repo: str, tag: str, cl: RegistryClient, chunk_size: int,
-                progress: PushProgress | None, result: PushResult) -> None:
+                progress: PushProgress | None, result: PushResult, lazy_chunk_size: int = CHUNK_SIZE) -> None:
     sessions = UploadSessions(registry_dir(store) / "uploads")
     descriptors: list[dict] = []
     n = len(info.layers)
     for i, digest in enumerate(info.layers):
         layer = store.get(digest)
         lazy_idx = _lazy_index(store, digest, cl, repo)
-        idx = lazy_idx or chunk_index(store, digest)
+        idx = lazy_idx or chunk_index(store, digest, lazy_chunk_size)
         label = f"layer {i + 1}/{n} {layer.short}"
 
         def on_bytes(done: int, total: int, label: str = label) -> None:
