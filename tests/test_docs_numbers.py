@@ -221,6 +221,7 @@ TABLES: dict[str, tuple[str, Callable[[dict], list[list[str]]]]] = {
     "api": ("bench/results/api.json", api_rows),
     "rollout": ("bench/results/rollout.json", rollout_rows),
     "training": ("docs/results/opd_repro.json", training_rows),
+    "lazy": ("bench/results/lazy.json", _bench_renderer("lazy", "readme_rows")),
 }
 
 
