@@ -38,6 +38,7 @@ class PgServer:
         for p in (self.dir, self.sock):
             os.chown(p, pw.pw_uid, pw.pw_gid)
         self.port = _free_port()
+        self.listen = ["127.0.0.1"]  # addresses it accepts TCP on (tests/fleet adds its bridge's)
         self._as_postgres([str(self.bin / "initdb"), "-D", str(self.data), "-U", "shoal", "--auth=trust",
                            "--no-sync", "-E", "UTF8"])
         self.start()
@@ -49,7 +50,7 @@ class PgServer:
             raise RuntimeError(f"{argv[0]} failed: {r.stdout[-2000:]}{r.stderr[-2000:]}")
 
     def start(self) -> None:
-        opts = (f"-k {self.sock} -p {self.port} -c listen_addresses=127.0.0.1 -c fsync=off "
+        opts = (f"-k {self.sock} -p {self.port} -c listen_addresses={','.join(self.listen)} -c fsync=off "
                 "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200")
         self._as_postgres([str(self.bin / "pg_ctl"), "-D", str(self.data), "-o", opts, "-l",
                            str(self.dir / "server.log"), "-w", "-t", "60", "start"])
@@ -61,8 +62,18 @@ class PgServer:
         self.stop()
         self.start()
 
-    def dsn(self, db: str = "postgres") -> str:
-        return f"postgresql://shoal@127.0.0.1:{self.port}/{db}"
+    def allow_network(self, address: str, cidr: str) -> None:
+        """Also listen on `address` and trust clients from `cidr` (the fleet tests' hosts, in their
+        own network namespaces); restarts the server when that changes anything."""
+        if address in self.listen:
+            return
+        with open(self.data / "pg_hba.conf", "a") as f:
+            f.write(f"host all all {cidr} trust\n")
+        self.listen.append(address)
+        self.restart()
+
+    def dsn(self, db: str = "postgres", address: str = "127.0.0.1") -> str:
+        return f"postgresql://shoal@{address}:{self.port}/{db}"
 
     def new_database(self) -> str:
         """A fresh, empty database; its DSN."""

@@ -33,6 +33,8 @@ traj_app = typer.Typer(help="Trajectory logs: what ran where, when, by which epi
 app.add_typer(traj_app, name="traj")
 tasks_app = typer.Typer(help="Task suites: make their images ready on this host for rollouts.", no_args_is_help=True)
 app.add_typer(tasks_app, name="tasks")
+fleet_app = typer.Typer(help="A fleet: its CA and certificates, its hosts (docs/fleet.md).", no_args_is_help=True)
+app.add_typer(fleet_app, name="fleet")
 console = Console()
 err_console = Console(stderr=True)
 
@@ -478,15 +480,82 @@ def serve(socket: Path | None = typer.Option(None, "--socket", envvar="SHOAL_SOC
           max_starting: int = typer.Option(32, "--max-starting", help="cap on sandboxes being created at once"),
           creates_per_s: float = typer.Option(200.0, "--creates-per-s", help="creation rate limit"),
           log_level: str = typer.Option("warning", "--log-level"),
+          join: str | None = typer.Option(None, "--join", envvar="SHOAL_FLEET_DB",
+                                          help="join a fleet: its PostgreSQL URL (postgresql://...)"),
+          advertise: str | None = typer.Option(None, "--advertise",
+                                               help="with --join: the URL gateways reach this host at "
+                                                    "(https://HOST:PORT; also where --tcp listens by default)"),
+          domain: str = typer.Option("", "--domain", help="with --join: this host's failure domain (rack, zone)"),
+          client_ca: Path | None = typer.Option(None, "--client-ca",
+                                                help="with --join: the fleet CA (ca.pem); only its gateways may call"),
+          lease: float = typer.Option(10.0, "--lease", help="with --join: seconds a heartbeat keeps this host alive"),
           root: str | None = RootOpt):
     """Run shoald, the host daemon (as root): HTTP API on a Unix socket for the `shoal` group (and
-    optionally TCP+TLS). Root on the socket is the admin; other group members are tenants by uid."""
+    optionally TCP+TLS). Root on the socket is the admin; other group members are tenants by uid.
+    With --join it is also a fleet host: registered in the fleet's database, serving its gateways."""
     from .server.admission import AdmissionConfig
+    from .server.server import FleetJoin
     from .server.server import serve as run
 
+    fleet = None
+    if join:
+        if not (advertise and client_ca):
+            raise ShoalError("--join needs --advertise https://HOST:PORT and --client-ca (the fleet's ca.pem)")
+        fleet = FleetJoin(dsn=join, advertise=advertise, client_ca=str(client_ca), domain=domain, lease_s=lease)
     run(root, socket, tcp, str(tls_cert) if tls_cert else None, str(tls_key) if tls_key else None,
         AdmissionConfig(max_sandboxes=max_sandboxes, max_starting=max_starting, creates_per_s=creates_per_s),
-        log_level=log_level, group=group)
+        log_level=log_level, group=group, fleet=fleet)
+
+
+@app.command()
+def gateway(db: str = typer.Option(..., "--db", envvar="SHOAL_FLEET_DB", help="the fleet's PostgreSQL URL"),
+            listen: str = typer.Option("127.0.0.1:8080", "--listen", help="HOST:PORT"),
+            fleet_dir: Path | None = typer.Option(None, "--fleet-dir", envvar="SHOAL_FLEET_DIR",
+                                                  help="from `shoal fleet init`: CA, gateway certificate, admin key"),
+            tls_cert: Path | None = typer.Option(None, "--tls-cert", help="the gateway's own server certificate"),
+            tls_key: Path | None = typer.Option(None, "--tls-key"),
+            log_level: str = typer.Option("warning", "--log-level")):
+    """Run a fleet gateway: the same /v1 API as shoald, over every host of the fleet. Stateless: run
+    as many replicas as you like against one database."""
+    from .fleet.gateway import serve_gateway
+
+    serve_gateway(db, listen, str(fleet_dir) if fleet_dir else None, str(tls_cert) if tls_cert else None,
+                  str(tls_key) if tls_key else None, log_level=log_level)
+
+
+@fleet_app.command("init")
+def fleet_init(directory: Path = typer.Option(..., "--dir", help="where the CA and the gateway's files go"),
+               force: bool = typer.Option(False, "--force", help="replace an existing CA")):
+    """A new fleet CA, the gateways' client certificate and the fleet admin key (keys 0600)."""
+    from .fleet.pki import init_fleet
+
+    files = init_fleet(directory, force=force)
+    console.print(f"fleet CA {files.ca_cert}; gateway certificate {files.gateway_cert}; admin key {files.admin_key}")
+
+
+@fleet_app.command("cert")
+def fleet_cert(name: str = typer.Argument(..., help="the host's name (its certificate's CN and file names)"),
+               directory: Path = typer.Option(..., "--dir", help="the fleet directory (`shoal fleet init`)"),
+               san: list[str] = typer.Option(..., "--san", help="a DNS name or IP address gateways use for it"),
+               out: Path = typer.Option(..., "--out", help="directory for NAME.pem and NAME.key")):
+    """Issue a server certificate (a host's, or a gateway's client-facing one) from the fleet CA."""
+    from .fleet.pki import issue_server_cert
+
+    cert, key = issue_server_cert(directory, name, san, out)
+    console.print(f"{cert} {key}")
+
+
+@fleet_app.command("hosts")
+def fleet_hosts(db: str = typer.Option(..., "--db", envvar="SHOAL_FLEET_DB")):
+    """The fleet's hosts: address, failure domain, state, lease left, load."""
+    from .fleet.directory import Directory
+    from .fleet.schema import open_db
+
+    t = Table("HOST", "ADDRESS", "DOMAIN", "STATE", "LEASE LEFT", "SANDBOXES", "REASON")
+    for h in Directory(open_db(db)).hosts():
+        t.add_row(h["id"], h["address"], h["domain"], h["state"], f"{h['lease_left_s']:.1f} s",
+                  f"{h['load'].get('sandboxes', 0)}/{h['capacity'].get('sandboxes', 0)}", h["reason"] or "")
+    console.print(t)
 
 
 def _admin_client(root: str | None):

@@ -20,11 +20,12 @@ from packaging.utils import canonicalize_name
 
 REPO = Path(__file__).resolve().parents[2]
 SRC = REPO / "src"
-HEAVY = {"torch", "ray", "gymnasium", "pyarrow", "transformers", "trl", "psycopg"}
+HEAVY = {"torch", "ray", "gymnasium", "pyarrow", "transformers", "trl", "psycopg", "cryptography"}
 # modules that are the extras' and may need them; everything else must import without
 EXTRA_MODULES = {"shoal.train": "shoal[train]", "shoal.rollout.adapters": "shoal[rollout]",
                  "shoal.rollout.distributed": "shoal[rollout]", "shoal.core.postgres": "shoal[rollout]",
-                 "shoal.rollout.queue_pg": "shoal[rollout]"}
+                 "shoal.rollout.queue_pg": "shoal[rollout]", "shoal.trajlog.store_pg": "shoal[rollout]",
+                 "shoal.fleet": "shoal[fleet]"}
 
 
 def _source_copy(tmp_path: Path) -> Path:
@@ -91,7 +92,8 @@ def test_plain_install_pulls_no_torch_ray_or_gymnasium(tmp_path):
     assert {"torch", "transformers", "trl"} <= _in(reqs, "train")
     # the test extra is the project with both extras, plus the test tools
     assert {tuple(sorted(r.extras)) for r in reqs if canonicalize_name(r.name) == "shoal"
-            and r.marker.evaluate({"extra": "test"})} == {("rollout", "train")}
+            and r.marker.evaluate({"extra": "test"})} == {("fleet", "rollout", "train")}
+    assert {"psycopg", "cryptography"} <= _in(reqs, "fleet")
 
 
 _BLOCKER = """

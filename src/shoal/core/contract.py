@@ -131,6 +131,7 @@ class SandboxState(enum.StrEnum):
     RUNNING = "running"
     PAUSED = "paused"
     DEAD = "dead"
+    LOST = "lost"  # a fleet's directory: its host stopped heartbeating (see docs/fleet.md)
 
 
 class SandboxInfo(BaseModel):

@@ -82,7 +82,14 @@ class PerThreadPG:
         return DatabaseUnavailable(f"lost PostgreSQL at {redact(self.dsn)} mid-statement: {first}")
 
     def execute(self, sql: str, args: Any = None) -> psycopg.Cursor:
-        """One autocommitted statement."""
+        """One autocommitted statement. A read (SELECT) that finds the connection gone (the server
+        restarted since this thread last used it) is sent again on a new one; a write is not."""
+        try:
+            return self.get().execute(sql, args)
+        except psycopg.OperationalError as e:
+            if not sql.lstrip()[:6].upper() == "SELECT":
+                raise self._lost(e) from None
+            self._drop()
         try:
             return self.get().execute(sql, args)
         except psycopg.OperationalError as e:
@@ -91,10 +98,31 @@ class PerThreadPG:
     @contextlib.contextmanager
     def transaction(self) -> Iterator[psycopg.Connection]:
         """A transaction on this thread's connection: committed at the end of the block, rolled back
-        if it raises."""
+        if it raises. If BEGIN itself fails (the connection died while idle), nothing was sent: it
+        is retried once on a new connection."""
+        for attempt in (1, 2):
+            conn = self.get()
+            try:
+                tx = conn.transaction()
+                tx.__enter__()
+            except psycopg.OperationalError as e:
+                if attempt == 2:
+                    raise self._lost(e) from None
+                self._drop()
+                continue
+            break
         try:
-            with self.get().transaction() as tx:
-                yield tx.connection
+            yield conn
+        except BaseException as exc:
+            try:
+                tx.__exit__(type(exc), exc, exc.__traceback__)
+            except psycopg.OperationalError as e:
+                raise self._lost(e) from None
+            if isinstance(exc, psycopg.OperationalError):
+                raise self._lost(exc) from None
+            raise
+        try:
+            tx.__exit__(None, None, None)
         except psycopg.OperationalError as e:
             raise self._lost(e) from None
 

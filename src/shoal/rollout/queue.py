@@ -220,10 +220,11 @@ class SQLiteEpisodeQueue(EpisodeQueue):
 
 
 def log_beside(queue: str | os.PathLike, log: str | os.PathLike | None = None) -> str | os.PathLike:
-    """Where a rollout's trajectory log is: `log` if given, else next to an SQLite queue file."""
+    """Where a rollout's trajectory log is: `log` if given, else the same PostgreSQL database as the
+    queue, or a file next to an SQLite queue."""
     if log is not None:
         return log
     if is_postgres_url(queue):
-        raise InvalidArgument("a rollout on a PostgreSQL queue needs its trajectory log named (log=...)")
+        return queue
     p = Path(queue)
     return p.with_name(p.stem + ".traj.db")

@@ -18,11 +18,12 @@ import os
 import socket
 import traceback
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 from ..backends import open_backend
 from ..core.contract import SandboxBackend
-from ..core.errors import InvalidArgument, LLMUnavailable
+from ..core.errors import DatabaseUnavailable, InvalidArgument, LLMUnavailable
 from ..host import Host
 from ..trajlog import TrajectoryLog
 from .episode import run_episode
@@ -32,6 +33,7 @@ from .ratelimit import HostRateLimiter, bucket_path
 from .task import Task
 
 log = logging.getLogger("shoal.rollout")
+T = TypeVar("T")
 
 
 class Worker:
@@ -73,10 +75,24 @@ class Worker:
     def _local_images(self) -> set[str]:
         return {i.ref for i in self.backend.images()}
 
+    async def _q(self, method: Callable[..., T], *args: Any, **kw: Any) -> T:
+        """A queue call, retried while the queue's database is unreachable (a PostgreSQL restart).
+        Every queue write is safe to repeat: a finish or fail that did commit is refused the second
+        time, and a claim whose answer was lost leaves an episode nobody heartbeats, so its lease runs
+        out and it is claimed again (resuming through the log)."""
+        delay = 0.2
+        while True:
+            try:
+                return await asyncio.to_thread(method, *args, **kw)
+            except DatabaseUnavailable as e:
+                log.warning("queue unavailable, retrying in %.1f s: %s", delay, e)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
     async def _heartbeat(self) -> None:
         while True:
             await asyncio.sleep(self.lease_s / 4)
-            await asyncio.to_thread(self.queue.heartbeat, list(self.running), self.name, self.lease_s)
+            await self._q(self.queue.heartbeat, list(self.running), self.name, self.lease_s)
 
     async def _one(self, claim) -> None:
         try:
@@ -94,14 +110,14 @@ class Worker:
                 await policy.aclose()
             rec.extra["attempt"] = claim.attempts
             rec.extra["worker"] = self.name
-            await asyncio.to_thread(self.queue.finish, claim.id, self.name, rec.to_dict())
+            await self._q(self.queue.finish, claim.id, self.name, rec.to_dict())
             self.finished += 1
         except LLMUnavailable as e:
             log.warning("episode %s paused: %s", claim.id, e)
-            await asyncio.to_thread(self.queue.pause, claim.id, self.name, str(e))
+            await self._q(self.queue.pause, claim.id, self.name, str(e))
         except Exception as e:  # noqa: BLE001 - the episode fails, the worker goes on
             log.error("episode %s failed: %s", claim.id, e)
-            await asyncio.to_thread(self.queue.fail, claim.id, self.name,
+            await self._q(self.queue.fail, claim.id, self.name,
                                     f"{type(e).__name__}: {e}\n{traceback.format_exc()[-1500:]}")
         finally:
             self.running.discard(claim.id)
@@ -115,7 +131,7 @@ class Worker:
             while True:
                 while len(self.running) < self.concurrency and (max_episodes is None or
                                                                 self.finished + len(self.running) < max_episodes):
-                    claim = await asyncio.to_thread(self.queue.claim, self.name, self.node, lease_s=self.lease_s,
+                    claim = await self._q(self.queue.claim, self.name, self.node, lease_s=self.lease_s,
                                                     prefer_images=prefer)
                     if claim is None:
                         break
@@ -126,7 +142,7 @@ class Worker:
                 if not tasks:
                     if max_episodes is not None and self.finished >= max_episodes:
                         return self.finished
-                    if not forever and await asyncio.to_thread(self.queue.pending) == 0:
+                    if not forever and await self._q(self.queue.pending) == 0:
                         return self.finished
                     await asyncio.sleep(idle_poll_s)  # others' leases may still expire: keep polling
                     prefer = self._local_images()

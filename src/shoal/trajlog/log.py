@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from ..core.errors import TrajectoryDivergence, UnknownOutcome
+from ..core.sqlite import is_postgres_url
 from .store import DONE, PENDING, UNKNOWN, Entry, JournaledLogStore, LogStore, StreamInfo
 
 
@@ -151,11 +152,20 @@ class Stream:
         self.sandbox = sandbox_id
 
 
+def open_log_store(where: str | os.PathLike) -> LogStore:
+    """A `postgresql://` URL: the PostgreSQL store (many hosts); else the journaled SQLite file."""
+    if is_postgres_url(where):
+        from .store_pg import PgLogStore
+
+        return PgLogStore(str(where))
+    return JournaledLogStore(Path(where))
+
+
 class TrajectoryLog:
     """Opens streams over a `LogStore`; answers provenance queries."""
 
     def __init__(self, store: LogStore | str | os.PathLike, host: str | None = None):
-        self.store = store if isinstance(store, LogStore) else JournaledLogStore(Path(store))
+        self.store = store if isinstance(store, LogStore) else open_log_store(store)
         self.host = host or socket.gethostname()
 
     def stream(self, name: str, *, episode: str | None = None, sandbox: str | None = None,

@@ -31,7 +31,7 @@ def remove_image(ref: str, c: Caller = Depends(caller)) -> Response:
     c.d.check_image(c.t, ref)
     if c.d.state.owner("image", ref) is None and not c.t.admin:
         raise E.Unauthorized(f"image {ref} is shared; only the admin may remove it")
-    c.d.backend.store.remove_image(ref)
+    c.d.remove_image(ref)
     c.d.state.disown("image", ref)
     return Response(status_code=204)
 
@@ -39,6 +39,5 @@ def remove_image(ref: str, c: Caller = Depends(caller)) -> Response:
 @router.get("/layers")
 def layers(c: Caller = Depends(caller)) -> list[dict[str, Any]]:
     visible = None if c.t.admin else {digest for img in visible_images(c) for digest in img.layers}
-    return [{"digest": x.digest, "size": x.size, "image_bytes": x.image_bytes, "created": x.created,
-             "names": list(x.names), **({"source": x.source} if c.t.admin else {})}
-            for x in c.d.backend.store.list() if visible is None or x.digest in visible]
+    return [x if c.t.admin else {k: v for k, v in x.items() if k != "source"}
+            for x in c.d.layers() if visible is None or x["digest"] in visible]
