@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from daemonctl import start_daemon
-from roots import wipe_root
+from roots import teardown_root, wipe_root
 
 from shoal import Host, Sandbox
 from shoal.layers.busybox import make_busybox_tree
@@ -37,6 +37,21 @@ def root():
     d = Path(tempfile.mkdtemp(prefix="shoal-t-", dir="/tmp"))
     yield d
     wipe_root(d)
+
+
+@pytest.fixture
+def make_root():
+    """make_root() -> a Host on a new, empty Shoal root: a host that has never seen an image (all torn
+    down after the test, lazy daemon included)."""
+    made: list[Path] = []
+
+    def _make() -> Host:
+        made.append(Path(tempfile.mkdtemp(prefix="shoal-lz-", dir="/tmp")))
+        return Host.get(made[-1])
+
+    yield _make
+    for d in made:
+        teardown_root(d)
 
 
 @pytest.fixture(scope="session")

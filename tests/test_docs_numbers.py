@@ -221,6 +221,7 @@ TABLES: dict[str, tuple[str, Callable[[dict], list[list[str]]]]] = {
     "api": ("bench/results/api.json", api_rows),
     "rollout": ("bench/results/rollout.json", rollout_rows),
     "training": ("docs/results/opd_repro.json", training_rows),
+    "lazy": ("bench/results/lazy.json", _bench_renderer("lazy", "readme_rows")),
 }
 
 
@@ -278,12 +279,19 @@ def prose_training(j: dict) -> list[str]:
             f"{len(c['selectors'])} selectors × {sum(b < 1 for b in c['budgets'])} budgets × {len(c['seeds'])} seeds"]
 
 
+def prose_lazy(j: dict) -> list[str]:
+    h = j["host"]
+    return [f"1-minute load average {h['loadavg_1m_before']:.1f} before, {h['loadavg_1m_after']:.1f} after",
+            f"{j['config']['runs']} runs", f"{j['wall_s'] / 60:.1f} min"]
+
+
 PROSE: dict[str, tuple[str, Callable[[dict], list[str]]]] = {
     "burst-snapshot": ("bench/results/burst.json", prose_burst),
     "flood": ("bench/results/flood.json", prose_flood),
     "fuzz": ("bench/results/fuzz.json", prose_fuzz),
     "rollout-timings": ("bench/results/rollout.json", prose_rollout),
     "training": ("docs/results/opd_repro.json", prose_training),
+    "lazy": ("bench/results/lazy.json", prose_lazy),
 }
 
 

@@ -196,6 +196,7 @@ def image_rm(ref: str, root: str | None = RootOpt):
 # ------------------------------------------------------------------------------------------ registries
 CaOpt = typer.Option(None, "--ca", envvar="SHOAL_REGISTRY_CA", help="PEM bundle of the registry's CA (private TLS)")
 InsecureOpt = typer.Option(False, "--insecure", help="do not verify the registry's TLS certificate (test registries)")
+PlainHttpOpt = typer.Option(False, "--plain-http", help="speak plain HTTP to the registry (a loopback test registry)")
 
 
 def _transfer_bar(p: Progress, verb: str):
@@ -211,24 +212,33 @@ def _transfer_bar(p: Progress, verb: str):
 @app.command()
 def push(image: str = typer.Argument(..., help="local image name[:tag]"),
          target: str = typer.Argument(..., help="REGISTRY/REPO:TAG"),
-         ca: Path | None = CaOpt, insecure: bool = InsecureOpt,
+         ca: Path | None = CaOpt, insecure: bool = InsecureOpt, plain_http: bool = PlainHttpOpt,
          chunk_mb: int = typer.Option(16, "--chunk-mb", help="upload chunk (the most a resumed push re-sends)"),
+         prefetch_only: bool = typer.Option(False, "--prefetch-only", help="publish only the prefetch lists this "
+                                            "root recorded for the image's layers (after a lazy pull and a run)"),
          as_json: bool = typer.Option(False, "--json"), root: str | None = RootOpt):
     """Push an image to an OCI registry: each layer as its EROFS blob plus a chunk index; blobs the
-    registry has are skipped, interrupted uploads resume. Credentials: SHOAL_REGISTRY_USER /
-    SHOAL_REGISTRY_PASSWORD or `docker login` (~/.docker/config.json)."""
+    registry has are skipped, interrupted uploads resume; then the prefetch lists recorded here for
+    its layers. Credentials: SHOAL_REGISTRY_USER / SHOAL_REGISTRY_PASSWORD or `docker login`
+    (~/.docker/config.json)."""
     from .registry import push as push_image
 
     host = _host(root)
     with _progress() as p:
         res = push_image(host.store, image, target, chunk_size=chunk_mb << 20, progress=_transfer_bar(p, "pushing"),
-                         ca=str(ca) if ca else None, insecure=insecure)
+                         ca=str(ca) if ca else None, insecure=insecure, plain_http=plain_http,
+                         prefetch_only=prefetch_only)
     if as_json:
         console.print_json(json.dumps({"target": res.target, "manifest": res.manifest, "bytes_sent": res.bytes_sent,
-                                       "layers": [x.__dict__ for x in res.layers]}))
+                                       "layers": [x.__dict__ for x in res.layers],
+                                       "prefetch_lists": res.prefetch_lists}))
+        return
+    lists = f"; {len(res.prefetch_lists)} prefetch lists published" if res.prefetch_lists else ""
+    if prefetch_only:
+        console.print(f"{image} -> {res.target}: {len(res.prefetch_lists)} prefetch lists published")
         return
     console.print(f"{image} -> {res.target}@{res.manifest}: {res.layers_sent} of {len(res.layers)} layers sent "
-                  f"({_size(res.bytes_sent)})")
+                  f"({_size(res.bytes_sent)}){lists}")
 
 
 @app.command()
@@ -236,24 +246,32 @@ def pull(source: str = typer.Argument(..., help="REGISTRY/REPO:TAG or REGISTRY/R
          as_ref: str | None = typer.Option(None, "--as", help="local image name[:tag] (default: REPO:TAG)"),
          platform: str | None = typer.Option(None, "--platform", help="os/arch or os/arch/variant to take from "
                                                                          "an index (default: this host's)"),
-         ca: Path | None = CaOpt, insecure: bool = InsecureOpt,
+         ca: Path | None = CaOpt, insecure: bool = InsecureOpt, plain_http: bool = PlainHttpOpt,
+         lazy: bool = typer.Option(False, "--lazy", help="do not download Shoal layers: read them on demand from "
+                                   "the registry (ordinary container images are converted eagerly all the same)"),
+         timeout: float = typer.Option(10.0, "--timeout", help="with --lazy: the deadline of each on-demand read, s"),
          as_json: bool = typer.Option(False, "--json"), root: str | None = RootOpt):
-    """Pull an image from an OCI registry: Shoal images fetch only the layers this host lacks;
-    ordinary container images (Docker / OCI, multi-arch) are converted to layers once per diff_id."""
+    """Pull an image from an OCI registry: Shoal images fetch only the layers this host lacks (with
+    --lazy, only their chunk indexes: sandboxes read the rest on demand); ordinary container images
+    (Docker / OCI, multi-arch) are converted to layers once per diff_id."""
     from .registry import pull as pull_image
 
     host = _host(root)
     with _progress() as p:
         res = pull_image(host.store, source, as_ref, platform=platform, progress=_transfer_bar(p, "pulling"),
-                         ca=str(ca) if ca else None, insecure=insecure)
+                         ca=str(ca) if ca else None, insecure=insecure, plain_http=plain_http, lazy=lazy,
+                         timeout_s=timeout)
     if as_json:
         console.print_json(json.dumps({"image": res.image.ref, "layers": list(res.image.layers), "source": res.source,
                                        "kind": res.kind, "fetched": res.fetched, "present": res.present,
-                                       "bytes_fetched": res.bytes_fetched}))
+                                       "lazy": res.lazy, "bytes_fetched": res.bytes_fetched, "note": res.note}))
         return
+    lazy_txt = f"{len(res.lazy)} layers lazy (read on demand); " if lazy and res.kind == "shoal" else ""
     console.print(f"{res.image.ref}: {len(res.image.layers)} layers from {res.source} ({res.kind} image; "
-                  f"{len(res.fetched)} blobs fetched, {_size(res.bytes_fetched)}; "
+                  f"{lazy_txt}{len(res.fetched)} blobs fetched, {_size(res.bytes_fetched)}; "
                   f"{len(res.present)} layers already here)")
+    if res.note:
+        console.print(f"[yellow]note:[/yellow] {res.note}")
 
 
 @app.command()

@@ -1,19 +1,14 @@
 """Fixtures for the lazy-loading tests: a real Range-capable HTTP origin, a fault proxy in front of it,
-a layer built in the session's root and published there, and a SECOND fresh Shoal root that has never
-seen the layer (torn down with its lazy daemon and mounts, even when a test fails)."""
+a layer built in the session's root and published there. Fresh Shoal roots that have never seen the
+layer come from `make_root` (tests/conftest.py: torn down with their lazy daemon and mounts)."""
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import pytest
-from roots import wipe_root
 from servers import FaultProxy, RangeServer
 
-from shoal import Host
-from shoal.lazy import mount as lazy_mount
 from shoal.lazy.publish import publish_to_dir
 
 BIG_MB = 24
@@ -54,30 +49,3 @@ def published(host, base_image, origin_dir, tmp_path_factory):
     return {"layer": info.digest, "busybox": busybox, "big": big,
             "index": publish_to_dir(host.store, info.digest, origin_dir),
             "busybox_index": publish_to_dir(host.store, busybox, origin_dir)}
-
-
-def _teardown(d: Path) -> None:
-    log = d / "lazy/daemon.log"
-    if log.exists():
-        print(f"--- {log}\n" + log.read_text(errors="replace")[-3000:])
-    try:
-        wipe_root(d)  # kills sandboxes, gc (unmounts layers, stops the lazy daemon)
-    finally:
-        for m in (d / "mnt").iterdir() if (d / "mnt").exists() else []:
-            os.system(f"umount -l {m} 2>/dev/null")
-        lazy_mount.stop_daemon(d)
-        shutil.rmtree(d, ignore_errors=True)
-
-
-@pytest.fixture
-def make_root():
-    """make_root() -> a Host on a new, empty Shoal root (all torn down after the test)."""
-    made: list[Path] = []
-
-    def _make() -> Host:
-        made.append(Path(tempfile.mkdtemp(prefix="shoal-lz-", dir="/tmp")))
-        return Host.get(made[-1])
-
-    yield _make
-    for d in made:
-        _teardown(d)

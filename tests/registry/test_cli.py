@@ -40,3 +40,14 @@ def test_cli_push_prints_no_credentials(registry, host, base_image):
     # no --ca: TLS refused, one red line, no traceback
     bad = _shoal("push", base_image, f"{registry.addr}/shoal/cli:1", root=host.settings.root)
     assert bad.returncode == 2 and "not trusted" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_cli_lazy_pull_then_run(registry, lazy_pushed, fresh_host):
+    root = fresh_host.settings.root
+    r = _shoal("pull", "--lazy", f"{registry.addr}/shoal/lazy:1", "--ca", str(registry.ca), "--json", root=root)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout)
+    assert out["kind"] == "shoal" and out["lazy"] == [lazy_pushed["busybox"], lazy_pushed["layer"]]
+    assert fresh_host.store.location(lazy_pushed["layer"]) == "remote"
+    r = _shoal("run", "--in-process", "shoal/lazy:1", "--", "cat", "/data/hello.txt", root=root)
+    assert r.returncode == 0 and r.stdout == "hello, lazily\n", r.stderr[-2000:]

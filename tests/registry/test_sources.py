@@ -17,6 +17,9 @@ def test_open_image_source_tells_roots_from_registries(root, tmp_path):
     assert isinstance(open_image_source("oci://127.0.0.1:5000/fleet"), RegistrySource)
     assert open_image_source("registry.example:5000/fleet").remote("ws/six:1.16") == \
         "registry.example:5000/fleet/ws/six:1.16"
+    lazy = open_image_source("oci://127.0.0.1:5000/fleet?lazy")
+    assert lazy.lazy and lazy.remote("a:1") == "127.0.0.1:5000/fleet/a:1"  # layers read on demand
+    assert not open_image_source("oci://127.0.0.1:5000/fleet").lazy
     with pytest.raises(InvalidArgument):
         open_image_source(tmp_path / "no-such-root")
 

@@ -67,6 +67,8 @@ class LayerFiles:
                     order = prefetch.parse(origin.read(spec["prefetch_key"], 0, size))
                 except ShoalError:
                     order = None
+                if order:  # kept here too: a restarted daemon does not ask again
+                    prefetch.save(self.root, digest, order)
             recorder = None if order else prefetch.Recorder(self.root, digest)
             layer = LazyLayer(index, origin, spec_key(spec), self.cache, recorder)
             self.layers[name] = layer
@@ -127,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     srv.mount()
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     srv.start()  # before anything touches the mount: a stat of it waits for these threads
-    _raise_readahead(lazyfs_dir(root))
+    _raise_readahead(lazyfs_dir(root), int(os.environ.get("SHOAL_LAZY_READAHEAD_KB", "1024")))
     pid_path(root).write_text(f"{os.getpid()}\n")
     log.info("serving lazy layers of %s at %s (pid %d)", root, lazyfs_dir(root), os.getpid())
     srv.wait()

@@ -5,6 +5,7 @@ credential: secrets stay in the environment or the URL given at run time):
 
     {"kind": "http", "url": "http://host:port/base/", "key": "layers/<hex>.erofs", "timeout_s": 10,
      "token_env": "NAME", "prefetch_key": "layers/<hex>.prefetch.json"}
+    {"kind": "registry", "registry": "host:port", "key": "<repo>@sha256:<hex>", ...}  (shoal.registry.origin)
 
 `open_origin(spec)` makes the `Origin`; other kinds (an OCI registry) register a factory with
 `register_origin_kind`.
@@ -134,4 +135,6 @@ def describe_spec(spec: dict[str, Any]) -> str:
     from .http import redact
 
     url = spec.get("url")
+    if spec.get("kind") == "registry":
+        return f"registry:{spec.get('registry', '')}/{spec.get('key', '')}"
     return f"{spec.get('kind')}:{redact(url) if isinstance(url, str) else ''}{spec.get('key', '')}"

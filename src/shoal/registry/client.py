@@ -93,6 +93,9 @@ class RegistryClient:
         self.base = f"{'http' if plain_http else 'https'}://{registry}"
         self.credentials = None if anonymous else (credentials or find_credentials(registry, username, password))
         self.timeout = timeout
+        # how to reach it again (a lazy layer's origin spec records these; never the credentials)
+        self.ca = str(Path(ca).absolute()) if ca else None
+        self.insecure, self.plain_http = insecure, plain_http
         self._http = httpx.Client(verify=_ssl_verify(ca, insecure), timeout=httpx.Timeout(timeout),
                                   follow_redirects=True, trust_env=False,
                                   headers={"User-Agent": "shoal-registry/1"})

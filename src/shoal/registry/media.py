@@ -39,9 +39,15 @@ ANN_LAYER_ENTRIES = "io.shoal.layer.entries"
 ANN_CHUNKS = "io.shoal.layer.chunks"  # on the layer descriptor: the digest of its chunk-index blob
 ANN_TITLE = "org.opencontainers.image.title"
 
+# prefetch lists (shoal.registry.prefetch): an artifact manifest per layer blob, tagged
+# `shoal-prefetch-<hex of the EROFS blob>`, whose one blob is the list
+PREFETCH_MEDIA_TYPE = "application/vnd.shoal.layer.v1.prefetch+json"
+ANN_PREFETCH_BLOB = "io.shoal.prefetch.blob"  # the EROFS blob (sha256) the list's chunk numbers refer to
+OCI_EMPTY = "application/vnd.oci.empty.v1+json"
+
 __all__ = [
     "LAYER_MEDIA_TYPE", "CHUNK_INDEX_MEDIA_TYPE", "SHOAL_CONFIG_MEDIA_TYPE", "OCI_INDEX",
     "OCI_MANIFEST", "OCI_CONFIG", "DOCKER_LIST", "DOCKER_MANIFEST", "DOCKER_CONFIG", "INDEX_TYPES",
     "MANIFEST_TYPES", "ACCEPT_MANIFESTS", "CONTAINER_LAYER_TYPES", "ANN_LAYER", "ANN_LAYER_SIZE",
-    "ANN_LAYER_ENTRIES", "ANN_CHUNKS", "ANN_TITLE",
+    "ANN_LAYER_ENTRIES", "ANN_CHUNKS", "ANN_TITLE", "PREFETCH_MEDIA_TYPE", "ANN_PREFETCH_BLOB", "OCI_EMPTY",
 ]

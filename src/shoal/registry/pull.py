@@ -6,8 +6,17 @@ is streamed to the root's tmp dir, hashed against its descriptor digest and chec
 against its chunk index; only when every blob of the image is good are they installed
 (`LayerStore.add_erofs`, which also re-derives the tree digest) and the image created.
 
+Lazy pulls (`lazy=True`, `shoal pull --lazy`): a Shoal layer the store lacks is not downloaded; its
+chunk index (verified against its digest and checked to describe that very blob) is fetched and the
+layer registered with `LayerStore.add_lazy_layer` and an origin spec of kind "registry"
+(origin.layer_spec: registry, repository, blob and index keys, CA path, insecure / plain-HTTP flags;
+never a credential). The image is usable at once; sandboxes read its chunks on demand through
+RegistryOrigin. Layers already here, local or lazy, are kept as they are.
+
 Ordinary container images (Docker v2 / OCI manifests, or an index of them: the host's platform is
-chosen) are converted layer by layer (convert.py), each once per diff_id."""
+chosen) are converted layer by layer (convert.py), each once per diff_id. Their tar+gzip layers
+cannot be read by offset, so with `lazy=True` they are converted eagerly all the same
+(`PullResult.lazy` stays empty and `note` says so)."""
 from __future__ import annotations
 
 import json
@@ -21,9 +30,10 @@ from typing import Any
 from ..core.errors import CorruptChunk, LayerInUse, RegistryError
 from ..layers.store import ImageInfo, LayerStore
 from ..lazy.chunks import CHUNK_INDEX_MEDIA_TYPE, LAYER_MEDIA_TYPE, ChunkIndex
+from ..lazy.origin import DEFAULT_TIMEOUT_S
 from .client import Manifest, Progress, RegistryClient
 from .convert import cache_key, convert_layer
-from .media import ANN_CHUNKS, ANN_LAYER, INDEX_TYPES, SHOAL_CONFIG_MEDIA_TYPE
+from .media import ANN_CHUNKS, ANN_LAYER, ANN_LAYER_ENTRIES, ANN_LAYER_SIZE, INDEX_TYPES, SHOAL_CONFIG_MEDIA_TYPE
 from .push import host_platform
 from .reference import Reference, parse_reference
 
@@ -38,6 +48,8 @@ class PullResult:
     fetched: list[str] = field(default_factory=list)  # blob digests downloaded
     present: list[str] = field(default_factory=list)  # layers already here (nothing fetched)
     bytes_fetched: int = 0
+    lazy: list[str] = field(default_factory=list)  # layers registered lazily (only their chunk index fetched)
+    note: str = ""
 
 
 @dataclass
@@ -80,12 +92,15 @@ def resolve_manifest(client: RegistryClient, ref: Reference, platform: str | Non
 
 def pull(store: LayerStore, source: str, ref: str | None = None, *, client: RegistryClient | None = None,
          platform: str | None = None, progress: PullProgress | None = None, ca: str | None = None,
-         insecure: bool = False) -> PullResult:
+         insecure: bool = False, plain_http: bool = False, lazy: bool = False,
+         timeout_s: float | None = None) -> PullResult:
     """Pull `source` ("REGISTRY/REPO:TAG" or "...@sha256:...") into `store` as image `ref`
-    (default: the repository path and tag, e.g. library/python:3.11)."""
+    (default: the repository path and tag, e.g. library/python:3.11). `lazy`: register the Shoal
+    layers this host lacks to be read on demand from the registry instead of downloading them;
+    `timeout_s` is then the deadline of each of those reads (default 10 s)."""
     r = parse_reference(source)
     own = client is None
-    cl = client or RegistryClient(r.registry, ca=ca, insecure=insecure)
+    cl = client or RegistryClient(r.registry, ca=ca, insecure=insecure, plain_http=plain_http)
     try:
         m = resolve_manifest(cl, r, platform)
         manifest = m.json()
@@ -96,8 +111,16 @@ def pull(store: LayerStore, source: str, ref: str | None = None, *, client: Regi
         where = f"{r.registry}/{r.repository}@{m.digest}"
         local = ref or r.local_ref()
         if config_desc.get("mediaType") == SHOAL_CONFIG_MEDIA_TYPE:
+            if lazy:
+                conn = {"ca": ca or cl.ca, "insecure": insecure or cl.insecure, "plain_http": cl.plain_http,
+                        "timeout_s": timeout_s if timeout_s is not None else DEFAULT_TIMEOUT_S}
+                return _pull_shoal_lazy(store, cl, r, manifest, config, local, where, progress, conn)
             return _pull_shoal(store, cl, r, manifest, config, local, where, progress)
-        return _pull_container(store, cl, r, manifest, config, local, where, progress)
+        res = _pull_container(store, cl, r, manifest, config, local, where, progress)
+        if lazy:
+            res.note = ("an ordinary container image: its tar layers cannot be read by offset, so they were "
+                        "converted eagerly (only Shoal images, pushed with `shoal push`, load lazily)")
+        return res
     finally:
         if own:
             cl.close()
@@ -152,12 +175,7 @@ def _pull_shoal(store: LayerStore, cl: RegistryClient, r: Reference, manifest: d
             if store.has_layer(layer) or any(s[1] == layer for s in staged):
                 result.present.append(layer)
                 continue
-            idx_digest = (desc.get("annotations") or {}).get(ANN_CHUNKS)
-            if not isinstance(idx_digest, str) or idx_digest not in indexes:
-                raise RegistryError(f"{where}: layer {layer} has no chunk index in the manifest")
-            idx = ChunkIndex.model_validate_json(cl.get_blob(r.repository, idx_digest))
-            if (idx.blob, idx.size, idx.layer) != (desc["digest"], desc.get("size"), layer):
-                raise CorruptChunk(f"{where}: the chunk index of layer {layer} describes another blob")
+            idx, _ = _index_for(cl, r, desc, indexes, where)
             label = f"layer {i + 1}/{len(layers)} {layer.split(':')[1][:12]}"
             tmp = _tmp(store, ".erofs")
             staged.append((tmp, layer, desc["digest"]))
@@ -185,6 +203,54 @@ def _pull_shoal(store: LayerStore, cl: RegistryClient, r: Reference, manifest: d
     cfg = config.get("config") if isinstance(config.get("config"), dict) else {}
     image = store.create_image(local, digests, config=cfg)
     return PullResult(image, where, "shoal", result.fetched, result.present, result.bytes_fetched)
+
+
+def _index_for(cl: RegistryClient, r: Reference, desc: dict, indexes: dict, where: str) -> tuple[ChunkIndex, str]:
+    """A layer descriptor's chunk index (verified against its digest, and describing this very blob)."""
+    ann = desc.get("annotations") or {}
+    layer, idx_digest = ann.get(ANN_LAYER), ann.get(ANN_CHUNKS)
+    if not isinstance(idx_digest, str) or idx_digest not in indexes:
+        raise RegistryError(f"{where}: layer {layer} has no chunk index in the manifest")
+    idx = ChunkIndex.model_validate_json(cl.get_blob(r.repository, idx_digest))
+    if (idx.blob, idx.size, idx.layer) != (desc["digest"], desc.get("size"), layer):
+        raise CorruptChunk(f"{where}: the chunk index of layer {layer} describes another blob")
+    return idx, idx_digest
+
+
+def _pull_shoal_lazy(store: LayerStore, cl: RegistryClient, r: Reference, manifest: dict, config: dict,
+                     local: str, where: str, progress: PullProgress | None, conn: dict) -> PullResult:
+    from .origin import layer_spec
+
+    layers = [d for d in manifest["layers"] if isinstance(d, dict) and d.get("mediaType") == LAYER_MEDIA_TYPE]
+    indexes = {d.get("digest"): d for d in manifest["layers"]
+               if isinstance(d, dict) and d.get("mediaType") == CHUNK_INDEX_MEDIA_TYPE}
+    if not layers:
+        raise RegistryError(f"{where}: a Shoal image without layers")
+    result = PullResult(None, where, "shoal")  # type: ignore[arg-type]  # the image is set below
+    digests: list[str] = []
+    for i, desc in enumerate(layers):
+        ann = desc.get("annotations") or {}
+        layer = ann.get(ANN_LAYER)
+        if not isinstance(layer, str):
+            raise RegistryError(f"{where}: layer {desc.get('digest')} lacks its {ANN_LAYER} annotation")
+        digests.append(layer)
+        if store.has_layer(layer):
+            result.present.append(layer)
+            continue
+        if progress:
+            progress(f"layer {i + 1}/{len(layers)} {layer.split(':')[1][:12]} (lazy: chunk index)", 0, 0)
+        idx, idx_digest = _index_for(cl, r, desc, indexes, where)
+        spec = layer_spec(r.registry, r.repository, desc["digest"], idx_digest, ca=conn["ca"],
+                          insecure=conn["insecure"], plain_http=conn["plain_http"], timeout_s=conn["timeout_s"])
+        store.add_lazy_layer(idx, spec, size=int(ann.get(ANN_LAYER_SIZE, 0) or 0),
+                             entries=int(ann.get(ANN_LAYER_ENTRIES, 0) or 0),
+                             source=f"registry:{r.registry}/{r.repository}@{desc['digest']} (lazy)")
+        result.lazy.append(layer)
+        result.fetched.append(idx_digest)
+        result.bytes_fetched += int(indexes[idx_digest].get("size", 0))
+    cfg = config.get("config") if isinstance(config.get("config"), dict) else {}
+    result.image = store.create_image(local, digests, config=cfg)
+    return result
 
 
 def _env(lines: Any) -> dict[str, str]:

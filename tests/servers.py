@@ -1,12 +1,13 @@
-"""Real HTTP servers for the lazy-loading tests: a static file server with Range support (Python's
-http.server has none) that counts what it serves, and a fault proxy in front of it that the tests
-stop, slow down, or make flip bytes."""
+"""Real HTTP servers for the lazy-loading and registry tests (and bench/lazy.py): a static file server
+with Range support (Python's http.server has none) that counts what it serves, and a fault proxy in
+front of it (or of a registry) that the tests stop, slow down, or make flip bytes."""
 from __future__ import annotations
 
 import base64
 import http.client
 import os
 import re
+import ssl
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -107,19 +108,40 @@ class RangeServer:
         self.server.server_close()
 
 
+_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "upgrade", "host",
+        "content-length"}
+
+
 class FaultProxy:
     """An HTTP/1.0 reverse proxy to `upstream` (one connection per request, so stopping it cuts
-    clients off at once). Modes: `delay` seconds before answering, `corrupt` (flip one byte of each
-    body). `stop()` closes the port (connections refused); `start()` opens it again on the same port."""
+    clients off at once), for GET and HEAD. Modes: `delay` seconds before answering, `corrupt` (flip
+    one byte of each body whose path contains `corrupt_match`). `stop()` closes the port
+    (connections refused); `start()` opens it again on the same port. An upstream that does not
+    answer gets the client a 502. `requests` records (method, path, Range header) of each request.
 
-    def __init__(self, upstream_port: int):
+    TLS: `tls=(cert, key)` serves HTTPS; `upstream_ca` makes it talk HTTPS to the upstream (a
+    registry with a private CA): the proxy sees plaintext, so flipped bytes reach the client's
+    digest check instead of breaking TLS."""
+
+    def __init__(self, upstream_port: int, tls: tuple[Path, Path] | None = None,
+                 upstream_ca: Path | None = None, corrupt_match: str = ""):
         self.upstream_port = upstream_port
+        self.tls, self.upstream_ca, self.corrupt_match = tls, upstream_ca, corrupt_match
         self.delay = 0.0
         self.corrupt = False
         self.port = 0
+        self.requests: list[tuple[str, str, str]] = []
+        self.lock = threading.Lock()
         self.server: _Server | None = None
         self.start()
-        self.url = f"http://127.0.0.1:{self.port}/"
+        self.addr = f"127.0.0.1:{self.port}"
+        self.url = f"{'https' if tls else 'http'}://{self.addr}/"
+
+    def _upstream(self) -> http.client.HTTPConnection:
+        if self.upstream_ca is not None:
+            ctx = ssl.create_default_context(cafile=str(self.upstream_ca))
+            return http.client.HTTPSConnection("127.0.0.1", self.upstream_port, timeout=30, context=ctx)
+        return http.client.HTTPConnection("127.0.0.1", self.upstream_port, timeout=30)
 
     def start(self) -> None:
         outer = self
@@ -137,21 +159,27 @@ class FaultProxy:
                 self._forward()
 
             def _forward(self):
-                conn = http.client.HTTPConnection("127.0.0.1", outer.upstream_port, timeout=30)
-                headers = {k: v for k, v in self.headers.items() if k.lower() in ("range", "authorization")}
-                conn.request(self.command, self.path, headers=headers)
-                r = conn.getresponse()
-                body = r.read()
-                conn.close()
+                with outer.lock:
+                    outer.requests.append((self.command, self.path, self.headers.get("Range", "")))
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
+                try:
+                    conn = outer._upstream()
+                    conn.request(self.command, self.path, headers=headers)
+                    r = conn.getresponse()
+                    body = r.read()
+                    status, rheaders, length = r.status, r.getheaders(), r.getheader("Content-Length")
+                    conn.close()
+                except OSError:
+                    status, rheaders, body, length = 502, [], b"upstream down", None
                 if outer.delay:
                     time.sleep(outer.delay)
-                if outer.corrupt and body:
+                if outer.corrupt and body and outer.corrupt_match in self.path:
                     body = bytes([body[0] ^ 0xFF]) + body[1:]
-                self.send_response(r.status)
-                for k, v in r.getheaders():
-                    if k.lower() not in ("connection", "keep-alive", "content-length"):
+                self.send_response(status)
+                for k, v in rheaders:
+                    if k.lower() not in _HOP:
                         self.send_header(k, v)
-                self.send_header("Content-Length", r.getheader("Content-Length") or str(len(body)))
+                self.send_header("Content-Length", length or str(len(body)))
                 self.end_headers()
                 try:
                     self.wfile.write(body if self.command == "GET" else b"")
@@ -159,8 +187,16 @@ class FaultProxy:
                     pass
 
         self.server = _Server(("127.0.0.1", self.port), H)
+        if self.tls is not None:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(str(self.tls[0]), str(self.tls[1]))
+            self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
         self.port = self.server.server_address[1]
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def gets(self, path_part: str = "") -> list[tuple[str, str, str]]:
+        with self.lock:
+            return [r for r in self.requests if r[0] == "GET" and path_part in r[1]]
 
     def stop(self) -> None:
         if self.server is not None:
