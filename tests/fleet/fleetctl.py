@@ -168,6 +168,13 @@ class Fleet:
                 h.proc.wait()
         h.proc = None
 
+    def ensure_hosts(self) -> None:
+        """Every host's shoald running (a test may have killed one and failed before restarting it)."""
+        for h in self.hosts:
+            if h.proc is None or h.proc.poll() is not None:
+                self.restore(h)
+                self.start_host(h)
+
     def host_of(self, sandbox_id: str) -> FleetHost:
         tag = sandbox_id.split("-")[1]
         return next(h for h in self.hosts if h.name == tag)
