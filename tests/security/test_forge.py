@@ -29,7 +29,7 @@ def test_no_unix_socket_reaches_the_host_or_another_sandbox(daemon, root, base_i
             if backend_kind != "gvisor":  # a gVisor sandbox has no init socket; runsc's are among `extra`
                 targets["own control socket"] = host_for(sb).backend("container").sock_path(sb.id)
             if backend_kind == "fleet":  # the shoald of the fleet host it runs on
-                targets["its host's shoald"] = str(host_for(sb).root / "shoald.sock")
+                targets["its host's shoald"] = str(host_for(sb).settings.root / "shoald.sock")
             # every target is live: from the host each one accepts a connection
             for kind, path in targets.items():
                 stype = socket.SOCK_STREAM if "shoald" in kind else socket.SOCK_SEQPACKET
