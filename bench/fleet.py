@@ -141,7 +141,7 @@ def overhead(fleet, key: str, runs: int, n_exec: int, n_create: int) -> dict:
 
 
 # ------------------------------------------------------------------------------------- 2. placements
-def _client(urls: list[str], key: str, ca: str, seconds: float, threads: int, q) -> None:
+def _client(urls: list[str], keys: list[str], ca: str, seconds: float, threads: int, q) -> None:
     os.environ["SHOAL_CA_CERT"] = ca
     from shoal.backends.http import HttpBackend
 
@@ -151,7 +151,7 @@ def _client(urls: list[str], key: str, ca: str, seconds: float, threads: int, q)
     lock = threading.Lock()
 
     def one(i: int) -> None:
-        be = HttpBackend(urls[i % len(urls)], key)
+        be = HttpBackend(urls[i % len(urls)], keys[i % len(keys)])
         cr = CreateRequest(image=IMAGE, memory_mb=16, disk_mb=16, cpu=0.01)
         try:
             while time.monotonic() < stop:
@@ -173,7 +173,7 @@ def _client(urls: list[str], key: str, ca: str, seconds: float, threads: int, q)
     q.put((lat, errs))
 
 
-def placements(pg, seconds: float, runs: int, procs: int, threads: int, gateways: int) -> dict:
+def placements(pg, seconds: float, runs: int, procs: int, threads: int, gateways: int, tenants: int = 8) -> dict:
     from fleetctl import build_fleet
 
     fleet = build_fleet(pg, serve_cmd=[sys.executable, str(HERE / "fleet_nullhost.py")],
@@ -181,8 +181,9 @@ def placements(pg, seconds: float, runs: int, procs: int, threads: int, gateways
                                     "256"], n_gateways=gateways)
     try:
         os.environ["SHOAL_CA_CERT"] = str(fleet.fleet_dir / "ca.pem")
-        key = fleet.tenant(f"place-{uuid.uuid4().hex[:6]}", sandboxes=10_000_000, cpu=1e9, memory_mb=1e12,
-                           disk_mb=1e12)
+        # several tenants: one tenant's creates serialize on its row lock (its quota check), by design
+        keys = [fleet.tenant(f"place-{k}-{uuid.uuid4().hex[:6]}", sandboxes=10_000_000, cpu=1e9, memory_mb=1e12,
+                             disk_mb=1e12) for k in range(tenants)]
         urls = [g.url for g in fleet.gateways]
         rows = []
         for r in range(runs):
@@ -191,8 +192,8 @@ def placements(pg, seconds: float, runs: int, procs: int, threads: int, gateways
             c0 = (sum(cpu_s(p) for p in gw_pids), pg_cpu(pg), sum(cpu_s(p) for p in host_pids))
             ctx = mp.get_context("spawn")
             q = ctx.Queue()
-            ps = [ctx.Process(target=_client, args=(urls, key, str(fleet.fleet_dir / "ca.pem"), seconds, threads, q))
-                  for _ in range(procs)]
+            ps = [ctx.Process(target=_client, args=(urls, keys[j::procs] or keys, str(fleet.fleet_dir / "ca.pem"), seconds, threads, q))
+                  for j in range(procs)]
             t0 = time.monotonic()
             for p in ps:
                 p.start()
@@ -223,6 +224,7 @@ def placements(pg, seconds: float, runs: int, procs: int, threads: int, gateways
     per_s = [r["per_s"] for r in rows]
     cpu = {k: spread([r["cpu_ms_per_placement"][k] for r in rows]) for k in ("gateways", "postgres", "hosts")}
     return {"client_processes": procs, "threads_per_process": threads, "gateways": gateways, "hosts": 3,
+            "tenants": tenants,
             "backend": "null (bench/fleet_nullhost.py: real shoald, no sandbox started)",
             "per_s": spread(per_s, 1), "p50_ms": spread([r["p50_ms"] for r in rows], 2),
             "p99_ms": spread([r["p99_ms"] for r in rows], 2), "cpu_ms_per_placement": cpu,
@@ -340,6 +342,7 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=60)
     ap.add_argument("--kill-runs", type=int, default=3)
     ap.add_argument("--out", default=str(RESULTS / "fleet.json"))
+    ap.add_argument("--only-placements", action="store_true", help="just part 2 (printed, nothing written)")
     a = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench/fleet.py needs root (network namespaces, sandboxes)")
@@ -357,6 +360,12 @@ def main() -> None:
                  "postgres": "Debian's PostgreSQL, private instance, fsync=off synchronous_commit=off (as tests)",
                  "lease_s": LEASE_S}
     pg = PgServer()
+    if a.only_placements:
+        try:
+            console.print(placements(pg, a.place_s, a.runs, a.clients, a.threads, gateways=2))
+        finally:
+            pg.close()
+        return
     try:
         console.print("[bold]1. gateway overhead, 2. dead host[/]  (real fleet)")
         fleet = build_fleet(pg)

@@ -80,6 +80,7 @@ class NullBackend(LocalBackend):
         raise E.BackendUnavailable("the null backend runs no process (bench/fleet_nullhost.py)")
 
     launch = upper_dir = root_files = exec = start = open_session = _none  # type: ignore[assignment]
+    pause = resume = set_ttl = get_network = set_network = _none  # type: ignore[assignment]
 
 
 LOCAL_BACKENDS.clear()  # gVisor too: this host has one backend, the null one
