@@ -25,7 +25,6 @@ import asyncio
 import json
 import multiprocessing as mp
 import os
-import random
 import signal
 import statistics
 import sys
@@ -192,7 +191,8 @@ def placements(pg, seconds: float, runs: int, procs: int, threads: int, gateways
             c0 = (sum(cpu_s(p) for p in gw_pids), pg_cpu(pg), sum(cpu_s(p) for p in host_pids))
             ctx = mp.get_context("spawn")
             q = ctx.Queue()
-            ps = [ctx.Process(target=_client, args=(urls, keys[j::procs] or keys, str(fleet.fleet_dir / "ca.pem"), seconds, threads, q))
+            ca = str(fleet.fleet_dir / "ca.pem")
+            ps = [ctx.Process(target=_client, args=(urls, keys[j::procs] or keys, ca, seconds, threads, q))
                   for j in range(procs)]
             t0 = time.monotonic()
             for p in ps:
@@ -422,10 +422,10 @@ def rows(res: dict) -> list[list[str]]:
     return [
         ["exec p50, host direct → via gateway (ms)",
          f"{sp(o['exec']['direct'], '.1f')} → {sp(o['exec']['gateway'], '.1f')}", "", ""],
-        ["gateway added per exec, p50 (ms)", sp(o["exec"]["added"], ".1f"), "≤ 3", yes(g["exec_added_p50_ms<=3"])],
+        ["gateway added per exec, p50 (ms)", sp(o["exec"]["added"], ".2f"), "≤ 3", yes(g["exec_added_p50_ms<=3"])],
         ["create p50, host direct → via gateway (ms)",
          f"{sp(o['create']['direct'], '.1f')} → {sp(o['create']['gateway'], '.1f')}", "", ""],
-        ["gateway added per create, p50 (ms)", sp(o["create"]["added"], ".1f"), "≤ 3",
+        ["gateway added per create, p50 (ms)", sp(o["create"]["added"], ".2f"), "≤ 3",
          yes(g["create_added_p50_ms<=3"])],
         ["placements/s, 2 gateways + PostgreSQL, null hosts", sp(p["per_s"], ".0f"), "≥ 2,000",
          yes(g["placements_per_s>=2000"])],

@@ -18,9 +18,9 @@ pytestmark = pytest.mark.slow
 
 def test_start_fleet_on_a_ray_cluster(postgres, shoal_init_built):
     ray = pytest.importorskip("ray")
+    from fleetctl import seed_root
     from ray.cluster_utils import Cluster
 
-    from fleetctl import seed_root
     from shoal.fleet.ray import start_fleet
 
     dsn = postgres.new_database()

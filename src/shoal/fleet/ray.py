@@ -127,7 +127,8 @@ class HostActor(_Child):
                      "--join", dsn, "--advertise", advertise, "--domain", domain, "--lease", str(lease_s),
                      "--tls-cert", str(tls / "host.pem"), "--tls-key", str(tls / "host.key"),
                      "--client-ca", str(tls / "ca.pem"), *serve_args], env)
-        return {**self.where(), "address": advertise, "domain": domain, "child_pid": self.proc.pid}  # type: ignore[union-attr]
+        assert self.proc is not None
+        return {**self.where(), "address": advertise, "domain": domain, "child_pid": self.proc.pid}
 
     def status(self) -> dict:
         return {"alive": self.alive(), "log": "" if self.alive() else self.tail()}
