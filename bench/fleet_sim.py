@@ -199,7 +199,8 @@ def table_rows(res: dict) -> list[list[str]]:
              f"{p['hosts_for_rate']} for 5,000 creates/s)"],
             ["gateway replicas (one core each, 60% busy)", f"{p['gateway_replicas']}"],
             ["PostgreSQL writes/s", f"{p['pg_writes_total_per_s']:,} (directory "
-             f"{w['directory (reserve, confirm, end)']:,.0f}, trajectory log {w['trajectory log']:,.0f}, heartbeats {w['heartbeats']:,.0f}, queue "
+             f"{w['directory (reserve, confirm, end)']:,.0f}, trajectory log {w['trajectory log']:,.0f}, "
+             f"heartbeats {w['heartbeats']:,.0f}, queue "
              f"{w['episode queue (claim, heartbeat, finish)']:,.0f})"],
             ["PostgreSQL CPU at 5,000 placements/s", f"{p['pg_cpu_util_at_peak'] * 100:.0f}% of the assumed server"]]
     for t, s in sims.items():
