@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 VENV  := .venv
 PY    := $(VENV)/bin/python
-APT_PKGS := erofs-utils busybox-static gcc libc6-dev debootstrap nftables iproute2 openssl runsc
+APT_PKGS := erofs-utils busybox-static gcc libc6-dev debootstrap nftables iproute2 openssl runsc docker-registry postgresql
 STAMP := $(VENV)/.installed
 
 .PHONY: setup system-deps daemon demo demo-platform test test-vm bench repro clean docker-engine
@@ -23,6 +23,8 @@ system-deps:
 	command -v ip >/dev/null || missing="$$missing iproute2"; \
 	command -v openssl >/dev/null || missing="$$missing openssl"; \
 	command -v runsc >/dev/null || missing="$$missing runsc"; \
+	[ -x /usr/bin/docker-registry ] || missing="$$missing docker-registry"; \
+	ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || missing="$$missing postgresql"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \

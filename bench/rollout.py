@@ -121,7 +121,7 @@ def rollout(root: Path, tasks, episodes: int, workers: int, concurrency: int, ki
     ro.submit(tasks, {"kind": "random", "seed": 1}, prefix="random")
     total = ro.counts()["total"]
     t0 = time.time()
-    ro.start_workers(workers, root=root, concurrency=concurrency, log_dir=work)
+    ro.start_workers(workers, url="local", root=root, concurrency=concurrency, log_dir=work)
     killed = None
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -139,7 +139,7 @@ def rollout(root: Path, tasks, episodes: int, workers: int, concurrency: int, ki
                 os.kill(victim.pid, signal.SIGKILL)
                 victim.wait()
                 killed = {"at_done": done, "at_s": round(time.time() - t0, 1), "pid": victim.pid}
-                ro.start_workers(1, root=root, concurrency=concurrency, log_dir=work)
+                ro.start_workers(1, url="local", root=root, concurrency=concurrency, log_dir=work)
             if c["queued"] + c["running"] == 0:
                 break
             time.sleep(0.5)

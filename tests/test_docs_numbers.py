@@ -220,7 +220,9 @@ TABLES: dict[str, tuple[str, Callable[[dict], list[list[str]]]]] = {
     "burst-tests-ratios": ("bench/results/burst-tests.json", burst_ratio_rows),
     "api": ("bench/results/api.json", api_rows),
     "rollout": ("bench/results/rollout.json", rollout_rows),
+    "fleet": ("bench/results/fleet.json", _bench_renderer("fleet", "rows")),
     "training": ("docs/results/opd_repro.json", training_rows),
+    "lazy": ("bench/results/lazy.json", _bench_renderer("lazy", "readme_rows")),
 }
 
 
@@ -278,12 +280,19 @@ def prose_training(j: dict) -> list[str]:
             f"{len(c['selectors'])} selectors × {sum(b < 1 for b in c['budgets'])} budgets × {len(c['seeds'])} seeds"]
 
 
+def prose_lazy(j: dict) -> list[str]:
+    h = j["host"]
+    return [f"1-minute load average {h['loadavg_1m_before']:.1f} before, {h['loadavg_1m_after']:.1f} after",
+            f"{j['config']['runs']} runs", f"{j['wall_s'] / 60:.1f} min"]
+
+
 PROSE: dict[str, tuple[str, Callable[[dict], list[str]]]] = {
     "burst-snapshot": ("bench/results/burst.json", prose_burst),
     "flood": ("bench/results/flood.json", prose_flood),
     "fuzz": ("bench/results/fuzz.json", prose_fuzz),
     "rollout-timings": ("bench/results/rollout.json", prose_rollout),
     "training": ("docs/results/opd_repro.json", prose_training),
+    "lazy": ("bench/results/lazy.json", prose_lazy),
 }
 
 
@@ -441,3 +450,13 @@ if __name__ == "__main__":  # print a table's rows to paste into README.md, or -
         for row in fn(load(src)):
             print("| " + " | ".join(row) + " |")
         print()
+
+
+def test_scale_doc_table_matches_the_simulation():
+    """docs/scale.md's result table is bench/fleet_sim.py's table_rows over bench/results/fleet_sim.json."""
+    rows = _bench_module("fleet_sim").table_rows(load("bench/results/fleet_sim.json"))
+    doc = (REPO / "docs" / "scale.md").read_text().splitlines()
+    for label, value in rows:
+        line = next((ln for ln in doc if ln.startswith(f"| {label} |")), None)
+        assert line is not None, f"docs/scale.md has no row {label!r}"
+        assert numbers(line.split("|")[2]) == numbers(value), (line, value)

@@ -1,4 +1,4 @@
-"""`shoal` command line: layers, images, sandboxes, gc."""
+"""`shoal` command line: layers, images, registries (push/pull), sandboxes, gc."""
 from __future__ import annotations
 
 import json
@@ -31,6 +31,10 @@ env_app = typer.Typer(help="Ready-made environments: Debian base, Python toolcha
 app.add_typer(env_app, name="env")
 traj_app = typer.Typer(help="Trajectory logs: what ran where, when, by which episode; replay.", no_args_is_help=True)
 app.add_typer(traj_app, name="traj")
+tasks_app = typer.Typer(help="Task suites: make their images ready on this host for rollouts.", no_args_is_help=True)
+app.add_typer(tasks_app, name="tasks")
+fleet_app = typer.Typer(help="A fleet: its CA and certificates, its hosts (docs/fleet.md).", no_args_is_help=True)
+app.add_typer(fleet_app, name="fleet")
 console = Console()
 err_console = Console(stderr=True)
 
@@ -155,10 +159,12 @@ def image_create(ref: str | None = typer.Argument(None, help="name[:tag]"),
 
 @image_app.command("ls")
 def image_ls(root: str | None = RootOpt):
-    """List images."""
-    t = Table("IMAGE", "LAYERS (bottom -> top)", "CREATED")
-    for img in _host(root).store.list_images():
+    """List images; WHERE says, per layer, local / cached / partial / remote (lazy layers)."""
+    t = Table("IMAGE", "LAYERS (bottom -> top)", "WHERE", "CREATED")
+    store = _host(root).store
+    for img in store.list_images():
         t.add_row(img.ref, " ".join(d.split(":")[1][:12] for d in img.layers),
+                  " ".join(store.location(d) for d in img.layers),
                   time.strftime("%F %T", time.localtime(img.created)))
     console.print(t)
 
@@ -185,6 +191,87 @@ def image_rm(ref: str, root: str | None = RootOpt):
     """Remove an image (its layers stay until `shoal gc` or `shoal layer rm`)."""
     _host(root).store.remove_image(ref)
     console.print(f"removed {ref}")
+
+
+# ------------------------------------------------------------------------------------------ registries
+CaOpt = typer.Option(None, "--ca", envvar="SHOAL_REGISTRY_CA", help="PEM bundle of the registry's CA (private TLS)")
+InsecureOpt = typer.Option(False, "--insecure", help="do not verify the registry's TLS certificate (test registries)")
+PlainHttpOpt = typer.Option(False, "--plain-http", help="speak plain HTTP to the registry (a loopback test registry)")
+
+
+def _transfer_bar(p: Progress, verb: str):
+    """A rich bar fed by push/pull progress callbacks: (what, bytes done, bytes total)."""
+    task = p.add_task(verb, total=None)
+
+    def update(what: str, done: int, total: int) -> None:
+        p.update(task, description=f"{verb} {what}", completed=done, total=total or None)
+
+    return update
+
+
+@app.command()
+def push(image: str = typer.Argument(..., help="local image name[:tag]"),
+         target: str = typer.Argument(..., help="REGISTRY/REPO:TAG"),
+         ca: Path | None = CaOpt, insecure: bool = InsecureOpt, plain_http: bool = PlainHttpOpt,
+         chunk_mb: int = typer.Option(16, "--chunk-mb", help="upload chunk (the most a resumed push re-sends)"),
+         prefetch_only: bool = typer.Option(False, "--prefetch-only", help="publish only the prefetch lists this "
+                                            "root recorded for the image's layers (after a lazy pull and a run)"),
+         as_json: bool = typer.Option(False, "--json"), root: str | None = RootOpt):
+    """Push an image to an OCI registry: each layer as its EROFS blob plus a chunk index; blobs the
+    registry has are skipped, interrupted uploads resume; then the prefetch lists recorded here for
+    its layers. Credentials: SHOAL_REGISTRY_USER / SHOAL_REGISTRY_PASSWORD or `docker login`
+    (~/.docker/config.json)."""
+    from .registry import push as push_image
+
+    host = _host(root)
+    with _progress() as p:
+        res = push_image(host.store, image, target, chunk_size=chunk_mb << 20, progress=_transfer_bar(p, "pushing"),
+                         ca=str(ca) if ca else None, insecure=insecure, plain_http=plain_http,
+                         prefetch_only=prefetch_only)
+    if as_json:
+        console.print_json(json.dumps({"target": res.target, "manifest": res.manifest, "bytes_sent": res.bytes_sent,
+                                       "layers": [x.__dict__ for x in res.layers],
+                                       "prefetch_lists": res.prefetch_lists}))
+        return
+    lists = f"; {len(res.prefetch_lists)} prefetch lists published" if res.prefetch_lists else ""
+    if prefetch_only:
+        console.print(f"{image} -> {res.target}: {len(res.prefetch_lists)} prefetch lists published")
+        return
+    console.print(f"{image} -> {res.target}@{res.manifest}: {res.layers_sent} of {len(res.layers)} layers sent "
+                  f"({_size(res.bytes_sent)}){lists}")
+
+
+@app.command()
+def pull(source: str = typer.Argument(..., help="REGISTRY/REPO:TAG or REGISTRY/REPO@sha256:..."),
+         as_ref: str | None = typer.Option(None, "--as", help="local image name[:tag] (default: REPO:TAG)"),
+         platform: str | None = typer.Option(None, "--platform", help="os/arch or os/arch/variant to take from "
+                                                                         "an index (default: this host's)"),
+         ca: Path | None = CaOpt, insecure: bool = InsecureOpt, plain_http: bool = PlainHttpOpt,
+         lazy: bool = typer.Option(False, "--lazy", help="do not download Shoal layers: read them on demand from "
+                                   "the registry (ordinary container images are converted eagerly all the same)"),
+         timeout: float = typer.Option(10.0, "--timeout", help="with --lazy: the deadline of each on-demand read, s"),
+         as_json: bool = typer.Option(False, "--json"), root: str | None = RootOpt):
+    """Pull an image from an OCI registry: Shoal images fetch only the layers this host lacks (with
+    --lazy, only their chunk indexes: sandboxes read the rest on demand); ordinary container images
+    (Docker / OCI, multi-arch) are converted to layers once per diff_id."""
+    from .registry import pull as pull_image
+
+    host = _host(root)
+    with _progress() as p:
+        res = pull_image(host.store, source, as_ref, platform=platform, progress=_transfer_bar(p, "pulling"),
+                         ca=str(ca) if ca else None, insecure=insecure, plain_http=plain_http, lazy=lazy,
+                         timeout_s=timeout)
+    if as_json:
+        console.print_json(json.dumps({"image": res.image.ref, "layers": list(res.image.layers), "source": res.source,
+                                       "kind": res.kind, "fetched": res.fetched, "present": res.present,
+                                       "lazy": res.lazy, "bytes_fetched": res.bytes_fetched, "note": res.note}))
+        return
+    lazy_txt = f"{len(res.lazy)} layers lazy (read on demand); " if lazy and res.kind == "shoal" else ""
+    console.print(f"{res.image.ref}: {len(res.image.layers)} layers from {res.source} ({res.kind} image; "
+                  f"{lazy_txt}{len(res.fetched)} blobs fetched, {_size(res.bytes_fetched)}; "
+                  f"{len(res.present)} layers already here)")
+    if res.note:
+        console.print(f"[yellow]note:[/yellow] {res.note}")
 
 
 @app.command()
@@ -251,6 +338,31 @@ def env_workspaces(verify: bool = typer.Option(False, "--verify", help="run each
     console.print(t)
     if failed:
         raise typer.Exit(1)
+
+
+@tasks_app.command("prepare")
+def tasks_prepare(suite: Path | None = typer.Option(None, "--suite", help="suite JSONL (default: bundled)"),
+                  only: list[str] | None = typer.Option(None, "--only", help="task id (repeatable)"),
+                  root: str | None = RootOpt):
+    """Build every image a suite's episodes and graders start from, in this host's store (as root,
+    once; cached). Rollout workers then run as normal users, through shoald."""
+    from .tasks.swe import load_suite
+    from .tasks.swe.suite import prepare_suite
+
+    tasks = [t for t in load_suite(suite) if not only or t.instance_id in only]
+    if only and len(tasks) != len(set(only)):
+        missing = sorted(set(only) - {t.instance_id for t in tasks})
+        raise typer.BadParameter(f"no such task in the suite: {', '.join(missing)}", param_hint="--only")
+    host = _host(root)
+    t0 = time.perf_counter()
+    with _progress() as p:
+        bar = p.add_task("python base", total=None)
+
+        def step(what: str, i: int, n: int) -> None:
+            p.update(bar, description=what, completed=i, total=n)
+
+        prepare_suite(host, tasks, step)
+    console.print(f"{len(tasks)} tasks ready in {host.settings.root} ({time.perf_counter() - t0:.1f} s)")
 
 
 # ------------------------------------------------------------------------------------------ sandboxes
@@ -368,15 +480,82 @@ def serve(socket: Path | None = typer.Option(None, "--socket", envvar="SHOAL_SOC
           max_starting: int = typer.Option(32, "--max-starting", help="cap on sandboxes being created at once"),
           creates_per_s: float = typer.Option(200.0, "--creates-per-s", help="creation rate limit"),
           log_level: str = typer.Option("warning", "--log-level"),
+          join: str | None = typer.Option(None, "--join", envvar="SHOAL_FLEET_DB",
+                                          help="join a fleet: its PostgreSQL URL (postgresql://...)"),
+          advertise: str | None = typer.Option(None, "--advertise",
+                                               help="with --join: the URL gateways reach this host at "
+                                                    "(https://HOST:PORT; also where --tcp listens by default)"),
+          domain: str = typer.Option("", "--domain", help="with --join: this host's failure domain (rack, zone)"),
+          client_ca: Path | None = typer.Option(None, "--client-ca",
+                                                help="with --join: the fleet CA (ca.pem); only its gateways may call"),
+          lease: float = typer.Option(10.0, "--lease", help="with --join: seconds a heartbeat keeps this host alive"),
           root: str | None = RootOpt):
     """Run shoald, the host daemon (as root): HTTP API on a Unix socket for the `shoal` group (and
-    optionally TCP+TLS). Root on the socket is the admin; other group members are tenants by uid."""
+    optionally TCP+TLS). Root on the socket is the admin; other group members are tenants by uid.
+    With --join it is also a fleet host: registered in the fleet's database, serving its gateways."""
     from .server.admission import AdmissionConfig
+    from .server.server import FleetJoin
     from .server.server import serve as run
 
+    fleet = None
+    if join:
+        if not (advertise and client_ca):
+            raise ShoalError("--join needs --advertise https://HOST:PORT and --client-ca (the fleet's ca.pem)")
+        fleet = FleetJoin(dsn=join, advertise=advertise, client_ca=str(client_ca), domain=domain, lease_s=lease)
     run(root, socket, tcp, str(tls_cert) if tls_cert else None, str(tls_key) if tls_key else None,
         AdmissionConfig(max_sandboxes=max_sandboxes, max_starting=max_starting, creates_per_s=creates_per_s),
-        log_level=log_level, group=group)
+        log_level=log_level, group=group, fleet=fleet)
+
+
+@app.command()
+def gateway(db: str = typer.Option(..., "--db", envvar="SHOAL_FLEET_DB", help="the fleet's PostgreSQL URL"),
+            listen: str = typer.Option("127.0.0.1:8080", "--listen", help="HOST:PORT"),
+            fleet_dir: Path | None = typer.Option(None, "--fleet-dir", envvar="SHOAL_FLEET_DIR",
+                                                  help="from `shoal fleet init`: CA, gateway certificate, admin key"),
+            tls_cert: Path | None = typer.Option(None, "--tls-cert", help="the gateway's own server certificate"),
+            tls_key: Path | None = typer.Option(None, "--tls-key"),
+            log_level: str = typer.Option("warning", "--log-level")):
+    """Run a fleet gateway: the same /v1 API as shoald, over every host of the fleet. Stateless: run
+    as many replicas as you like against one database."""
+    from .fleet.gateway import serve_gateway
+
+    serve_gateway(db, listen, str(fleet_dir) if fleet_dir else None, str(tls_cert) if tls_cert else None,
+                  str(tls_key) if tls_key else None, log_level=log_level)
+
+
+@fleet_app.command("init")
+def fleet_init(directory: Path = typer.Option(..., "--dir", help="where the CA and the gateway's files go"),
+               force: bool = typer.Option(False, "--force", help="replace an existing CA")):
+    """A new fleet CA, the gateways' client certificate and the fleet admin key (keys 0600)."""
+    from .fleet.pki import init_fleet
+
+    files = init_fleet(directory, force=force)
+    console.print(f"fleet CA {files.ca_cert}; gateway certificate {files.gateway_cert}; admin key {files.admin_key}")
+
+
+@fleet_app.command("cert")
+def fleet_cert(name: str = typer.Argument(..., help="the host's name (its certificate's CN and file names)"),
+               directory: Path = typer.Option(..., "--dir", help="the fleet directory (`shoal fleet init`)"),
+               san: list[str] = typer.Option(..., "--san", help="a DNS name or IP address gateways use for it"),
+               out: Path = typer.Option(..., "--out", help="directory for NAME.pem and NAME.key")):
+    """Issue a server certificate (a host's, or a gateway's client-facing one) from the fleet CA."""
+    from .fleet.pki import issue_server_cert
+
+    cert, key = issue_server_cert(directory, name, san, out)
+    console.print(f"{cert} {key}")
+
+
+@fleet_app.command("hosts")
+def fleet_hosts(db: str = typer.Option(..., "--db", envvar="SHOAL_FLEET_DB")):
+    """The fleet's hosts: address, failure domain, state, lease left, load."""
+    from .fleet.directory import Directory
+    from .fleet.schema import open_db
+
+    t = Table("HOST", "ADDRESS", "DOMAIN", "STATE", "LEASE LEFT", "SANDBOXES", "REASON")
+    for h in Directory(open_db(db)).hosts():
+        t.add_row(h["id"], h["address"], h["domain"], h["state"], f"{h['lease_left_s']:.1f} s",
+                  f"{h['load'].get('sandboxes', 0)}/{h['capacity'].get('sandboxes', 0)}", h["reason"] or "")
+    console.print(t)
 
 
 def _admin_client(root: str | None):

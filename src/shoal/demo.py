@@ -134,17 +134,9 @@ def _benchmarks(root: Path, host: Host) -> None:
 
 
 def swe_demo() -> None:
-    import asyncio
-    import json
-
-    from .envs.debian import ensure_python_base
-    from .envs.workspaces import CATALOG, build_workspace
-    from .rollout.episode import run_episode
-    from .rollout.policy import make_policy
-    from .rollout.runner import Rollout, resolve_table, write_jsonl, write_parquet
+    from .server.ensure import serving
     from .tasks.swe import load_suite
-    from .tasks.swe.suite import summary
-    from .trajlog import TrajectoryLog
+    from .tasks.swe.suite import prepare_suite, summary
 
     root = Path(os.environ.get("SHOAL_DEMO_ROOT", "/var/lib/shoal-bench"))
     console.print(Panel.fit(f"Shoal demo: SWE tasks with executable rewards, through the agent loop\n"
@@ -153,13 +145,10 @@ def swe_demo() -> None:
     tasks = load_suite()
     s = summary(tasks)
     t0 = time.perf_counter()
-    with console.status("building the Debian base and the Python toolchain (first run only) ..."):
-        ensure_python_base(host)
-    for spec in CATALOG:
-        if spec.name in s["by_repo"]:
-            with console.status(f"workspace {spec.image} ..."):
-                build_workspace(host, spec)
-    console.print(f"environments ready in {time.perf_counter() - t0:.1f} s")
+    # the operator's step (root, in-process): every image the episodes and graders start from
+    with console.status("building the Debian base, the Python toolchain and the workspaces (first run only) ...") as st:
+        prepare_suite(host, tasks, lambda what, i, n: st.update(f"preparing {what} ({i}/{n}) ..."))
+    console.print(f"environments and task images ready in {time.perf_counter() - t0:.1f} s")
     tab = Table(title=f"bundled suite: {s['tasks']} tasks over {s['repos']} repos (SWE-smith-style injected bugs, "
                       f"each validated)")
     tab.add_column("repo")
@@ -176,11 +165,28 @@ def swe_demo() -> None:
                          "api_key": os.environ.get("SHOAL_LLM_API_KEY")})
         console.print(f"real model: {policies[-1]['model']} at {policies[-1]['url']}")
     work = Path(tempfile.mkdtemp(prefix="shoal-swe-demo-"))
+    with serving(root, work / "shoald.sock", work / "shoald.log") as url:
+        swe_rollout(tasks, policies, work, url)
+
+
+def swe_rollout(tasks: list, policies: list[dict], work: Path, url: str) -> None:
+    """The rollout half of the SWE demo: workers are clients of the shoald at `url` (they would run
+    as any user in the `shoal` group), as is the fast-forward at the end."""
+    import asyncio
+    import json
+
+    from .backends import open_backend
+    from .rollout.episode import run_episode
+    from .rollout.policy import make_policy
+    from .rollout.runner import Rollout, resolve_table, write_jsonl, write_parquet
+    from .trajlog import TrajectoryLog
+
     ro = Rollout(work / "rollout.db")
     for p in policies:
         ro.submit(tasks, p, prefix=p["kind"])
     workers = int(os.environ.get("SHOAL_DEMO_WORKERS", "2"))
-    ro.start_workers(workers, root=root, concurrency=2, log_dir=work)
+    ro.start_workers(workers, url=url, concurrency=2, log_dir=work)
+    console.print(f"{workers} rollout workers, clients of shoald at {url}")
     t0 = time.perf_counter()
     try:
         counts = ro.wait(title=f"episodes on {workers} workers")
@@ -215,8 +221,8 @@ def swe_demo() -> None:
     first = next(r for r in recs if r["policy"] == "oracle")
     task = next(t for t in tasks if t.instance_id == first["instance_id"])
     t0 = time.perf_counter()
-    again = asyncio.run(run_episode(task, make_policy({"kind": "oracle"}, task), TrajectoryLog(ro.log_path), host,
-                                    first["episode_id"]))
+    again = asyncio.run(run_episode(task, make_policy({"kind": "oracle"}, task), TrajectoryLog(ro.log_path),
+                                    open_backend(url), first["episode_id"]))
     console.print(Panel.fit(
         f"episode {first['episode_id']} ({task.instance_id}) run again from the trajectory log in "
         f"{time.perf_counter() - t0:.2f} s (live: {first['timings']['wall_s']:.2f} s)\n"

@@ -33,6 +33,7 @@ from .core.contract import (
     ForkFailure,
     ForkReply,
     ForkRequest,
+    ImageSummary,
     Limits,
     NetworkPolicy,
     NetworkRequest,
@@ -325,8 +326,21 @@ class Host(SandboxBackend):
         self.backend()
         return self.store.remove_layer(ref, live=self.live_layers())
 
+    def images(self) -> list[ImageSummary]:
+        return local_images(self.store)
+
+    @property
+    def address(self) -> str:
+        return f"local:{self.settings.root}"
+
     def list(self) -> list[SandboxInfo]:
         return [info for be in self.backends() for info in be.list()]
+
+
+def local_images(store: LayerStore) -> list[ImageSummary]:
+    """Every image of a local store (in-process callers are the host's operator: all are theirs)."""
+    return [ImageSummary(ref=i.ref, layers=list(i.layers), created=i.created, config=i.config)
+            for i in store.list_images()]
 
 
 def snapshot_image(snap: str) -> str:

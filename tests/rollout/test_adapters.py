@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_gym_env_oracle_and_null(root, few_tasks, tmp_path):
-    env = ShoalSWEEnv(few_tasks, root=str(root), log_path=tmp_path / "g.db", max_steps=5)
+    env = ShoalSWEEnv(few_tasks, url="local", root=str(root), log_path=tmp_path / "g.db", max_steps=5)
     task = few_tasks[2]
     obs, info = env.reset(seed=0, options={"instance_id": task.instance_id})
     assert obs == task.problem_statement and info["sandbox"] and env.observation_space.contains(obs)
@@ -40,7 +40,7 @@ def test_gym_env_oracle_and_null(root, few_tasks, tmp_path):
 
 
 def test_gym_env_passes_gymnasium_check_env(root, few_tasks, tmp_path):
-    env = ShoalSWEEnv(few_tasks[:2], root=str(root), log_path=tmp_path / "c.db", max_steps=5)
+    env = ShoalSWEEnv(few_tasks[:2], url="local", root=str(root), log_path=tmp_path / "c.db", max_steps=5)
     try:
         check_env(env, skip_render_check=True)  # steps with sampled (random text) actions too
     finally:
@@ -80,7 +80,8 @@ class OracleServer:
 def test_verl_shaped_agent_loop(root, few_tasks, tmp_path):
     task = few_tasks[0]
     server = OracleServer(task.patch)
-    loop = ShoalSWEAgentLoop(None, server, CharTokenizer(), tasks=few_tasks, root=str(root), log_path=tmp_path / "v.db")
+    loop = ShoalSWEAgentLoop(None, server, CharTokenizer(), tasks=few_tasks, url="local", root=str(root),
+                             log_path=tmp_path / "v.db")
     out = asyncio.run(loop.run({"temperature": 1.0}, instance_id=task.instance_id))
     assert out.reward_score == 1.0 and out.num_turns == 3
     assert len(out.response_ids) == len(out.response_mask) and set(out.response_mask) == {0, 1}

@@ -76,12 +76,12 @@ def test_long_outage_pauses_the_episode_then_it_resumes(server, root, few_tasks,
         asyncio.run(pol.complete(pol.request([{"role": "user", "content": "x"}])))
     ro = Rollout(tmp_path / "rollout.db")
     ro.submit(few_tasks[:2], {"kind": "chat", "url": url, "model": "oracle", "retries": 1, "backoff_s": 0.05})
-    ro.start_workers(1, root=root, suite=suite, log_dir=tmp_path)
+    ro.start_workers(1, url="local", root=root, suite=suite, log_dir=tmp_path)
     counts = ro.wait(progress=False, timeout=120)
     assert counts["paused"] == 2 and counts["failed"] == 0 and counts["done"] == 0
     httpx.post(f"{url}/admin/outage", json={"seconds": 0})
     assert ro.queue.resume_paused() == 2
-    ro.start_workers(1, root=root, suite=suite, log_dir=tmp_path)
+    ro.start_workers(1, url="local", root=root, suite=suite, log_dir=tmp_path)
     counts = ro.wait(progress=False, timeout=120)
     assert counts["done"] == 2 and all(r["resolved"] for r in ro.records())
 

@@ -1,4 +1,5 @@
-"""The episode queue's state machine and the host-wide creation-rate limiter (no sandboxes)."""
+"""The episode queue's state machine, on both stores (SQLite, PostgreSQL), and the host-wide
+creation-rate limiter (no sandboxes)."""
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -7,12 +8,20 @@ import time
 import pytest
 
 from shoal.core.errors import InvalidArgument
-from shoal.rollout.queue import EpisodeQueue
+from shoal.rollout.queue import EpisodeQueue, open_queue
 from shoal.rollout.ratelimit import HostRateLimiter
 
 
-def test_leases_attempts_pause_and_resume(tmp_path):
-    q = EpisodeQueue(tmp_path / "q.db", max_attempts=2)
+@pytest.fixture(params=["sqlite", "postgres"])
+def where(request, tmp_path) -> str:
+    """Where a queue lives: an SQLite file, or a fresh PostgreSQL database."""
+    if request.param == "sqlite":
+        return str(tmp_path / "q.db")
+    return request.getfixturevalue("pg_dsn")
+
+
+def test_leases_attempts_pause_and_resume(where):
+    q: EpisodeQueue = open_queue(where, max_attempts=2)
     (eid,) = q.submit(["t1"], {"kind": "null"})
     c = q.claim("w1", "n1", lease_s=0.2)
     assert (c.id, c.attempts, c.resumed) == (eid, 1, False)
@@ -34,6 +43,39 @@ def test_leases_attempts_pause_and_resume(tmp_path):
     assert q.records() == [{"reward": 1.0, "x": [1]}] and q.counts()["reward"] == 1.0
     with pytest.raises(InvalidArgument):
         q.submit([], {"kind": "null"})
+
+
+def _claim_all(where: str, worker: str, out) -> None:
+    q = open_queue(where)
+    while (c := q.claim(worker, "n1", lease_s=60)) is not None:
+        out.append((c.id, worker))
+        assert q.finish(c.id, worker, {"reward": 1.0, "by": worker})
+
+
+def test_concurrent_workers_claim_each_episode_exactly_once(where):
+    q = open_queue(where)
+    ids = q.submit([f"t{i}" for i in range(50)], {"kind": "null"}, repeats=4)
+    with mp.Manager() as m:
+        got = m.list()
+        procs = [mp.Process(target=_claim_all, args=(where, f"w{i}", got)) for i in range(4)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(120)
+        claims = list(got)
+    assert sorted(eid for eid, _ in claims) == sorted(ids)  # each claimed once, none lost
+    assert len({w for _, w in claims}) > 1  # really concurrent: more than one worker got work
+    assert q.counts()["done"] == 200 and q.pending() == 0
+    assert [r["by"] for r in q.records()] == [dict(claims)[eid] for eid in ids]  # in submission order
+
+
+def test_claim_prefers_local_images_then_age(where):
+    q = open_queue(where)
+    a = q.submit(["a"], {"kind": "null"}, images={"a": "img/a:1"})
+    b = q.submit(["b"], {"kind": "null"}, images={"b": "img/b:1"})
+    assert q.claim("w", "n", prefer_images={"img/b:1"}).id == b[0]
+    assert q.claim("w", "n", prefer_images={"img/zzz:1"}).id == a[0]
+    assert q.claim("w", "n") is None
 
 
 def _reserve(path, n, out):

@@ -12,7 +12,7 @@ import pytest
 from roots import wipe_root
 
 from shoal import Host
-from shoal.rollout.queue import EpisodeQueue
+from shoal.rollout.queue import open_queue
 from shoal.rollout.runner import Rollout
 from shoal.tasks.swe.suite import save_suite
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_claim_prefers_episodes_whose_layers_the_node_has(tmp_path):
-    q = EpisodeQueue(tmp_path / "q.db")
+    q = open_queue(tmp_path / "q.db")
     q.submit(["a", "b", "c"], {"kind": "null"}, images={"a": "swe/a:task", "b": "swe/b:task", "c": "swe/c:task"})
     assert q.claim("w1", "n1", prefer_images={"swe/c:task"}).task_id == "c"
     assert q.claim("w1", "n1", prefer_images={"swe/zzz:task"}).task_id == "a"  # none local: oldest first
@@ -68,7 +68,7 @@ def test_node_loss_mid_run_resumes_elsewhere(tmp_path, root, few_tasks, node_roo
     try:
         nodes = [cluster.add_node(num_cpus=1, resources={f"shoal-node-{i}": 1}) for i in (1, 2)]
         cluster.wait_for_nodes()
-        specs = [NodeSpec(f"shoal-node-{i}", str(r)) for i, r in zip((1, 2), node_roots)]
+        specs = [NodeSpec(f"shoal-node-{i}", url="local", root=str(r)) for i, r in zip((1, 2), node_roots)]
         actors = start_actors(str(ro.db), specs, suite=str(suite), concurrency=2, pull_from=str(root), lease_s=3.0)
         where = ray.get([a.where.remote() for a in actors], timeout=120)
         assert {w["ray_node"] for w in where} == {n.node_id for n in nodes}

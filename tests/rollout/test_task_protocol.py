@@ -113,7 +113,7 @@ def test_episode_loop_runs_a_non_swe_task(host, base_image, tmp_path):
 
 
 def test_gymnasium_check_env_passes(root, base_image, tmp_path):
-    env = ShoalEnv([WordTask(base_image)], root=str(root), log_path=tmp_path / "g.db", max_steps=5)
+    env = ShoalEnv([WordTask(base_image)], url="local", root=str(root), log_path=tmp_path / "g.db", max_steps=5)
     try:
         check_env(env, skip_render_check=True)
     finally:
@@ -121,7 +121,7 @@ def test_gymnasium_check_env_passes(root, base_image, tmp_path):
 
 
 def test_malformed_actions_are_observations_and_count_as_steps(root, base_image, tmp_path):
-    env = ShoalEnv([WordTask(base_image)], root=str(root), log_path=tmp_path / "g.db", max_steps=3)
+    env = ShoalEnv([WordTask(base_image)], url="local", root=str(root), log_path=tmp_path / "g.db", max_steps=3)
     try:
         obs, info = env.reset(seed=1)
         assert obs.startswith("Write the word") and info["tools"] == ShellTools.specs

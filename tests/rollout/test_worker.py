@@ -43,7 +43,7 @@ def test_worker_killed_mid_command_resumes_exactly_once(tmp_path, root, few_task
               ["shell", {"command": "git apply /tmp/fix.patch"}],
               ["shell", {"command": "cat /work/counter"}]]
     (eid,) = ro.submit([task], {"kind": "script", "actions": script})
-    w1 = ro.start_workers(1, root=root, suite=suite_file, extra=["--lease", "2"], log_dir=tmp_path)[0]
+    w1 = ro.start_workers(1, url="local", root=root, suite=suite_file, extra=["--lease", "2"], log_dir=tmp_path)[0]
     stream = f"{eid}/sandbox"
     deadline = time.time() + 60
     while time.time() < deadline:
@@ -55,7 +55,7 @@ def test_worker_killed_mid_command_resumes_exactly_once(tmp_path, root, few_task
         pytest.fail(f"the worker never got to the sleep: {(tmp_path / 'worker-0.log').read_text()[-2000:]}")
     os.kill(w1.pid, signal.SIGKILL)
     w1.wait()
-    ro.start_workers(1, root=root, suite=suite_file, extra=["--lease", "2"], log_dir=tmp_path)
+    ro.start_workers(1, url="local", root=root, suite=suite_file, extra=["--lease", "2"], log_dir=tmp_path)
     counts = ro.wait(progress=False, timeout=120)
     assert counts["done"] == 1 and counts["failed"] == 0
     (rec,) = ro.records()
@@ -78,7 +78,7 @@ _TRAINER = textwrap.dedent("""
     ro = Rollout(db)
     ro.submit(tasks, {"kind": "oracle"})
     ro.submit(tasks, {"kind": "null"})
-    ro.start_workers(2, root=root, suite=suite)
+    ro.start_workers(2, url="local", root=root, suite=suite)
     print("started", flush=True)
     time.sleep(600)
 """)

@@ -138,7 +138,11 @@ def peers(root, base_image):
             assert r.returncode == 0, f"{step} as {user}: {r.stderr[-3000:]}"
             return json.loads(r.stdout.strip().splitlines()[-1])
 
-        yield {"a": a, "b": b, "c": c, "as_user": as_user, "sock": sock, "image": base_image}
+        def run_as(user: str, argv: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
+            return subprocess.run([*_setpriv(user), python, *argv], env=env, capture_output=True, text=True,
+                                  timeout=timeout, cwd="/tmp")
+
+        yield {"a": a, "b": b, "c": c, "as_user": as_user, "run_as": run_as, "sock": sock, "image": base_image}
     finally:
         proc.terminate()
         proc.wait(20)
@@ -186,3 +190,33 @@ def test_group_member_runs_the_sdk_without_root(peers):
 def test_user_outside_the_group_cannot_connect(peers):
     assert peers["as_user"](peers["c"], "connect")["connect"] == "PermissionError"
     assert peers["as_user"](peers["a"], "connect")["connect"] == "connected"
+
+
+def test_group_member_runs_rollout_workers_without_root(peers, host, few_tasks):
+    """The operator prepares the task images once (root); a rollout worker then runs as a normal user,
+    every sandbox (the agent's and the grader's) through shoald, and grades as it would in-process."""
+    from shoal.rollout.runner import Rollout
+    from shoal.tasks.swe.suite import save_suite
+
+    task = few_tasks[0]
+    task.prepare(host)
+    user = peers["b"]
+    pw = pwd.getpwnam(user)
+    work = Path(tempfile.mkdtemp(prefix="shoal-rollout-", dir="/tmp"))
+    try:
+        suite = save_suite([task], work / "suite.jsonl")
+        ro = Rollout(work / "rollout.db")
+        oracle = ro.submit([task], {"kind": "oracle"}, prefix="oracle")
+        null = ro.submit([task], {"kind": "null"}, prefix="null")
+        for p in [work, *work.iterdir()]:  # the user's run directory, as a trainer's would be
+            os.chown(p, pw.pw_uid, pw.pw_gid)
+        r = peers["run_as"](user, ["-m", "shoal.rollout.worker", "--db", str(ro.db), "--suite", str(suite),
+                                   "--url", f"unix://{peers['sock']}", "--concurrency", "2"])
+        assert r.returncode == 0, r.stderr[-3000:]
+        recs = {x["episode_id"]: x for x in ro.records()}
+        assert ro.counts()["done"] == 2 and ro.counts()["failed"] == 0, (ro.counts(), r.stderr[-3000:])
+        assert recs[oracle[0]]["resolved"] and recs[oracle[0]]["reward"] == 1.0
+        assert not recs[null[0]]["resolved"] and recs[null[0]]["reward"] == 0.0
+        assert recs[oracle[0]]["report"]["f2p_passed"]  # graded by the trusted runner, through the daemon
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

@@ -20,10 +20,12 @@ from packaging.utils import canonicalize_name
 
 REPO = Path(__file__).resolve().parents[2]
 SRC = REPO / "src"
-HEAVY = {"torch", "ray", "gymnasium", "pyarrow", "transformers", "trl"}
+HEAVY = {"torch", "ray", "gymnasium", "pyarrow", "transformers", "trl", "psycopg", "cryptography"}
 # modules that are the extras' and may need them; everything else must import without
 EXTRA_MODULES = {"shoal.train": "shoal[train]", "shoal.rollout.adapters": "shoal[rollout]",
-                 "shoal.rollout.distributed": "shoal[rollout]"}
+                 "shoal.rollout.distributed": "shoal[rollout]", "shoal.core.postgres": "shoal[rollout]",
+                 "shoal.rollout.queue_pg": "shoal[rollout]", "shoal.trajlog.store_pg": "shoal[rollout]",
+                 "shoal.fleet": "shoal[fleet]"}
 
 
 def _source_copy(tmp_path: Path) -> Path:
@@ -86,11 +88,12 @@ def test_plain_install_pulls_no_torch_ray_or_gymnasium(tmp_path):
     assert {canonicalize_name(r.name) for r in base} >= {"pydantic", "fastapi", "uvicorn", "httpx", "typer"}
     pulled = _closure(base)
     assert not pulled & HEAVY, f"a plain install pulls {sorted(pulled & HEAVY)}"
-    assert {"ray", "gymnasium", "pyarrow"} <= _in(reqs, "rollout")
+    assert {"ray", "gymnasium", "pyarrow", "psycopg"} <= _in(reqs, "rollout")
     assert {"torch", "transformers", "trl"} <= _in(reqs, "train")
     # the test extra is the project with both extras, plus the test tools
     assert {tuple(sorted(r.extras)) for r in reqs if canonicalize_name(r.name) == "shoal"
-            and r.marker.evaluate({"extra": "test"})} == {("rollout", "train")}
+            and r.marker.evaluate({"extra": "test"})} == {("fleet", "rollout", "train")}
+    assert {"psycopg", "cryptography"} <= _in(reqs, "fleet")
 
 
 _BLOCKER = """

@@ -17,6 +17,7 @@ from ..core.contract import (
     FileEntry,
     ForkReply,
     ForkRequest,
+    ImageSummary,
     Limits,
     SandboxBackend,
     SandboxInfo,
@@ -43,6 +44,13 @@ class LocalBackend(SandboxBackend):
     def create(self, req: CreateRequest) -> SandboxInfo:
         spec, lower_dirs = self.host.prepare(req)
         return self.launch(spec, lower_dirs)
+
+    def images(self) -> list[ImageSummary]:
+        return self.host.images()
+
+    @property
+    def address(self) -> str:
+        return f"{self.host.address}/{self.name}"
 
     @abc.abstractmethod
     def launch(self, spec: SandboxSpec, lower_dirs: list[Path]) -> SandboxInfo:

@@ -16,7 +16,7 @@ import abc
 import enum
 import math
 from collections.abc import Callable
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -131,6 +131,7 @@ class SandboxState(enum.StrEnum):
     RUNNING = "running"
     PAUSED = "paused"
     DEAD = "dead"
+    LOST = "lost"  # a fleet's directory: its host stopped heartbeating (see docs/fleet.md)
 
 
 class SandboxInfo(BaseModel):
@@ -386,6 +387,17 @@ class SessionHandle(abc.ABC):
         self.close()
 
 
+# ------------------------------------------------------------------------------------ images
+class ImageSummary(BaseModel):
+    """An image a caller may start sandboxes from: its own, or a shared one (owner null)."""
+
+    ref: str = Field(description="name:tag")
+    layers: list[str] = Field(description="layer digests, bottom -> top")
+    created: float
+    config: dict[str, Any] = Field(default_factory=dict)
+    owner: str | None = Field(None, description="the tenant that made it; null = shared by the host")
+
+
 # ------------------------------------------------------------------------------------ the contract
 class SandboxBackend(abc.ABC):
     """Everything a sandbox can do. Sandbox ids are strings unique within a fleet (they carry the
@@ -475,7 +487,18 @@ class SandboxBackend(abc.ABC):
     def set_network(self, sandbox_id: str, req: NetworkRequest) -> NetworkPolicy:
         """Replace the egress allow rules; with no rules the sandbox has no egress."""
 
+    # ---------------------------------------------------------------- images
+    @abc.abstractmethod
+    def images(self) -> list[ImageSummary]:
+        """The images this caller may start sandboxes from (its own and the shared ones)."""
+
     # ---------------------------------------------------------------- resources
+    @property
+    def address(self) -> str:
+        """Where this backend's sandboxes live, named the same from any process (a daemon's URL,
+        `local:<root>`): a sandbox id recorded with it can be looked up again through it."""
+        return self.name
+
     def close(self) -> None:
         """Release what this backend object holds (connections); sandboxes keep running."""
         return None  # a local backend holds nothing that outlives the process

@@ -40,8 +40,22 @@ class SandboxNotFound(ShoalError, LookupError):
     pass
 
 
+class SandboxLost(SandboxNotFound):
+    """The sandbox's host stopped answering the fleet (its lease ran out) or was cut off from it:
+    the fleet's directory marks the sandbox LOST, with the reason, and it is never served again
+    (the host kills it when it comes back). A SandboxNotFound, so cleanup code that tolerates a
+    gone sandbox tolerates a lost one."""
+
+
 class SandboxError(ShoalError):
     """The sandbox could not be created or an operation on it failed."""
+
+
+class HostUnavailable(SandboxError):
+    """A fleet gateway could not reach the host that holds a sandbox (it may be restarting, or
+    about to be declared lost); the call may be retried."""
+
+    retryable = True
 
 
 class CommandTimeout(ShoalError, TimeoutError):
@@ -108,6 +122,29 @@ class LLMUnavailable(ShoalError):
     retryable = True
 
 
+class OriginUnavailable(ShoalError):
+    """A registry or blob origin did not answer in time, refused, or failed; the read may be retried."""
+
+    retryable = True
+
+
+class CorruptChunk(ShoalError):
+    """Bytes from an origin do not match their published digest; they were not kept."""
+
+    retryable = True
+
+
+class RegistryError(ShoalError):
+    """An OCI registry answered with an error (auth, unknown repository or manifest, bad request)."""
+
+
+class DatabaseUnavailable(ShoalError):
+    """The shared state database (PostgreSQL) did not answer, or the connection broke mid-statement:
+    that statement happened once or not at all. Retry after a pause."""
+
+    retryable = True
+
+
 class InternalError(ShoalError):
     """A bug on the serving side (logged there with its traceback)."""
 
@@ -117,11 +154,15 @@ class InternalError(ShoalError):
 # class. Only ShoalError subclasses defined here can be named, so a body cannot make a client
 # instantiate anything else.
 _HTTP_STATUS: list[tuple[tuple[type[ShoalError], ...], int]] = [
+    ((SandboxLost,), 410),
+    ((HostUnavailable,), 503),
     ((SandboxNotFound, ImageNotFound, LayerNotFound, TenantNotFound), 404),
     ((QuotaExceeded, PoolExhausted), 429),
     ((LayerInUse,), 409),
     ((CommandTimeout,), 408),
     ((BackendUnavailable,), 501),
+    ((OriginUnavailable, CorruptChunk, RegistryError), 502),
+    ((DatabaseUnavailable,), 503),
     ((InvalidArgument, CorruptArchive, FileOpError, SessionClosed), 400),
     ((Unauthorized,), 401),
 ]

@@ -9,6 +9,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 
+def is_postgres_url(where: str | os.PathLike) -> bool:
+    """Whether a state location (queue, log) names a PostgreSQL database rather than an SQLite file."""
+    return isinstance(where, str) and where.startswith(("postgresql://", "postgres://"))
+
+
 class PerThreadDB:
     """One WAL connection per thread (and per process after a fork): sqlite3 connections must not be
     shared across threads mid-transaction, and never across a fork."""

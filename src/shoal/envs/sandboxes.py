@@ -1,7 +1,8 @@
-"""Sandboxes that operator tools (image builds, task generation, grading) open on this host, in-process.
+"""Opening a sandbox on any backend as an SDK `Sandbox`, from the loose keywords that task and
+image-building code passes around (cpu=, memory_mb=, ttl=, env=, ...).
 
-These tools run as root next to the layer store, so they talk to the `Host` directly rather than
-through shoald. This is the one place where they turn a host create into an SDK `Sandbox`.
+Operator tools (image builds, task generation) pass the `Host` (in-process, root); rollouts pass
+whatever backend they run on, shoald by default.
 """
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ..core.contract import CreateRequest
+from ..core.contract import CreateRequest, SandboxBackend
 from ..core.errors import InvalidArgument
-from ..host import Host, describe
+from ..host import describe
 from ..sdk.sandbox import Sandbox
 
 
@@ -23,13 +24,13 @@ def create_request(image: str | None, layers: list[str] | None = None, **fields:
         raise InvalidArgument(describe(e)) from None
 
 
-def open_sandbox(host: Host, image: str | None, layers: list[str] | None = None, **fields: Any) -> Sandbox:
-    """A new sandbox of `image` + `layers` on `host` (fields: cpu, memory_mb, ttl, env, ... as in
-    CreateRequest), as an SDK object bound to the host."""
-    info = host.create(create_request(image, layers, **fields))
-    return Sandbox(host, info)
+def open_sandbox(backend: SandboxBackend, image: str | None, layers: list[str] | None = None,
+                 **fields: Any) -> Sandbox:
+    """A new sandbox of `image` + `layers` on `backend` (fields: cpu, memory_mb, ttl, env, ... as in
+    CreateRequest), as an SDK object bound to it."""
+    return Sandbox(backend, backend.create(create_request(image, layers, **fields)))
 
 
-def attach(host: Host, sandbox_id: str) -> Sandbox:
-    """An existing sandbox on `host` as an SDK object (SandboxNotFound if it is gone)."""
-    return Sandbox(host, host.info(sandbox_id))
+def attach(backend: SandboxBackend, sandbox_id: str) -> Sandbox:
+    """An existing sandbox on `backend` as an SDK object (SandboxNotFound if it is gone)."""
+    return Sandbox(backend, backend.info(sandbox_id))

@@ -3,6 +3,9 @@
 On disk, under the Shoal root:
     layers/<hex>.erofs    one EROFS image per layer, named by its content digest
     mnt/<hex>/            where that image is mounted, once per host, shared by all sandboxes
+    lazy layers           registered with a chunk index and an origin instead of an image file
+                          (`add_lazy_layer`): mounted from `lazyfs/<hex>.erofs`, read on demand
+                          through the chunk cache `chunks/` (shoal.lazy, docs/lazy-loading.md)
     shoal.db              SQLite (WAL): layer metadata, layer names, images and their layer lists
 """
 from __future__ import annotations
@@ -22,11 +25,12 @@ from collections.abc import Set as AbstractSet
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Protocol
 
 from ..config import Settings
 from ..core.errors import BadDigest, CorruptArchive, ImageNotFound, InvalidArgument, LayerInUse, LayerNotFound
 from ..core.sqlite import transaction
+from ..lazy.chunks import ChunkIndex
 from . import archive, erofs
 from .digest import tree_digest
 from .fold import fold_trees
@@ -46,6 +50,8 @@ CREATE TABLE IF NOT EXISTS images (
     PRIMARY KEY (name, tag));
 CREATE TABLE IF NOT EXISTS build_cache (
     key TEXT PRIMARY KEY, digest TEXT NOT NULL, step TEXT NOT NULL, created REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS lazy_layers (
+    digest TEXT PRIMARY KEY, origin TEXT NOT NULL, chunk_index TEXT NOT NULL, created REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS image_layers (
     name TEXT NOT NULL, tag TEXT NOT NULL, position INTEGER NOT NULL, digest TEXT NOT NULL,
     PRIMARY KEY (name, tag, position));
@@ -90,6 +96,14 @@ def split_ref(ref: str) -> tuple[str, str]:
     if not _NAME_RE.match(name) or not re.match(r"^[A-Za-z0-9_.-]{1,128}$", tag):
         raise InvalidArgument(f"invalid image reference {ref!r}: expected NAME[:TAG] with lowercase name")
     return name, tag
+
+
+class ImageSource(Protocol):
+    """Where a host gets images it lacks: another host's store (a shared filesystem) or a registry
+    (shoal.registry.source.RegistrySource). ImageNotFound when the source has no such image."""
+
+    def pull_into(self, store: LayerStore, ref: str) -> ImageInfo:
+        ...
 
 
 class LayerStore:
@@ -177,8 +191,12 @@ class LayerStore:
             shutil.rmtree(d, ignore_errors=True)
 
     def build_from_tar(self, stream: IO[bytes] | None = None, path: str | os.PathLike | None = None,
-                       source: str | None = None, name: str | None = None) -> LayerInfo:
-        """Build a layer from a tar stream or file (gzip/bz2/xz accepted; OCI whiteouts translated)."""
+                       source: str | None = None, name: str | None = None,
+                       check: Callable[[], None] | None = None) -> LayerInfo:
+        """Build a layer from a tar stream or file (gzip/bz2/xz accepted; OCI whiteouts translated).
+
+        `check` runs after extraction and before anything is stored: a caller that hashes the stream
+        as it is read (a registry pull checking a diff_id) raises there, and no layer is created."""
         if stream is None and path is None:
             raise InvalidArgument("build_from_tar needs a stream or a path")
         if path is not None and not Path(path).is_file():
@@ -187,7 +205,68 @@ class LayerStore:
             root = d / "root"
             root.mkdir()
             archive.extract_layer_tar(stream, root, Path(path) if path else None)
+            if check is not None:
+                check()
             return self.build_from_dir(root, source=source or (f"tar:{path}" if path else "tar:stream"), name=name)
+
+    def has_layer(self, digest: str) -> bool:
+        """Whether the layer's row and its EROFS image are both here (a pull skips such layers)."""
+        return bool(self._query("SELECT 1 FROM layers WHERE digest=?", [digest])) and self.image_path(digest).exists()
+
+    def add_erofs(self, path: str | os.PathLike, digest: str, source: str, verify: bool = True,
+                  size: int | None = None, entries: int | None = None) -> LayerInfo:
+        """Install a ready EROFS image (e.g. a blob pulled from a registry) as layer `digest`.
+
+        The file is moved in when it lives under the root's tmp dir, copied otherwise. With `verify`
+        (the default) the image is mounted once and its tree digest recomputed: a blob whose
+        annotation names another tree is refused with BadDigest and nothing is stored. Without it,
+        the caller vouches for `digest` and must give `size` and `entries` (the layer's metadata)."""
+        if not _DIGEST_RE.match(digest):
+            raise BadDigest(f"bad layer digest {digest!r}: expected sha256:<64 hex>")
+        if self.has_layer(digest):
+            return self.get(digest)
+        src = Path(path)
+        if not src.is_file():
+            raise InvalidArgument(f"EROFS image {src} does not exist")
+        tmp = Path(tempfile.mkstemp(dir=self.settings.tmp_dir, suffix=".erofs")[1])
+        try:
+            if src.parent.resolve() == self.settings.tmp_dir.resolve():
+                os.replace(src, tmp)
+            else:
+                shutil.copyfile(src, tmp)
+            if verify:
+                size, entries = self._verify_erofs(tmp, digest)
+            elif size is None or entries is None:
+                raise InvalidArgument("add_erofs without verify needs the layer's size and entries")
+            os.chmod(tmp, 0o444)
+            image_bytes = tmp.stat().st_size
+            os.replace(tmp, self.image_path(digest))
+        finally:
+            tmp.unlink(missing_ok=True)
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO layers VALUES (?,?,?,?,?,?)",
+                       (digest, size, image_bytes, entries, time.time(), source))
+        return self.get(digest)
+
+    def _verify_erofs(self, image: Path, digest: str) -> tuple[int, int]:
+        """Mount `image` privately, recompute its tree digest; (size, entries) if it is `digest`."""
+        with self._scratch() as d:
+            mnt = d / "mnt"
+            mnt.mkdir()
+            try:
+                erofs.mount_image(image, mnt)
+            except PermissionError:
+                raise InvalidArgument(f"installing layer {digest} mounts it to check its tree: that needs root "
+                                      "(pulling into a host's store is the operator's step)") from None
+            except OSError as e:
+                raise BadDigest(f"layer {digest}: the image is not a mountable EROFS image ({e})") from e
+            try:
+                got, size, entries = tree_digest(mnt)
+            finally:
+                erofs.unmount(mnt)
+        if got != digest:
+            raise BadDigest(f"layer image holds tree {got}, not {digest}: refused")
+        return size, entries
 
     def pull_image(self, source: LayerStore, ref: str) -> ImageInfo:
         """Copy an image and the layers it lacks from another store (another host's root: a shared
@@ -200,6 +279,10 @@ class LayerStore:
             row = source._query("SELECT * FROM layers WHERE digest=?", [digest])
             if not row:
                 raise LayerNotFound(f"layer {digest} of {ref} is missing from {source.settings.root}")
+            lazy = source.lazy_layer(digest)
+            if lazy is not None and not source.image_path(digest).exists():
+                self.add_lazy_layer(lazy[0], lazy[1], size=row[0][1], entries=row[0][3], source=row[0][5])
+                continue
             tmp = self.settings.tmp_dir / f"pull-{digest.split(':', 1)[1]}-{os.getpid()}"
             try:
                 os.link(source.image_path(digest), tmp)
@@ -209,6 +292,54 @@ class LayerStore:
             with self._tx() as db:
                 db.execute("INSERT OR REPLACE INTO layers VALUES (?,?,?,?,?,?)", row[0])
         return self.create_image(ref, list(info.layers), config=info.config)
+
+    def pull_into(self, store: LayerStore, ref: str) -> ImageInfo:
+        """This store as an ImageSource: copy image `ref` into `store` (see pull_image)."""
+        return store.pull_image(self, ref)
+
+    def add_lazy_layer(self, index: ChunkIndex, origin: dict, size: int = 0, entries: int = 0,
+                       source: str | None = None, name: str | None = None) -> LayerInfo:
+        """Register layer `index.layer` whose EROFS image stays at `origin` (an origin spec, see
+        shoal.lazy.layer): it is usable in images at once and read on demand when mounted. `size` and
+        `entries` describe its tree when known. A layer already here (local or lazy) is kept."""
+        from ..lazy.layer import describe_spec, spec_key
+
+        digest = index.layer
+        if not _DIGEST_RE.match(digest):
+            raise BadDigest(f"bad layer digest {digest!r} in the chunk index")
+        spec_key(origin)
+        if "token" in origin or "password" in origin:
+            raise InvalidArgument("an origin spec names credentials (token_env), it never holds them")
+        with self._tx() as db:
+            db.execute("INSERT OR IGNORE INTO layers VALUES (?,?,?,?,?,?)",
+                       (digest, size, index.size, entries, time.time(), source or f"lazy:{describe_spec(origin)}"))
+            db.execute("INSERT OR REPLACE INTO lazy_layers VALUES (?,?,?,?)",
+                       (digest, json.dumps(origin), index.model_dump_json(), time.time()))
+        if name:
+            self.tag_layer(name, digest)
+        return self.get(digest)
+
+    def lazy_layer(self, digest: str) -> tuple[ChunkIndex, dict] | None:
+        """(chunk index, origin spec) of a lazy layer, None for a layer that is not lazy."""
+        rows = self._query("SELECT chunk_index, origin FROM lazy_layers WHERE digest=?", [digest])
+        if not rows:
+            return None
+        return ChunkIndex.model_validate_json(rows[0][0]), json.loads(rows[0][1])
+
+    def lazy_digests(self) -> list[str]:
+        return [r[0] for r in self._query("SELECT digest FROM lazy_layers ORDER BY created")]
+
+    def location(self, digest: str) -> str:
+        """Where a layer's bytes are: "local" (its image file), "cached" (lazy, every chunk in the
+        chunk cache), "partial" (lazy, some chunks cached) or "remote" (lazy, none cached)."""
+        if self.image_path(digest).exists():
+            return "local"
+        rec = self.lazy_layer(digest)
+        if rec is None:
+            return "missing"
+        cache_dir = self.settings.root / "chunks"
+        have = sum(1 for c in set(rec[0].chunks) if (cache_dir / c[:2] / c).exists())
+        return "cached" if have == len(set(rec[0].chunks)) else "partial" if have else "remote"
 
     def import_archive(self, path: str | os.PathLike, ref: str | None = None,
                        progress: Callable[[int, int], None] | None = None) -> ImageInfo:
@@ -334,6 +465,7 @@ class LayerStore:
             with self._tx() as db:
                 db.execute("DELETE FROM layer_names WHERE digest=?", (info.digest,))
                 db.execute("DELETE FROM layers WHERE digest=?", (info.digest,))
+                db.execute("DELETE FROM lazy_layers WHERE digest=?", (info.digest,))
             self.image_path(info.digest).unlink(missing_ok=True)
         return info
 
@@ -353,10 +485,30 @@ class LayerStore:
                 removed.append(info.digest)
         with self._tx() as db:  # build-cache entries whose layer is gone
             db.execute("DELETE FROM build_cache WHERE digest NOT IN (SELECT digest FROM layers)")
+        result = self._gc_lazy()
         for leftover in self.settings.tmp_dir.iterdir():
             if time.time() - leftover.stat().st_mtime > 3600:
                 shutil.rmtree(leftover, ignore_errors=True) if leftover.is_dir() else leftover.unlink(missing_ok=True)
-        return {"removed": removed, "unmounted": unmounted}
+        return {"removed": removed, "unmounted": unmounted, **result}
+
+    def _gc_lazy(self) -> dict:
+        """Chunks no mounted lazy layer uses leave the cache (a mounted layer is one a live sandbox
+        may read: gc unmounted the others above); with no lazy layer mounted the daemon stops."""
+        if not (self.settings.root / "chunks").exists() and not self.lazy_digests():
+            return {}
+        from ..lazy import mount as lazy_mount
+        from ..lazy.layer import chunk_cache_for
+
+        keep: set[str] = set()
+        mounted = [d for d in self.lazy_digests() if os.path.ismount(self.mount_path(d))]
+        for d in mounted:
+            rec = self.lazy_layer(d)
+            if rec is not None:
+                keep.update(rec[0].chunks)
+        out = chunk_cache_for(self.settings.root).gc(keep)
+        if not mounted:
+            lazy_mount.stop_daemon(self.settings.root)
+        return out
 
     # ---------------------------------------------------------------- folding
     def fold(self, layers: list[str], name: str | None = None) -> LayerInfo:
@@ -418,18 +570,32 @@ class LayerStore:
         """Mount each layer once per host (idempotent, safe across processes)."""
         digests = list(digests)
         paths = [self.mount_path(d) for d in digests]
-        missing = [(d, p) for d, p in zip(digests, paths) if not os.path.ismount(p)]
+        missing = [(d, p) for d, p in zip(digests, paths) if not os.path.ismount(p) or self._stale(d)]
         if missing:
             with self._host_lock("mount"):
                 for d, p in missing:
-                    if os.path.ismount(p):
+                    if os.path.ismount(p) and not self._stale(d):
                         continue
                     img = self.image_path(d)
+                    if not img.exists() and self.lazy_layer(d) is not None:
+                        from ..lazy.mount import mount_lazy
+
+                        self._unmount(d)  # a stale lazy mount (its daemon died): new sandboxes get a fresh one
+                        mount_lazy(self.settings.root, d, p)
+                        continue
                     if not img.exists():
                         raise LayerNotFound(f"layer {d} has no image file at {img}")
                     p.mkdir(parents=True, exist_ok=True)
                     erofs.mount_image(img, p)
         return paths
+
+    def _stale(self, digest: str) -> bool:
+        """A lazy layer mounted through a lazy daemon that has died since."""
+        if self.image_path(digest).exists() or not (self.settings.root / "lazy").exists():
+            return False
+        from ..lazy.mount import is_stale
+
+        return self.lazy_layer(digest) is not None and is_stale(self.settings.root, digest)
 
     def _unmount(self, digest: str) -> bool:
         p = self.mount_path(digest)

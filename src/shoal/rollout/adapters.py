@@ -10,7 +10,8 @@
   tokens masked out of the loss (response_mask 0). verl itself is not imported, so this runs without
   it; register the class with verl's agent-loop registry to use it there.
 
-Both keep every sandbox operation in a trajectory log like the rollout workers do.
+Both keep every sandbox operation in a trajectory log like the rollout workers do, and both are
+clients of shoald by default (`url`, `api_key`; no root): `url="local"` runs sandboxes in-process.
 """
 from __future__ import annotations
 
@@ -24,8 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..backends import open_backend
+from ..core.contract import SandboxBackend
 from ..core.errors import InvalidArgument
-from ..host import Host
 from ..sdk.sandbox import Sandbox
 from ..trajlog import LoggedSandbox, TrajectoryLog
 from .task import Task, Tools
@@ -74,6 +76,11 @@ def parse_action(action: Any, tool_names: Sequence[str]) -> tuple[str, str | dic
     return action["tool"], args or {}
 
 
+def _backend(url: str | None, api_key: str | None, root: str | None) -> SandboxBackend:
+    """shoald at `url` (default: $SHOAL_URL, else the host's socket); url "local": in-process at `root`."""
+    return open_backend(url, api_key, root)
+
+
 def _tool_names(tools: Tools) -> list[str]:
     return [t.get("function", {}).get("name", "") for t in tools.specs]
 
@@ -86,14 +93,14 @@ class ShoalEnv(gym.Env):
 
     metadata = {"render_modes": []}
 
-    def __init__(self, tasks: Sequence[Task], *, root: str | None = None, max_steps: int = 30,
-                 log_path: str | Path | None = None):
+    def __init__(self, tasks: Sequence[Task], *, url: str | None = None, api_key: str | None = None,
+                 root: str | None = None, max_steps: int = 30, log_path: str | Path | None = None):
         self.tasks = list(tasks)
         if not self.tasks:
             raise InvalidArgument(f"{type(self).__name__} needs at least one task")
         if max_steps < 1:
             raise InvalidArgument(f"max_steps must be >= 1, got {max_steps}")
-        self.host, self.max_steps = Host.get(root), max_steps
+        self.backend, self.max_steps = _backend(url, api_key, root), max_steps
         self.log = _new_log(log_path)
         self.observation_space, self.action_space = _text_space(), _text_space()
         self.task: Task | None = None
@@ -114,7 +121,7 @@ class ShoalEnv(gym.Env):
         else:
             self.task = self.tasks[int(self.np_random.integers(len(self.tasks)))]
         task = self.task
-        sb = self._sb = task.sandbox(self.host)
+        sb = self._sb = task.sandbox(self.backend)
         ep = f"gym-{uuid.uuid4().hex[:10]}"
         stream = self.log.stream(f"{ep}/sandbox", episode=ep, sandbox=sb.id, layers=sb.info().layers)
         tools = self._tools = task.tools(LoggedSandbox(sb, stream))
@@ -136,7 +143,7 @@ class ShoalEnv(gym.Env):
         info: dict[str, Any] = {"error": obs.error}
         reward = 0.0
         if obs.submitted or truncated:
-            verdict = task.grade(self.host, task.answer(tools))
+            verdict = task.grade(self.backend, task.answer(tools))
             reward = float(verdict.reward)
             info["report"] = verdict.report
             info["resolved"] = verdict.resolved
@@ -193,10 +200,11 @@ class ShoalAgentLoop:
     task by `task` (or `instance_id`)."""
 
     def __init__(self, trainer_config: Any, server_manager: Any, tokenizer: Any, *, tasks: Sequence[Task],
-                 root: str | None = None, max_turns: int = 20, log_path: str | Path | None = None, **kwargs: Any):
+                 url: str | None = None, api_key: str | None = None, root: str | None = None, max_turns: int = 20,
+                 log_path: str | Path | None = None, **kwargs: Any):
         self.config, self.server, self.tokenizer = trainer_config, server_manager, tokenizer
         self.tasks = {t.id: t for t in tasks}
-        self.host, self.max_turns = Host.get(root), max_turns
+        self.backend, self.max_turns = _backend(url, api_key, root), max_turns
         self.log = _new_log(log_path)
 
     def _encode_messages(self, messages: list[dict], tools: Tools, generation_prompt: bool) -> list[int]:
@@ -209,7 +217,7 @@ class ShoalAgentLoop:
         if task is None:
             raise InvalidArgument(f"row has no known task id: {want!r}")
         request_id = uuid.uuid4().hex
-        sb = await asyncio.to_thread(task.sandbox, self.host)
+        sb = await asyncio.to_thread(task.sandbox, self.backend)
         stream = self.log.stream(f"verl-{request_id}/sandbox", episode=f"verl-{request_id}", sandbox=sb.id)
         tools = task.tools(LoggedSandbox(sb, stream))
         try:
@@ -240,7 +248,7 @@ class ShoalAgentLoop:
                 response_ids += obs_ids
                 mask += [0] * len(obs_ids)
             answer = await asyncio.to_thread(task.answer, tools)
-            verdict = await asyncio.to_thread(task.grade, self.host, answer)
+            verdict = await asyncio.to_thread(task.grade, self.backend, answer)
         finally:
             await asyncio.to_thread(sb.kill)
         metrics = {"resolved": verdict.resolved, **{k: verdict.report[k] for k in ("f2p_rate",) if k in verdict.report}}

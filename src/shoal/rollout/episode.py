@@ -5,9 +5,12 @@ Streams per episode: `<ep>/sandbox` (tool calls on the sandbox), `<ep>/llm` (pol
 forwards: logged LLM turns and tool results come back without calling the model or touching the
 sandbox, and the loop goes on live from where the log ends. Where the episode's sandbox is:
 
-- still alive on this host (a worker died, the sandbox did not): it is reattached;
+- still alive on the same backend (a worker died, the sandbox did not): it is reattached;
 - gone (its node was lost): a new one is created from the same layers and the logged effects are
   re-applied to it (`trajlog.restore`) before going on.
+
+Sandboxes come from any `SandboxBackend`: shoald by default (the worker needs no root), or the
+in-process `Host`.
 """
 from __future__ import annotations
 
@@ -18,9 +21,9 @@ import socket
 import time
 from dataclasses import asdict, dataclass, field
 
+from ..core.contract import SandboxBackend
 from ..core.errors import SandboxNotFound, UnknownOutcome
 from ..envs.sandboxes import attach
-from ..host import Host
 from ..sdk.sandbox import Sandbox
 from ..trajlog import LoggedSandbox, TrajectoryLog, restore
 from .policy import Policy
@@ -59,27 +62,27 @@ class EpisodeRecord:
         return asdict(self)
 
 
-def _sandbox_for(host: Host, log: TrajectoryLog, task: Task, name: str, size: int,
+def _sandbox_for(backend: SandboxBackend, log: TrajectoryLog, task: Task, name: str, size: int,
                  node: str) -> tuple[Sandbox, int]:
     info = log.info(name)
     meta = (info.meta if info else {}) or {}
-    root = str(host.settings.root)
-    if meta.get("sandbox") and meta.get("root") == root:
+    where = backend.address
+    if meta.get("sandbox") and meta.get("backend") == where and meta.get("node") == node:
         try:
-            sb = attach(host, meta["sandbox"])
+            sb = attach(backend, meta["sandbox"])
             if sb.is_running():
                 return sb, 0
         except SandboxNotFound:
             pass
-    sb = task.sandbox(host, ttl=SANDBOX_TTL_S)
+    sb = task.sandbox(backend, ttl=SANDBOX_TTL_S)
     restored = 0
     if size:
         restored = restore(log, name, sb).ops
-    log.store.update_stream(name, layers=sb.info().layers, meta={"sandbox": sb.id, "root": root, "node": node})
+    log.store.update_stream(name, layers=sb.info().layers, meta={"sandbox": sb.id, "backend": where, "node": node})
     return sb, restored
 
 
-async def run_episode(task: Task, policy: Policy, log: TrajectoryLog, host: Host, episode_id: str, *,
+async def run_episode(task: Task, policy: Policy, log: TrajectoryLog, backend: SandboxBackend, episode_id: str, *,
                       max_steps: int = 30, writer: str | None = None, node: str | None = None,
                       keep_sandbox: bool = False) -> EpisodeRecord:
     node = node or socket.gethostname()
@@ -89,7 +92,7 @@ async def run_episode(task: Task, policy: Policy, log: TrajectoryLog, host: Host
                            meta={"instance_id": task.id, "task_image": task.image})
     llm = log.stream(f"{episode_id}/llm", episode=episode_id, writer=writer)
     ev = log.stream(f"{episode_id}/eval", episode=episode_id, writer=writer)
-    sb, restored = await asyncio.to_thread(_sandbox_for, host, log, task, sb_stream.name, sb_stream.size, node)
+    sb, restored = await asyncio.to_thread(_sandbox_for, backend, log, task, sb_stream.name, sb_stream.size, node)
     lsb = LoggedSandbox(sb, sb_stream)
     tools = task.tools(lsb)
     setup_s = time.perf_counter() - t_start
@@ -134,7 +137,7 @@ async def run_episode(task: Task, policy: Policy, log: TrajectoryLog, host: Host
     t0 = time.perf_counter()
 
     def grade() -> dict:
-        return task.grade(host, answer).to_dict()
+        return task.grade(backend, answer).to_dict()
 
     grade_req = {"task": task.id, "answer_sha256": hashlib.sha256(answer.encode()).hexdigest()}
     try:

@@ -3,13 +3,18 @@
 Trainers submit episodes and read results; workers claim episodes under a lease that they renew
 while they run them. A worker that dies stops renewing: when its lease runs out the episode is
 claimed again (by any worker, on any node) and resumes through the trajectory log. Nothing here
-depends on the trainer process being alive. Embedded default: SQLite (WAL) next to the log.
+depends on the trainer process being alive.
+
+`EpisodeQueue` is the contract; `open_queue(where)` picks the store: a file path is SQLite (WAL),
+the single-host default; a `postgresql://` URL is PostgreSQL (`queue_pg`), for workers on many
+hosts without a shared filesystem. Both pass the same tests (tests/rollout/test_queue.py).
 
 States: queued -> running -> done | failed (after max_attempts) | paused (the LLM endpoint was
 down: `resume_paused()` puts those back in the queue).
 """
 from __future__ import annotations
 
+import abc
 import json
 import os
 import sqlite3
@@ -19,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.errors import InvalidArgument
-from ..core.sqlite import PerThreadDB
+from ..core.sqlite import PerThreadDB, is_postgres_url
 
 QUEUED, RUNNING, DONE, FAILED, PAUSED = "queued", "running", "done", "failed", "paused"
 STATES = (QUEUED, RUNNING, DONE, FAILED, PAUSED)
@@ -42,7 +47,71 @@ class Claim:
     resumed: bool  # someone ran it before (a dead worker): the log will fast-forward it
 
 
-class EpisodeQueue:
+class EpisodeQueue(abc.ABC):
+    """Episodes between trainers and workers. Every state change is atomic; a claim is exclusive
+    while its lease runs; a late write by a worker whose lease was taken over is refused."""
+
+    max_attempts: int
+
+    # ------------------------------------------------------------------ trainer side
+    @abc.abstractmethod
+    def submit(self, task_ids: list[str], policy: dict, *, repeats: int = 1, images: dict[str, str] | None = None,
+               prefix: str | None = None) -> list[str]:
+        """Queue `repeats` episodes of each task; returns their ids (`<prefix>-<n>`), in order."""
+
+    @abc.abstractmethod
+    def counts(self) -> dict:
+        """Episodes per state, plus "reward" (sum over done) and "total"."""
+
+    @abc.abstractmethod
+    def get(self, eid: str) -> dict | None: ...
+
+    @abc.abstractmethod
+    def records(self, status: str = DONE) -> list[dict]:
+        """The finished episodes' records, in submission order."""
+
+    @abc.abstractmethod
+    def resume_paused(self) -> int: ...
+
+    @abc.abstractmethod
+    def pending(self) -> int:
+        """Episodes queued or running."""
+
+    # ------------------------------------------------------------------ worker side
+    @abc.abstractmethod
+    def claim(self, worker: str, node: str, *, lease_s: float = 30.0,
+              prefer_images: set[str] | frozenset[str] = frozenset()) -> Claim | None:
+        """Take the oldest claimable episode (queued, or running under an expired lease), preferring
+        ones whose task image this node already has."""
+
+    @abc.abstractmethod
+    def heartbeat(self, ids: list[str], worker: str, lease_s: float = 30.0) -> None: ...
+
+    @abc.abstractmethod
+    def finish(self, eid: str, worker: str, record: dict) -> bool:
+        """Record the result; False if `worker` no longer holds the episode."""
+
+    @abc.abstractmethod
+    def fail(self, eid: str, worker: str, error: str) -> str:
+        """Requeue (attempts left) or mark failed; returns the new state."""
+
+    @abc.abstractmethod
+    def pause(self, eid: str, worker: str, reason: str) -> None: ...
+
+    def close(self) -> None:
+        return None
+
+
+def open_queue(where: str | os.PathLike, max_attempts: int = 3) -> EpisodeQueue:
+    """A `postgresql://` URL: the PostgreSQL queue; anything else: an SQLite file at that path."""
+    if is_postgres_url(where):
+        from .queue_pg import PgEpisodeQueue
+
+        return PgEpisodeQueue(str(where), max_attempts=max_attempts)
+    return SQLiteEpisodeQueue(where, max_attempts=max_attempts)
+
+
+class SQLiteEpisodeQueue(EpisodeQueue):
     def __init__(self, path: str | os.PathLike, max_attempts: int = 3):
         self.path = Path(path)
         self.max_attempts = max_attempts
@@ -104,8 +173,6 @@ class EpisodeQueue:
     # ------------------------------------------------------------------ worker side
     def claim(self, worker: str, node: str, *, lease_s: float = 30.0,
               prefer_images: set[str] | frozenset[str] = frozenset()) -> Claim | None:
-        """Take the oldest claimable episode (queued, or running under an expired lease), preferring
-        ones whose task image this node already has."""
         now = time.time()
         with self._conn.transaction() as db:
             rows = db.execute("SELECT id, task_id, policy, image, attempts, status FROM episodes "
@@ -131,7 +198,6 @@ class EpisodeQueue:
                                  RUNNING)).rowcount == 1
 
     def fail(self, eid: str, worker: str, error: str) -> str:
-        """Requeue (attempts left) or mark failed; returns the new state."""
         with self._conn.transaction() as db:
             row = db.execute("SELECT attempts FROM episodes WHERE id=? AND worker=? AND status=?",
                              (eid, worker, RUNNING)).fetchone()
@@ -148,3 +214,17 @@ class EpisodeQueue:
 
     def pending(self) -> int:
         return self._db.execute("SELECT COUNT(*) FROM episodes WHERE status IN (?, ?)", (QUEUED, RUNNING)).fetchone()[0]
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+def log_beside(queue: str | os.PathLike, log: str | os.PathLike | None = None) -> str | os.PathLike:
+    """Where a rollout's trajectory log is: `log` if given, else the same PostgreSQL database as the
+    queue, or a file next to an SQLite queue."""
+    if log is not None:
+        return log
+    if is_postgres_url(queue):
+        return queue
+    p = Path(queue)
+    return p.with_name(p.stem + ".traj.db")

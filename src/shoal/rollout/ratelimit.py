@@ -1,15 +1,18 @@
 """Admission for rollouts: at most N episodes at once per worker, and a host-wide creation rate.
 
-The rate limiter is a leaky bucket kept in a lock file, so every worker process on a host shares
-it (the way Prime Intellect's verifiers caps sandbox creation per host): each start reserves the
-next free slot `1/rate` seconds after the previous one and sleeps until it comes.
+The rate limiter is a leaky bucket kept in a lock file, so every worker process on a host that
+starts sandboxes on the same backend shares it (the way Prime Intellect's verifiers caps sandbox
+creation per host): each start reserves the next free slot `1/rate` seconds after the previous one
+and sleeps until it comes. shoald's own admission and tenant quotas still apply behind it.
 """
 from __future__ import annotations
 
 import asyncio
 import fcntl
+import hashlib
 import os
 import struct
+import tempfile
 import time
 from pathlib import Path
 
@@ -39,3 +42,14 @@ class HostRateLimiter:
         wait = self.reserve()
         if wait > 0:
             await asyncio.sleep(wait)
+
+
+def bucket_path(address: str) -> Path:
+    """This user's bucket for sandboxes started on `address` (a backend's address): in a private
+    directory of the runtime dir, so another user cannot plant or read it."""
+    base = Path(os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()) / f"shoal-{os.getuid()}"
+    base.mkdir(mode=0o700, exist_ok=True)
+    st = base.lstat()
+    if st.st_uid != os.getuid() or st.st_mode & 0o077 or not base.is_dir() or base.is_symlink():
+        raise PermissionError(f"{base} must be a directory owned by uid {os.getuid()} with mode 0700")
+    return base / f"rollout-create-{hashlib.sha256(address.encode()).hexdigest()[:16]}.bucket"

@@ -15,30 +15,33 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from .queue import DONE, FAILED, PAUSED, QUEUED, RUNNING, EpisodeQueue
+from .queue import DONE, FAILED, PAUSED, QUEUED, RUNNING, log_beside, open_queue
 from .task import Task
 
 
 class Rollout:
-    def __init__(self, db: str | os.PathLike):
-        self.db = Path(db)
-        self.queue = EpisodeQueue(self.db)
+    def __init__(self, db: str | os.PathLike, log: str | os.PathLike | None = None):
+        """db: the queue, an SQLite file or a `postgresql://` URL; log: the trajectory log (default:
+        next to an SQLite queue)."""
+        self.db: str | os.PathLike = db
+        self.queue = open_queue(db)
+        self.log_path = log_beside(db, log)
         self.workers: list[subprocess.Popen] = []
-
-    @property
-    def log_path(self) -> Path:
-        return self.db.with_name(self.db.stem + ".traj.db")
 
     def submit(self, tasks: Sequence[Task], policy: dict, repeats: int = 1, prefix: str | None = None) -> list[str]:
         return self.queue.submit([t.id for t in tasks], policy, repeats=repeats,
                                  images={t.id: t.image for t in tasks}, prefix=prefix)
 
-    def start_workers(self, n: int, *, root: str | os.PathLike | None = None, suite: str | os.PathLike | None = None,
-                      concurrency: int = 2, extra: list[str] | None = None,
+    def start_workers(self, n: int, *, url: str | None = None, root: str | os.PathLike | None = None,
+                      suite: str | os.PathLike | None = None, concurrency: int = 2, extra: list[str] | None = None,
                       log_dir: str | os.PathLike | None = None) -> list[subprocess.Popen]:
+        """n worker processes; their sandboxes go to shoald at `url` (default: $SHOAL_URL, else the
+        host's socket), or in-process at `root` with url="local"."""
         for _ in range(n):
-            cmd = [sys.executable, "-m", "shoal.rollout.worker", "--db", str(self.db),
+            cmd = [sys.executable, "-m", "shoal.rollout.worker", "--db", str(self.db), "--log", str(self.log_path),
                    "--concurrency", str(concurrency)]
+            if url:
+                cmd += ["--url", url]
             if root:
                 cmd += ["--root", str(root)]
             if suite:

@@ -4,6 +4,13 @@ The loop (`episode.run_episode`, the worker, the Gymnasium and verl adapters) kn
 SWE: it asks the task for a sandbox, the opening messages and the tools, lets the policy act through
 those tools, then asks the task for the answer and a grade. `shoal.tasks.swe.SWETask` implements it;
 a new kind of task (desktop tasks, say) implements the same methods and plugs into the same loop.
+
+Two sides, two privileges:
+- `prepare` is the operator's step, on the host whose store the sandboxes start from: it makes the
+  task's images (pulls, builds). It needs that host's layer store, so it runs as root, once
+  (`shoal tasks prepare`), or lazily when a rollout runs in-process.
+- `sandbox` and `grade` take any `SandboxBackend`: the loop's default is shoald, so a trainer and
+  its rollout workers need no root; they start sandboxes from images the operator prepared.
 """
 from __future__ import annotations
 
@@ -11,8 +18,9 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    from ..core.contract import SandboxBackend
     from ..host import Host
-    from ..layers.store import LayerStore
+    from ..layers.store import ImageSource
     from ..sdk.sandbox import Sandbox
     from ..trajlog import LoggedSandbox
     from .tools import Observation
@@ -61,12 +69,14 @@ class Task(Protocol):
         """What the episode record carries about the task (e.g. {"repo": ..., "labels": {...}})."""
         ...
 
-    def prepare(self, host: Host, source: LayerStore | None = None) -> None:
-        """Make the images the task needs present on `host`, pulling what is missing from `source`."""
+    def prepare(self, host: Host, source: ImageSource | None = None) -> None:
+        """Make every image the task needs (its sandboxes' and its grader's) present on `host`, pulling
+        what is missing from `source` and building the rest. The operator's step: needs the host's store."""
         ...
 
-    def sandbox(self, host: Host, **create: Any) -> Sandbox:
-        """A fresh sandbox in the task's start state (create: ttl=, memory_mb=, ... overrides)."""
+    def sandbox(self, backend: SandboxBackend, **create: Any) -> Sandbox:
+        """A fresh sandbox in the task's start state on `backend` (create: ttl=, memory_mb=, ... overrides).
+        Over shoald the images must have been prepared on its host (ImageNotFound says which is missing)."""
         ...
 
     def prompt(self) -> list[dict]:
@@ -81,6 +91,6 @@ class Task(Protocol):
         """What gets graded, read at the end of the episode (e.g. the repository's diff)."""
         ...
 
-    def grade(self, host: Host, answer: str) -> Verdict:
-        """Grade an answer (in a fresh sandbox of its own, never the agent's)."""
+    def grade(self, backend: SandboxBackend, answer: str) -> Verdict:
+        """Grade an answer (in a fresh sandbox of its own on `backend`, never the agent's)."""
         ...

@@ -2,6 +2,8 @@
 
   * `Authorization: Bearer <key>`: the admin key is the admin; a tenant's key is that tenant; any
     other key is refused (401). Over TCP a key is always required.
+  * Over TCP with a verified client certificate of the fleet's gateways (mTLS, see
+    shoal.fleet.pki): the admin; the gateway authenticated the tenant and checks visibility itself.
   * Over the Unix socket without a key, the peer's uid (SO_PEERCRED, see peercred.py) decides:
     uid 0 is the admin; any other uid is the tenant `uid-<uid>`, created with default quotas on its
     first request (an admin may create `uid-<uid>` beforehand to give it other quotas). Who may
@@ -14,24 +16,24 @@ import secrets
 from fastapi import Depends, Request
 
 from ..core import errors as E
-from .daemon import Daemon
-from .peercred import STATE_KEY, PeerCred
+from .peercred import STATE_KEY, CertPeer, PeerCred
+from .served import Served
 from .state import ADMIN, Tenant
 
 UID_TENANT_PREFIX = "uid-"
 
 
-def daemon_of(request: Request) -> Daemon:
+def daemon_of(request: Request) -> Served:
     d = request.app.state.daemon
     if d is None:  # an app built only for its OpenAPI spec
         raise E.BackendUnavailable("this shoald app serves no backend")
     return d
 
 
-def peer_of(request: Request) -> PeerCred | None:
+def peer_of(request: Request) -> PeerCred | CertPeer | None:
     state = request.scope.get("state") or {}
     peer = state.get(STATE_KEY)
-    return peer if isinstance(peer, PeerCred) else None
+    return peer if isinstance(peer, (PeerCred, CertPeer)) else None
 
 
 def uid_tenant_name(uid: int) -> str:
@@ -51,7 +53,9 @@ def tenant(request: Request) -> Tenant:
             raise E.Unauthorized("invalid API key")
         return t
     peer = peer_of(request)
-    if peer is None:
+    if isinstance(peer, CertPeer) and peer.gateway:  # a fleet gateway (mTLS): it did the tenant's auth
+        return ADMIN
+    if not isinstance(peer, PeerCred):
         raise E.Unauthorized("missing API key (Authorization: Bearer <key>)")
     if peer.uid == 0:
         return ADMIN
@@ -69,7 +73,7 @@ class Caller:
 
     __slots__ = ("d", "t")
 
-    def __init__(self, d: Daemon, t: Tenant):
+    def __init__(self, d: Served, t: Tenant):
         self.d, self.t = d, t
 
     def sandbox(self, sandbox_id: str) -> str:

@@ -6,6 +6,7 @@ housekeeping a daemon needs (`ServedBackend`). The daemon never goes through the
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from pathlib import Path
@@ -13,10 +14,11 @@ from typing import Any, Protocol, runtime_checkable
 
 from ..config import Settings
 from ..core import errors as E
-from ..core.contract import Limits, SandboxBackend, SandboxInfo
+from ..core.contract import CreateRequest, ForkReply, ForkRequest, Limits, SandboxBackend, SandboxInfo
 from .admission import Admission, AdmissionConfig
 from .handles import HandleTable
-from .quotas import QuotaBook
+from .quotas import QuotaBook, limits_of
+from .served import Handles, Served
 from .state import DaemonState, Tenant
 
 log = logging.getLogger("shoald")
@@ -38,15 +40,18 @@ class Housekeeping(Protocol):
     def live_layers(self) -> set[str]: ...
 
 
-class Daemon:
+class Daemon(Served):
+    backend: Any  # a SandboxBackend that also keeps house (Housekeeping): in practice, Host
+
     def __init__(self, backend: Any, admission: AdmissionConfig | None = None, admin_key: str | None = None,
                  state_path: Path | None = None, reap_every_s: float = 5.0):
         if not (isinstance(backend, SandboxBackend) and isinstance(backend, Housekeeping)):
             raise E.InvalidArgument(f"shoald serves a SandboxBackend that keeps house (sweep, live_ids, committed, "
                                     f"live_layers, settings, store), such as Host; got {type(backend).__name__}")
+        self._init_served()
         self.backend = backend
         self.settings: Settings = backend.settings
-        self.state = DaemonState(state_path or self.settings.root / "shoald.db")
+        self.state = self.db = DaemonState(state_path or self.settings.root / "shoald.db")
         self.admission = Admission(admission)
         self.admin_key = admin_key
         cfg = self.admission.cfg
@@ -55,8 +60,8 @@ class Daemon:
                                     finished=lambda h: h.poll() is not None)
         self.sessions = HandleTable("ses", "session", cfg.sessions_per_sandbox)
         self.quotas = QuotaBook(self)
-        self.counters = {"requests": 0, "creates": 0, "execs": 0, "errors_4xx": 0, "errors_5xx": 0}
-        self.started = time.time()
+        # creates under one idempotency key run one at a time (striped: no lock per key to forget)
+        self._create_locks = [threading.Lock() for _ in range(64)]
         self._start_backends()
         threading.Thread(target=self._reap, args=(reap_every_s,), name="shoald-reaper", daemon=True).start()
 
@@ -85,36 +90,71 @@ class Daemon:
             except Exception as e:  # keep reaping; a failed round is retried in a few seconds
                 log.warning("handle reaper: %s", e)
 
-    # ---------------------------------------------------------------- visibility
-    def visible(self, tenant: Tenant, sandbox_id: str) -> str:
-        """The id, if the tenant may see that sandbox; SandboxNotFound (404, never 403) otherwise."""
-        if not tenant.admin and self.state.owner("sandbox", sandbox_id) != tenant.name:
-            raise E.SandboxNotFound(f"sandbox {sandbox_id} not found")
-        return sandbox_id
-
+    # ---------------------------------------------------------------- served
     def info(self, tenant: Tenant, sandbox_id: str) -> SandboxInfo:
         return self.backend.info(self.visible(tenant, sandbox_id))
 
-    def keep(self, table: HandleTable, sandbox_id: str, obj: Any) -> str:
-        """Keep a live handle under a fresh id, within the per-sandbox cap."""
+    def keep(self, table: Handles, sandbox_id: str, obj: Any) -> str:
         table.prune(self.backend.live_ids())  # forget what sandboxes that ended on their own held
         return table.add(sandbox_id, obj)
 
-    def lookup(self, table: HandleTable, tenant: Tenant, sandbox_id: str, key: str) -> Any:
-        """The handle `key` of a sandbox the tenant may see; 404 otherwise."""
-        return table.get(self.visible(tenant, sandbox_id), key)
+    def create(self, tenant: Tenant, req: CreateRequest, idempotency_key: str | None = None) -> SandboxInfo:
+        if idempotency_key is None:
+            return self._create(tenant, req)
+        with self._create_locks[hash((tenant.name, idempotency_key)) % len(self._create_locks)]:
+            done = self.db.created_for(tenant.name, idempotency_key)
+            if done is not None:
+                try:
+                    return self.backend.info(done)  # a retry: the sandbox the first call made
+                except E.SandboxNotFound:
+                    raise E.SandboxNotFound(f"sandbox {done}, created under idempotency key {idempotency_key!r}, "
+                                            "has ended") from None
+            info = self._create(tenant, req)
+            self.db.remember_create(tenant.name, idempotency_key, info.id)
+            return info
 
-    def forget(self, sandbox_id: str) -> None:
-        """The sandbox is gone: drop its ownership record and close what it held."""
-        self.state.disown("sandbox", sandbox_id)
-        for table in (self.commands, self.sessions):
-            table.drop_sandbox(sandbox_id)
+    def _create(self, tenant: Tenant, req: CreateRequest) -> SandboxInfo:
+        limits = limits_of(req, self.settings)
+        with self.quotas.reserve(tenant, [limits]):
+            committed = self.backend.committed()
+            with self.admission.creating(len(committed), sum(x.memory_mb for x in committed), limits.memory_mb):
+                info = self.backend.create(req)
+            self.state.own("sandbox", info.id, tenant.name)
+        self.counters["creates"] += 1
+        return info
 
-    def check_image(self, tenant: Tenant, ref: str) -> None:
-        """ImageNotFound unless the image is the tenant's or shared (no owner)."""
-        from ..layers.store import split_ref
+    def fork(self, tenant: Tenant, sandbox_id: str, req: ForkRequest) -> ForkReply:
+        src = self.backend.info(self.visible(tenant, sandbox_id)).limits
+        child = Limits(cpu=req.cpu or src.cpu, memory_mb=req.memory_mb or src.memory_mb,
+                       disk_mb=req.disk_mb or src.disk_mb, pids=req.pids or src.pids,
+                       upper=req.upper or src.upper)  # children: the source's limits unless given
+        with self.quotas.reserve(tenant, [child] * req.n):
+            reply = self.backend.fork(sandbox_id, req)
+            self.state.own("image", reply.snapshot.image, tenant.name)
+            for sb in reply.sandboxes:
+                self.state.own("sandbox", sb.id, tenant.name)
+        self.counters["creates"] += len(reply.sandboxes)
+        return reply
 
-        name, tag = split_ref(ref)
-        owner = self.state.owner("image", f"{name}:{tag}")
-        if owner is not None and not tenant.admin and owner != tenant.name:
-            raise E.ImageNotFound(f"image {name}:{tag} not found (see `shoal image ls`)")
+    def usage(self, tenant: Tenant) -> dict[str, float]:
+        return self.quotas.usage(tenant)
+
+    def health(self) -> dict[str, Any]:
+        return {"host": self.settings.host_tag, "sandboxes": len(self.backend.live_ids())}
+
+    def gauges(self) -> dict[str, float]:
+        live = self.backend.list()
+        return {"sandboxes": len(live), "sandboxes_starting": self.admission.starting,
+                "sandbox_memory_bytes": sum(i.memory_bytes or 0 for i in live),
+                "background_commands": self.commands.count(), "sessions": self.sessions.count(),
+                "open_fds": len(os.listdir("/proc/self/fd"))}
+
+    def totals(self) -> dict[str, int]:
+        return {**self.counters, "admission_refusals": self.admission.refusals}
+
+    def remove_image(self, ref: str) -> None:
+        self.backend.store.remove_image(ref)
+
+    def layers(self) -> list[dict[str, Any]]:
+        return [{"digest": x.digest, "size": x.size, "image_bytes": x.image_bytes, "created": x.created,
+                 "names": list(x.names), "source": x.source} for x in self.backend.store.list()]

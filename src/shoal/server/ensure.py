@@ -11,6 +11,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from ..config import DEFAULT_SOCKET, load_settings
@@ -27,6 +29,31 @@ def answering(sock: Path, timeout: float = 2.0) -> bool:
             return s.recv(64).split(b" ", 2)[1:2] == [b"200"]
     except (OSError, IndexError):
         return False
+
+
+@contextmanager
+def serving(root: str | os.PathLike, sock: Path, log: Path, wait: float = 60.0) -> Iterator[str]:
+    """A shoald of its own for `root` on `sock` while the block runs (the SWE demo's workers are its
+    clients); yields its URL, stops it after."""
+    env = dict(os.environ, SHOAL_ROOT=str(root))
+    env.pop("SHOAL_URL", None)
+    with open(log, "ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "shoal.cli", "serve", "--socket", str(sock)], env=env,
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + wait
+        while not answering(sock):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"shoald did not come up on {sock}; see {log}")
+            time.sleep(0.1)
+        yield f"unix://{sock}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def main(argv: list[str] | None = None) -> int:

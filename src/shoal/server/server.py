@@ -15,9 +15,12 @@ import os
 import secrets
 import signal
 import socket
+import ssl
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import anyio.to_thread
 import uvicorn
@@ -95,15 +98,31 @@ async def _serve(servers: list[tuple[uvicorn.Server, list[socket.socket] | None]
     await asyncio.gather(*(s.serve(sockets=socks) for s, socks in servers))
 
 
+@dataclass(frozen=True)
+class FleetJoin:
+    """`shoal serve --join`: this host takes part in a fleet (shoal.fleet.agent). Its TCP port then
+    serves TLS and accepts only clients with a certificate of the fleet CA (`client_ca`)."""
+
+    dsn: str
+    advertise: str  # the URL gateways reach this host at, https://HOST:PORT
+    client_ca: str
+    domain: str = ""
+    lease_s: float = 10.0
+
+
 def serve(root: str | Path | None = None, socket_path: str | Path | None = None, tcp: str | None = None,
           tls_cert: str | None = None, tls_key: str | None = None, admission: AdmissionConfig | None = None,
-          log_level: str = "warning", group: str = SOCKET_GROUP) -> None:
+          log_level: str = "warning", group: str = SOCKET_GROUP, fleet: FleetJoin | None = None) -> None:
     if os.geteuid() != 0:
         raise SystemExit("shoald runs sandboxes (mounts, namespaces, cgroups): start it as root "
                          "(`sudo shoal serve`); clients in the `shoal` group then need no root")
     sock_path = Path(socket_path or os.environ.get("SHOAL_SOCKET") or DEFAULT_SOCKET)
     if answering(sock_path):  # never take the socket of a live daemon (say, the host's, from a test's daemon)
         raise SystemExit(f"a shoald already answers on {sock_path}: stop it first, or pass another --socket")
+    if fleet is not None:
+        if not (tls_cert and tls_key):
+            raise SystemExit("a fleet host serves TLS: give --tls-cert and --tls-key (`shoal fleet cert`)")
+        tcp = tcp or urlsplit(fleet.advertise).netloc
     from ..host import Host
 
     os.environ.pop("SHOAL_URL", None)  # the daemon itself always runs sandboxes in-process
@@ -120,7 +139,21 @@ def serve(root: str | Path | None = None, socket_path: str | Path | None = None,
         if not (tls_cert and tls_key) and not os.environ.get("SHOAL_ALLOW_PLAIN_TCP"):
             raise SystemExit("TCP needs --tls-cert and --tls-key (or SHOAL_ALLOW_PLAIN_TCP=1 for loopback tests)")
         h, _, p = tcp.rpartition(":")
-        servers.append((uvicorn.Server(uvicorn.Config(app, host=h or "127.0.0.1", port=int(p), ssl_certfile=tls_cert,
-                                                      ssl_keyfile=tls_key, **common)), None))
+        mtls: dict[str, Any] = {}
+        if fleet is not None:  # only the fleet's gateways: a verified client certificate, or no handshake
+            mtls = dict(ssl_ca_certs=fleet.client_ca, ssl_cert_reqs=ssl.CERT_REQUIRED, http=PeerCredProtocol)
+        servers.append((uvicorn.Server(uvicorn.Config(app, host=h.strip("[]") or "127.0.0.1", port=int(p),
+                                                      ssl_certfile=tls_cert, ssl_keyfile=tls_key, **mtls,
+                                                      **common)), None))
+    agent = None
+    if fleet is not None:
+        from ..fleet.agent import HostAgent
+
+        agent = HostAgent(daemon, fleet.dsn, fleet.advertise, fleet.domain, fleet.lease_s)
+        agent.start()  # reconciles now; registers once the TCP port answers
     log.warning("shoald serving %s on %s%s", host.settings.root, sock_path, f" and {tcp}" if tcp else "")
-    asyncio.run(_serve(servers))
+    try:
+        asyncio.run(_serve(servers))
+    finally:
+        if agent is not None:
+            agent.stop()

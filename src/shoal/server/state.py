@@ -1,6 +1,7 @@
 """The daemon's own state (SQLite, WAL, under the Shoal root): tenants, API keys, ownership.
 
-Keys are stored as sha256 hashes only; the plain key is shown once, when it is created.
+Creates made with an idempotency key remember the sandbox they made for a day, so a retried
+request answers the same one. Keys are stored as sha256 hashes only; the plain key is shown once, when it is created.
 Sandboxes, snapshots and images created through the API belong to the tenant that created them;
 images without an owner (built by an operator with the CLI) are visible to every tenant.
 """
@@ -23,7 +24,11 @@ CREATE TABLE IF NOT EXISTS tenants (
 CREATE TABLE IF NOT EXISTS owners (
     kind TEXT NOT NULL, ref TEXT NOT NULL, tenant TEXT NOT NULL, created REAL NOT NULL,
     PRIMARY KEY (kind, ref));
+CREATE TABLE IF NOT EXISTS creates (
+    tenant TEXT NOT NULL, key TEXT NOT NULL, sandbox TEXT NOT NULL, created REAL NOT NULL,
+    PRIMARY KEY (tenant, key));
 """
+IDEMPOTENCY_S = 24 * 3600.0  # how long a create's idempotency key keeps answering the same sandbox
 
 
 @dataclass(frozen=True)
@@ -134,6 +139,19 @@ class DaemonState:
 
     def disown(self, kind: str, ref: str) -> None:
         self._q("DELETE FROM owners WHERE kind=? AND ref=?", [kind, ref])
+
+    # ------------------------------------------------------------------ idempotent creates
+    def remember_create(self, tenant: str, key: str, sandbox_id: str) -> None:
+        now = time.time()
+        self._q("INSERT OR REPLACE INTO creates VALUES (?,?,?,?)", [tenant, key, sandbox_id, now])
+        if hash(key) % 64 == 0:  # now and then: keys older than a day answer nothing any more
+            self._q("DELETE FROM creates WHERE created < ?", [now - IDEMPOTENCY_S])
+
+    def created_for(self, tenant: str, key: str) -> str | None:
+        """The sandbox a create under this tenant's key made, if one did (within IDEMPOTENCY_S)."""
+        rows = self._q("SELECT sandbox FROM creates WHERE tenant=? AND key=? AND created >= ?",
+                       [tenant, key, time.time() - IDEMPOTENCY_S])
+        return rows[0][0] if rows else None
 
     def close(self) -> None:
         self._db.close()

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import ssl
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
@@ -28,6 +30,7 @@ from ...core.contract import (
     FileEntry,
     ForkReply,
     ForkRequest,
+    ImageSummary,
     NetworkPolicy,
     NetworkRequest,
     OutputCallback,
@@ -53,6 +56,8 @@ WAIT_SLICE = 60.0  # a background wait() is a series of server-side waits of at 
 FileEntries = list[FileEntry]  # an alias: inside the class, `list` is the contract's method
 _SANDBOXES = TypeAdapter(list[SandboxInfo])
 _ENTRIES = TypeAdapter(FileEntries)
+ImageSummaries = list[ImageSummary]
+_IMAGES = TypeAdapter(ImageSummaries)
 
 
 def default_url() -> str:
@@ -67,10 +72,27 @@ def _command_timeout(timeout: float | None) -> float | None:
 class HttpBackend(SandboxBackend):
     name = "http"
 
-    def __init__(self, url: str | None = None, api_key: str | None = None):
+    def __init__(self, url: str | None = None, api_key: str | None = None, *,
+                 ssl_context: ssl.SSLContext | None = None, dead_peer_s: float | None = None):
+        """`url`: one daemon, or several equivalent ones (a fleet's gateway replicas) separated by
+        commas: a request that could not reach one is sent to the next when that is safe (nothing
+        was sent, or the request is idempotent). `ssl_context`: TLS settings for https URLs (a
+        client certificate, a private CA); default $SHOAL_CA_CERT, else the system store.
+        `dead_peer_s`: over TCP, give up on a peer that stops acknowledging (cut off, powered off)
+        after about this long, instead of waiting for the request's timeout: connects time out
+        after it, and the socket has TCP_USER_TIMEOUT and keepalive probes to match."""
         self.url = url = url or default_url()
         self.api_key = api_key if api_key is not None else os.environ.get("SHOAL_API_KEY")
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        urls = [u.strip() for u in url.split(",") if u.strip()] if "," in url else [url]
+        self._clients = [self._client(u, headers, ssl_context, dead_peer_s) for u in urls]
+        self._urls = urls
+        self._current = 0
+        self.http = self._clients[0]
+
+    @staticmethod
+    def _client(url: str, headers: dict[str, str], ssl_context: ssl.SSLContext | None,
+                dead_peer_s: float | None = None) -> httpx.Client:
         if url.startswith("unix://"):
             path = url[len("unix://"):]
             try:
@@ -81,14 +103,23 @@ class HttpBackend(SandboxBackend):
             except OSError:
                 raise E.BackendUnavailable(f"no shoald socket at {path}: start the daemon (`sudo shoal serve`), "
                                            "or point $SHOAL_URL at one") from None
-            self.http = httpx.Client(transport=httpx.HTTPTransport(uds=path), base_url="http://shoald",
-                                     headers=headers, timeout=DEFAULT_TIMEOUT)
-        elif url.startswith(("http://", "https://")):
-            ca = os.environ.get("SHOAL_CA_CERT")  # a private CA (self-signed daemons); else the system store
-            verify: Any = ssl.create_default_context(cafile=ca) if ca else True
-            self.http = httpx.Client(base_url=url, headers=headers, timeout=DEFAULT_TIMEOUT, verify=verify)
-        else:
-            raise E.InvalidArgument(f"unsupported shoald URL {url!r}: use unix:///path or http(s)://host:port")
+            return httpx.Client(transport=httpx.HTTPTransport(uds=path), base_url="http://shoald",
+                                headers=headers, timeout=DEFAULT_TIMEOUT)
+        if url.startswith(("http://", "https://")):
+            verify: Any = ssl_context
+            if verify is None:
+                ca = os.environ.get("SHOAL_CA_CERT")  # a private CA (self-signed daemons); else the system store
+                verify = ssl.create_default_context(cafile=ca) if ca else True
+            if dead_peer_s is None:
+                return httpx.Client(base_url=url, headers=headers, timeout=DEFAULT_TIMEOUT, verify=verify)
+            idle = max(1, int(dead_peer_s / 2))
+            opts = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1), (socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, idle),
+                    (socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 1), (socket.IPPROTO_TCP, socket.TCP_KEEPCNT, idle),
+                    (socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(dead_peer_s * 1000))]
+            return httpx.Client(base_url=url, headers=headers, verify=verify,
+                                timeout=httpx.Timeout(DEFAULT_TIMEOUT, connect=dead_peer_s),
+                                transport=httpx.HTTPTransport(verify=verify, socket_options=opts))
+        raise E.InvalidArgument(f"unsupported shoald URL {url!r}: use unix:///path or http(s)://host:port")
 
     def __repr__(self) -> str:
         return f"HttpBackend({self.url})"
@@ -112,18 +143,49 @@ class HttpBackend(SandboxBackend):
         err.retryable = True
         return err
 
+    def _attempts(self) -> Iterator[tuple[int, httpx.Client]]:
+        """The clients to try, the last one that answered first."""
+        n = len(self._clients)
+        for i in range(n):
+            k = (self._current + i) % n
+            yield k, self._clients[k]
+
+    def _answered(self, k: int) -> None:
+        if k != self._current:
+            self._current, self.http = k, self._clients[k]
+
+    @staticmethod
+    def _timeout(client: httpx.Client, seconds: float | None) -> httpx.Timeout:
+        """A request's own timeout, keeping the client's connect timeout."""
+        return httpx.Timeout(seconds, connect=client.timeout.connect)
+
+    @staticmethod
+    def _safe_to_resend(e: httpx.TransportError, method: str, headers: dict[str, str]) -> bool:
+        """Whether a request that failed in transport may go to another replica: nothing was sent
+        (no connection), or sending it twice does no harm (idempotent methods, keyed creates)."""
+        return isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout)) or method in ("GET", "HEAD", "PUT", "DELETE") \
+            or any(k.lower() == "idempotency-key" for k in headers)
+
     def call(self, method: str, path: str, *, body: BaseModel | None = None,
              timeout: float | None = DEFAULT_TIMEOUT, **kw: Any) -> httpx.Response:
         """One request under API_PREFIX (`path` is the rest); raises the daemon's error, if any."""
         if body is not None:
             kw["content"] = body.model_dump_json()
             kw["headers"] = {**kw.get("headers", {}), "content-type": "application/json"}
-        try:
-            resp = self.http.request(method, API_PREFIX + path, timeout=timeout, **kw)
-        except httpx.TransportError as e:
-            raise self._unreachable(e) from e
-        self.raise_for(resp)
-        return resp
+        failure: httpx.TransportError | None = None
+        for k, client in self._attempts():
+            try:
+                resp = client.request(method, API_PREFIX + path, timeout=self._timeout(client, timeout), **kw)
+            except httpx.TransportError as e:
+                failure = e
+                if len(self._clients) > 1 and self._safe_to_resend(e, method, kw.get("headers", {})):
+                    continue
+                break
+            self._answered(k)
+            self.raise_for(resp)
+            return resp
+        assert failure is not None
+        raise self._unreachable(failure) from failure
 
     def json(self, method: str, path: str, **kw: Any) -> Any:
         r = self.call(method, path, **kw)
@@ -136,8 +198,12 @@ class HttpBackend(SandboxBackend):
         return "/sandboxes/" + quote(sandbox_id, safe="")
 
     # ---------------------------------------------------------------- lifecycle
-    def create(self, req: CreateRequest) -> SandboxInfo:
-        return SandboxInfo.model_validate(self.json("POST", "/sandboxes", body=req))
+    def create(self, req: CreateRequest, idempotency_key: str | None = None) -> SandboxInfo:
+        """Every create carries an idempotency key (a fresh one unless given): retried on another
+        replica after a cut connection, it answers the sandbox the first attempt made."""
+        key = idempotency_key or uuid.uuid4().hex
+        return SandboxInfo.model_validate(self.json("POST", "/sandboxes", body=req,
+                                                    headers={"idempotency-key": key}))
 
     def info(self, sandbox_id: str) -> SandboxInfo:
         return SandboxInfo.model_validate(self.json("GET", self._sb(sandbox_id)))
@@ -178,22 +244,32 @@ class HttpBackend(SandboxBackend):
         return result
 
     def _events(self, path: str, req: ExecRequest, timeout: float | None) -> Iterator[tuple[str, str]]:
-        """The Server-Sent Events of a streamed exec: (event, data)."""
-        try:
-            with self.http.stream("POST", API_PREFIX + path, params={"stream": "true"},
-                                  content=req.model_dump_json(), headers={"content-type": "application/json"},
-                                  timeout=timeout) as resp:
-                if resp.status_code >= 400:
-                    resp.read()
-                    self.raise_for(resp)
-                event = "message"
-                for line in resp.iter_lines():
-                    if line.startswith("event: "):
-                        event = line[7:]
-                    elif line.startswith("data: "):
-                        yield event, line[6:]
-        except httpx.TransportError as e:
-            raise self._unreachable(e) from e
+        """The Server-Sent Events of a streamed exec: (event, data). Another replica is tried only
+        when this one could not be reached at all (an exec is never sent twice)."""
+        failure: httpx.TransportError | None = None
+        for k, client in self._attempts():
+            try:
+                with client.stream("POST", API_PREFIX + path, params={"stream": "true"},
+                                   content=req.model_dump_json(), headers={"content-type": "application/json"},
+                                   timeout=self._timeout(client, timeout)) as resp:
+                    self._answered(k)
+                    if resp.status_code >= 400:
+                        resp.read()
+                        self.raise_for(resp)
+                    event = "message"
+                    for line in resp.iter_lines():
+                        if line.startswith("event: "):
+                            event = line[7:]
+                        elif line.startswith("data: "):
+                            yield event, line[6:]
+                return
+            except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+                failure = e
+                continue
+            except httpx.TransportError as e:
+                raise self._unreachable(e) from e
+        assert failure is not None
+        raise self._unreachable(failure) from failure
 
     def start(self, sandbox_id: str, req: StartRequest) -> ProcessHandle:
         info = ProcessInfo.model_validate(self.json("POST", self._sb(sandbox_id) + "/commands", body=req))
@@ -245,9 +321,18 @@ class HttpBackend(SandboxBackend):
     def set_network(self, sandbox_id: str, req: NetworkRequest) -> NetworkPolicy:
         return NetworkPolicy.model_validate(self.json("PUT", self._sb(sandbox_id) + "/network", body=req))
 
+    # ---------------------------------------------------------------- images
+    def images(self) -> ImageSummaries:
+        return _IMAGES.validate_python(self.json("GET", "/images"))
+
     # ---------------------------------------------------------------- resources
+    @property
+    def address(self) -> str:
+        return self.url
+
     def close(self) -> None:
-        self.http.close()
+        for c in self._clients:
+            c.close()
 
 
 class HttpProcessHandle(ProcessHandle):

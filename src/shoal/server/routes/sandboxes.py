@@ -1,7 +1,8 @@
-"""Sandboxes: create (quotas, admission, ownership), list, info, kill, pause, resume, TTLs, network."""
+"""Sandboxes: create (quotas, admission, ownership: the served side's `create`; idempotent with a key),
+list, info, kill, pause, resume, TTLs, network."""
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Response
+from fastapi import APIRouter, Depends, Header, Response
 
 from ...core import errors as E
 from ...core.contract import (
@@ -13,13 +14,16 @@ from ...core.contract import (
     TimeoutRequest,
 )
 from ..auth import Caller, caller
-from ..quotas import limits_of
 
 router = APIRouter(prefix=API_PREFIX + "/sandboxes", tags=["sandboxes"])
 
 
 @router.post("", status_code=201)
-def create(body: CreateRequest, c: Caller = Depends(caller)) -> SandboxInfo:
+def create(body: CreateRequest, c: Caller = Depends(caller),
+           idempotency_key: str | None = Header(None, max_length=200, pattern=r"^[\x21-\x7e]+$",
+                                                description="a retried create with the same key (by the same "
+                                                            "tenant) answers the sandbox the first one made")
+           ) -> SandboxInfo:
     d, t = c.d, c.t
     if body.network == "host" and not t.admin:
         raise E.Unauthorized("network='host' (the host's network, for image builds) is for the admin only")
@@ -28,23 +32,12 @@ def create(body: CreateRequest, c: Caller = Depends(caller)) -> SandboxInfo:
     for ref in [body.image] + [x for x in body.layers or [] if ":" in x and not x.startswith("sha256:")]:
         if ref:
             d.check_image(t, ref)
-    limits = limits_of(body, d.settings)
-    with d.quotas.reserve(t, [limits]):
-        committed = d.backend.committed()
-        with d.admission.creating(len(committed), sum(x.memory_mb for x in committed), limits.memory_mb):
-            info = d.backend.create(body)
-        d.state.own("sandbox", info.id, t.name)
-    d.counters["creates"] += 1
-    return info
+    return d.create(t, body, idempotency_key)
 
 
 @router.get("")
 def list_sandboxes(c: Caller = Depends(caller)) -> list[SandboxInfo]:
-    infos = c.d.backend.list()
-    if c.t.admin:
-        return infos
-    mine = set(c.d.state.owned("sandbox", c.t.name))
-    return [i for i in infos if i.id in mine]
+    return c.d.list_sandboxes(c.t)
 
 
 @router.get("/{sandbox_id}")

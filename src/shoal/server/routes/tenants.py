@@ -35,7 +35,7 @@ def create_tenant(body: TenantRequest, c: Caller = Depends(admin_caller)) -> dic
 
 @router.get("")
 def list_tenants(c: Caller = Depends(admin_caller)) -> list[dict[str, Any]]:
-    return [{"name": x.name, "quotas": x.quotas.__dict__, "created": x.created, "usage": c.d.quotas.usage(x)}
+    return [{"name": x.name, "quotas": x.quotas.__dict__, "created": x.created, "usage": c.d.usage(x)}
             for x in c.d.state.list_tenants()]
 
 

@@ -3,6 +3,10 @@
 A task's sandbox is `base image + workspace layers + task layer`. The task layer is built once per
 host from the task's `bug_patch` (content-addressed, so rebuilding gives the same digest) and holds
 only the changed source file plus a fresh one-commit git history.
+
+Building needs the host's layer store (`Host`, root): `prepare` does it, and so does any function
+here when handed a `Host`. Over any other backend (shoald, the default for rollouts) sandboxes start
+from the images the operator prepared, and a missing one is an ImageNotFound that says so.
 """
 from __future__ import annotations
 
@@ -11,10 +15,11 @@ import os
 import re
 import secrets
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...core.contract import ExecRequest
+from ...core.contract import ExecRequest, SandboxBackend
 from ...core.errors import BuildError, ImageNotFound, InvalidArgument, ShoalError
 from ...envs.builder import DEFAULT_EXCLUDE
 from ...envs.sandboxes import create_request, open_sandbox
@@ -37,6 +42,7 @@ from .grading import (
 from .screen import screen_changes, screen_patch
 from .task import SWETask
 from .trusted import (
+    GRADER_IMAGE,
     RUN,
     RunConfig,
     RunRecord,
@@ -103,16 +109,58 @@ def ensure_task_image(host: Host, task: SWETask) -> str:
     return task.image
 
 
-def task_sandbox(host: Host, task: SWETask, **kw) -> Sandbox:
+def prepare_task(host: Host, task: SWETask) -> None:
+    """Every image the task's sandboxes and its grader start from, built here if missing."""
     ensure_task_image(host, task)
-    return open_sandbox(host, task.base_image, [task.base_commit, task.image], **{**TASK_LIMITS, **kw})
+    ensure_grader_image(host)
 
 
-def grader_sandbox(host: Host, task: SWETask, **kw) -> Sandbox:
+def prepare_suite(host: Host, tasks: list[SWETask],
+                  on_step: Callable[[str, int, int], None] | None = None) -> None:
+    """The operator's step before rollouts through shoald: the Python base, the workspaces the tasks
+    use, then each task's layer and the grader layer, all in `host`'s store (cached: a no-op when
+    done). on_step(what, i, n) reports progress over the n = workspaces + tasks steps."""
+    from ...envs.debian import ensure_python_base
+    from ...envs.workspaces import build_workspace
+
+    specs = [s for s in CATALOG if any(t.repo == s.name and t.version == s.version for t in tasks)]
+    n, i = len(specs) + len(tasks), 0
+    if on_step:
+        on_step("python base", 0, n)
+    ensure_python_base(host)
+    for spec in specs:
+        if on_step:
+            on_step(f"workspace {spec.image}", i, n)
+        build_workspace(host, spec)
+        i += 1
+    for task in tasks:
+        if on_step:
+            on_step(f"task {task.instance_id}", i, n)
+        task.prepare(host)
+        i += 1
+
+
+def _open(backend: SandboxBackend, task: SWETask, layers: list[str], **kw) -> Sandbox:
+    try:
+        return open_sandbox(backend, task.base_image, layers, **{**TASK_LIMITS, **kw})
+    except ImageNotFound as e:
+        raise ImageNotFound(f"task {task.instance_id}: {e}; the operator prepares a suite's images on the "
+                            f"sandbox host once, as root: `shoal tasks prepare`") from None
+
+
+def task_sandbox(backend: SandboxBackend, task: SWETask, **kw) -> Sandbox:
+    if isinstance(backend, Host):  # in-process: build what is missing, on first use
+        ensure_task_image(backend, task)
+    return _open(backend, task, [task.base_commit, task.image], **kw)
+
+
+def grader_sandbox(backend: SandboxBackend, task: SWETask, **kw) -> Sandbox:
     """A fresh sandbox of the task with the trusted grader layer on top (never the agent's)."""
-    ensure_task_image(host, task)
-    grader = ensure_grader_image(host)
-    return open_sandbox(host, task.base_image, [task.base_commit, task.image, grader], **{**TASK_LIMITS, **kw})
+    grader = GRADER_IMAGE
+    if isinstance(backend, Host):
+        ensure_task_image(backend, task)
+        grader = ensure_grader_image(backend)
+    return _open(backend, task, [task.base_commit, task.image, grader], **kw)
 
 
 # flipped tests re-run one by one per evaluation: None = every one (a secret random sample beyond a cap)
@@ -259,16 +307,16 @@ _gold_locks: dict[tuple[str, str, str], threading.Lock] = {}
 _gold_lock = threading.Lock()
 
 
-def gold_statuses(host: Host, task: SWETask, timeout: float = 60) -> dict[str, str]:
+def gold_statuses(backend: SandboxBackend, task: SWETask, timeout: float = 60) -> dict[str, str]:
     """Log id -> status of each FAIL_TO_PASS / PASS_TO_PASS test in a trusted run of the task's
     gold patch: the reference an XFAIL or SKIPPED status is held to (grading.f2p_passed,
-    p2p_maintained). Computed once per host root and task in this process, when first needed."""
-    key = (str(host.settings.root), task.instance_id, hashlib.sha256(task.patch.encode()).hexdigest())
+    p2p_maintained). Computed once per backend address and task in this process, when first needed."""
+    key = (backend.address, task.instance_id, hashlib.sha256(task.patch.encode()).hexdigest())
     with _gold_lock:
         lock = _gold_locks.setdefault(key, threading.Lock())
     with lock:
         if key not in _gold:
-            with grader_sandbox(host, task, ttl=timeout + 120) as sb:
+            with grader_sandbox(backend, task, ttl=timeout + 120) as sb:
                 ap = _apply(sb, task, task.patch)
                 if not ap.ok or ap.malformed:
                     return {}
@@ -293,7 +341,7 @@ def _suspect(task: SWETask, flags, dropped: list[str]) -> Report:
     return rep.reject(f"tamper-suspect: {flags[0].rule}", f"static screen: {flags[0]}")
 
 
-def evaluate(host: Host, task: SWETask, patch: str | None, timeout: float = 60, *, screen: bool = True,
+def evaluate(backend: SandboxBackend, task: SWETask, patch: str | None, timeout: float = 60, *, screen: bool = True,
              confirm: bool = True, confirm_max: int | None = CONFIRM_MAX) -> tuple[Report, str]:
     """Grade a patch in a fresh sandbox of the task (the agent's sandbox may have been tampered
     with), with the trusted runner; returns (report, test log).
@@ -316,7 +364,7 @@ def evaluate(host: Host, task: SWETask, patch: str | None, timeout: float = 60, 
     if screen and patch_text and (flags := screen_patch(patch_text, content=False)):
         return _suspect(task, flags, dropped), ""
     # a TTL: if the grading process dies (a worker killed mid-grade), the sandbox does not outlive it
-    with grader_sandbox(host, task, ttl=timeout + 120) as sb:
+    with grader_sandbox(backend, task, ttl=timeout + 120) as sb:
         ap = _apply(sb, task, patch_text)
         dropped = sorted(set(dropped) | set(ap.restored))
         if not ap.ok:
@@ -334,18 +382,18 @@ def evaluate(host: Host, task: SWETask, patch: str | None, timeout: float = 60, 
         log = r.stdout + r.stderr
     # an XFAIL or SKIPPED status counts only where the gold patch's run has it too
     status = record_statuses(record)[0]
-    expected = gold_statuses(host, task, timeout) if any(
+    expected = gold_statuses(backend, task, timeout) if any(
         status.get(t) in ("XFAIL", "SKIPPED") for t in task.FAIL_TO_PASS + task.PASS_TO_PASS) else {}
     rep = grade_run(log, record, task.FAIL_TO_PASS, task.PASS_TO_PASS, patch_exists=bool(patch_text),
                     changed=changed, repo_dir=task.repo_dir, timed_out=r.timed_out, expected=expected)
     rep.dropped_files = dropped
     if confirm and rep.status != "RESOLVED_NO" and not rep.reason:
-        _confirm(host, task, patch_text, record, rep, confirm_max, expected)
+        _confirm(backend, task, patch_text, record, rep, confirm_max, expected)
     return rep, log
 
 
-def _confirm(host: Host, task: SWETask, patch_text: str, record: RunRecord, rep: Report, confirm_max: int | None,
-             expected: dict[str, str], timeout: float = 60) -> None:
+def _confirm(backend: SandboxBackend, task: SWETask, patch_text: str, record: RunRecord, rep: Report,
+             confirm_max: int | None, expected: dict[str, str], timeout: float = 60) -> None:
     """Independent confirmation: every FAIL_TO_PASS test that flipped to pass runs again alone, in a
     separate process per test, in one fresh sandbox with the patch applied again: under the stdlib
     unittest runner when it is a TestCase test, else the trusted pytest runner on that one test id.
@@ -358,7 +406,7 @@ def _confirm(host: Host, task: SWETask, patch_text: str, record: RunRecord, rep:
     failed: list[tuple[str, str]] = []
     runners = {"pytest": 0, "unittest": 0}
     if chosen:
-        with grader_sandbox(host, task, ttl=timeout * len(chosen) + 120) as sb:
+        with grader_sandbox(backend, task, ttl=timeout * len(chosen) + 120) as sb:
             ap = _apply(sb, task, patch_text)
             if not ap.ok or ap.malformed:
                 failed = [(t, "patch did not apply" if not ap.ok else str(ap.malformed)) for t in chosen]
@@ -373,7 +421,7 @@ def _confirm(host: Host, task: SWETask, patch_text: str, record: RunRecord, rep:
                     st = rec.status.get(nodeid)
                     why = rec.problem or "; ".join(rec.tampered[:2]) or \
                         ("" if rec.end and rec.exit else "the run did not finish") or \
-                        ("" if f2p_passed(st, (gold_statuses(host, task) if st == "XFAIL" else {}).get(t))
+                        ("" if f2p_passed(st, (gold_statuses(backend, task) if st == "XFAIL" else {}).get(t))
                          else f"status {st or 'missing'}")
                     if why:
                         failed.append((t, why))

@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, Field, field_validator
 
 if TYPE_CHECKING:
+    from ...core.contract import SandboxBackend
     from ...host import Host
-    from ...layers.store import LayerStore
+    from ...layers.store import ImageSource
     from ...rollout.task import Tools, Verdict
     from ...rollout.tools import ToolBox
     from ...sdk.sandbox import Sandbox
@@ -77,10 +78,11 @@ class SWETask(BaseModel):
     def describe(self) -> dict[str, Any]:
         return {"repo": self.repo, "labels": self.labels.model_dump()}
 
-    def prepare(self, host: Host, source: LayerStore | None = None) -> None:
+    def prepare(self, host: Host, source: ImageSource | None = None) -> None:
         """Base and workspace images must be here or in `source`; the task layer is pulled from
-        `source` if it has it, else built from the bug patch on first use."""
+        `source` if it has it, else built from the bug patch; the grader layer is built if missing."""
         from ...core.errors import ImageNotFound
+        from .suite import prepare_task
 
         for ref in (self.base_image, self.base_commit, self.image):
             try:
@@ -91,15 +93,16 @@ class SWETask(BaseModel):
                         continue
                     raise
                 try:
-                    host.store.pull_image(source, ref)
+                    source.pull_into(host.store, ref)
                 except ImageNotFound:
                     if ref != self.image:
                         raise
+        prepare_task(host, self)
 
-    def sandbox(self, host: Host, **create: Any) -> Sandbox:
+    def sandbox(self, backend: SandboxBackend, **create: Any) -> Sandbox:
         from .suite import task_sandbox
 
-        return task_sandbox(host, self, **create)
+        return task_sandbox(backend, self, **create)
 
     def prompt(self) -> list[dict]:
         return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": self.problem_statement}]
@@ -117,11 +120,11 @@ class SWETask(BaseModel):
             raise TypeError(f"an SWE task's answer is read through its ToolBox, got {type(tools).__name__}")
         return tools.diff()
 
-    def grade(self, host: Host, answer: str) -> Verdict:
+    def grade(self, backend: SandboxBackend, answer: str) -> Verdict:
         from ...rollout.task import Verdict
         from .suite import evaluate
 
-        rep, _ = evaluate(host, self, answer)
+        rep, _ = evaluate(backend, self, answer)
         return Verdict(reward=1.0 if rep.resolved else 0.0, resolved=rep.resolved, report=rep.to_dict())
 
     def to_swebench(self) -> dict:

@@ -133,14 +133,18 @@ static void mkdir_p_in(const char *path, mode_t mode) {
     errno = 0;
 }
 
-/* Hide a /proc entry: a file gets /dev/null bound over it, a directory an empty read-only tmpfs. */
+/* Hide a /proc entry: a file gets the sandbox's own dev/null bound over it read-only, a directory an
+ * empty read-only tmpfs. Never the host's /dev/null: a bind shares the inode, and the sandbox's root
+ * could then chmod or chown the host's /dev/null through /proc/keys (every host program breaks). The
+ * read-only bind makes chmod/chown on the masked entry fail with EROFS too. Needs dev/ set up first. */
 static void mask_path(const char *path) {
     struct stat st;
     if (stat(path, &st) < 0) { errno = 0; return; }
     if (S_ISDIR(st.st_mode)) {
         mount_or_die("tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=0,mode=0555");
     } else {
-        mount_or_die("/dev/null", path, NULL, MS_BIND, NULL);
+        mount_or_die("dev/null", path, NULL, MS_BIND, NULL);
+        mount_or_die(NULL, path, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NOEXEC, NULL);
     }
 }
 
@@ -166,21 +170,6 @@ static void setup_rootfs(void) {
     mount_or_die("overlay", cfg.rootfs, "overlay", 0, opts);
     if (chdir(cfg.rootfs) < 0) die("chdir rootfs");
 
-    /* /proc: a fresh instance for the new PID namespace, then hide what leaks host state. */
-    mkdir_p_in("proc", 0555);
-    mount_or_die("proc", "proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
-    static const char *masked[] = {"proc/kcore", "proc/kpagecgroup", "proc/kpagecount", "proc/kpageflags",
-                                   "proc/kpageidle", "proc/keys", "proc/key-users", "proc/timer_list",
-                                   "proc/sched_debug", "proc/latency_stats",
-                                   "proc/acpi", "proc/scsi", "proc/driver", "proc/kmsg", "proc/vmallocinfo",
-                                   "proc/slabinfo", "proc/pagetypeinfo", "proc/buddyinfo", "proc/mtrr", NULL};
-    for (int i = 0; masked[i]; i++) mask_path(masked[i]);
-    /* sysrq-trigger is read-only, not masked: /dev/null bound over it would take writes and succeed
-     * (a device node ignores a read-only mount), where EROFS says plainly that the write was refused */
-    static const char *ro[] = {"proc/sys", "proc/irq", "proc/bus", "proc/fs", "proc/asound", "proc/sysrq-trigger",
-                               NULL};
-    for (int i = 0; ro[i]; i++) readonly_path(ro[i]);
-
     /* /dev: a small tmpfs with the usual character devices; no host device is reachable. */
     mkdir_p_in("dev", 0755);
     mount_or_die("tmpfs", "dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=1024k,nr_inodes=256");
@@ -201,6 +190,21 @@ static void setup_rootfs(void) {
         symlink("/proc/self/fd/1", "stdout") < 0 || symlink("/proc/self/fd/2", "stderr") < 0)
         die("symlink /dev/fd");
     if (chdir("..") < 0) die("chdir ..");
+
+    /* /proc: a fresh instance for the new PID namespace, then hide what leaks host state. */
+    mkdir_p_in("proc", 0555);
+    mount_or_die("proc", "proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+    static const char *masked[] = {"proc/kcore", "proc/kpagecgroup", "proc/kpagecount", "proc/kpageflags",
+                                   "proc/kpageidle", "proc/keys", "proc/key-users", "proc/timer_list",
+                                   "proc/sched_debug", "proc/latency_stats",
+                                   "proc/acpi", "proc/scsi", "proc/driver", "proc/kmsg", "proc/vmallocinfo",
+                                   "proc/slabinfo", "proc/pagetypeinfo", "proc/buddyinfo", "proc/mtrr", NULL};
+    for (int i = 0; masked[i]; i++) mask_path(masked[i]);
+    /* sysrq-trigger is read-only, not masked: /dev/null bound over it would take writes and succeed
+     * (a device node ignores a read-only mount), where EROFS says plainly that the write was refused */
+    static const char *ro[] = {"proc/sys", "proc/irq", "proc/bus", "proc/fs", "proc/asound", "proc/sysrq-trigger",
+                               NULL};
+    for (int i = 0; ro[i]; i++) readonly_path(ro[i]);
 
     /* /sys read-only (it belongs to the new network namespace, so it shows only `lo`). */
     mkdir_p_in("sys", 0555);

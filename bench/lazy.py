@@ -1,0 +1,583 @@
+#!/usr/bin/env python3
+"""Images from a real registry, loaded lazily (issue 14, section 3), side by side.
+
+The 10 real workspace images (python:3.11 on Debian bookworm, ~300 MB of EROFS, + one PyPI project
+each; built by shoal.envs and cached in the source root) are pushed to a local `docker-registry`
+(Debian's distribution 2.8, started here on loopback, plain HTTP, anonymous: Docker reaches
+127.0.0.0/8 registries over HTTP without configuration). Then, in FRESH Shoal roots that have never
+seen an image (a new root = a new chunk cache and a new lazy daemon):
+
+  cold start -> first exec   `shoal pull --lazy` (manifest, config, chunk indexes) + create +
+                             `python3 -c pass` (the interpreter, libpython and the stdlib it imports);
+                             against a full `shoal pull` (every layer downloaded, verified, installed)
+                             + the same create + exec; and `docker pull` + `docker run --rm` of a
+                             Docker image of the same tree from the same registry;
+  bytes fetched              registry blob bytes (its access log) from the pull's start through the
+                             agent tool-call sequence (or the project's quick tests), as % of the
+                             image's EROFS bytes;
+  warm read                  every chunk cached, page cache dropped: read all of /usr in the sandbox;
+                             the same read from the same image local (the source root); also the first
+                             (cold) read of it, every chunk from the registry;
+  fan-out                    64 sandboxes on 8 never-seen images at once in one fresh root, through a
+                             counting proxy: GET requests per (blob, range) = per chunk.
+
+Docker's image (fairness): the same merged tree (base + workspace layers, overlay-mounted from the
+source root) as ONE layer: `docker import` of its tar, then `docker push` (gzip-compressed by
+Docker: Docker fetches fewer bytes than Shoal's uncompressed EROFS and must decompress and extract
+them before it starts). A private dockerd (bench/docker_engine.py); the image is removed before each
+sample so every pull is cold.
+
+    python bench/lazy.py [--runs 3] [--src-root /var/lib/shoal-bench]   (root; ~15 min)
+writes bench/results/lazy.json and lazy.png; README's table: `python tests/test_docs_numbers.py lazy`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+os.environ.setdefault("SHOAL_URL", "local")  # sandboxes in this process, on private roots
+sys.path.insert(0, str(REPO / "src"))
+sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "bench"))
+
+RESULTS = REPO / "bench" / "results"
+FIRST_EXEC = "python3 -c pass"
+READ_ALL = "find /usr -xdev -type f -print0 | xargs -0 cat | wc -c"
+TIMING_IMAGES = ("six", "idna", "click")  # cold-start samples, every run (all 10 get byte samples)
+
+
+def spread(xs: list[float]) -> dict:
+    return {"min": min(xs), "median": statistics.median(xs), "max": max(xs), "n": len(xs), "all": xs}
+
+
+def drop_caches() -> None:
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("3")
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# ------------------------------------------------------------------------------------------ setup
+def prepare_images(src) -> list[dict]:
+    """One image per workspace: python:3.11's layers + the workspace's, with the base's env."""
+    from shoal.envs.debian import PYTHON_IMAGE, ensure_python_base
+    from shoal.envs.workspaces import CATALOG, agent_sequence, build_workspace, test_command
+
+    ensure_python_base(src)
+    base = src.store.get_image(PYTHON_IMAGE)
+    out = []
+    for spec in CATALOG:
+        ws = build_workspace(src, spec)
+        ref = f"lazybench/{spec.name}:1"
+        layers = list(base.layers) + [d for d in ws.layers if d not in base.layers]
+        src.store.create_image(ref, layers, config={"env": base.config.get("env", {}), "workdir": "/work/repo"})
+        out.append({"name": spec.name, "ref": ref, "layers": layers, "agent": agent_sequence(spec),
+                    "tests": test_command(spec, quick=True)})
+    return out
+
+
+def task_layer(h, i: int) -> str:
+    """A per-task file (/work/task/task.json, which the agent sequence reads), built in root `h`."""
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "work/task").mkdir(parents=True)
+        (Path(d) / "work/task/task.json").write_text(json.dumps({"task": i}) + "\n")
+        return h.store.build_from_dir(d, source=f"lazy bench task {i}").digest
+
+
+class Roots:
+    """Fresh roots, each torn down (sandboxes, mounts, lazy daemon, files) right after its sample."""
+
+    def __init__(self):
+        self.live: list[Path] = []
+
+    def new(self):
+        from shoal import Host
+
+        d = Path(tempfile.mkdtemp(prefix="shoal-lb-", dir="/tmp"))
+        self.live.append(d)
+        return Host.get(d)
+
+    def drop(self, h) -> None:
+        from roots import teardown_root
+
+        d = h.settings.root
+        teardown_root(d)
+        if d in self.live:
+            self.live.remove(d)
+
+    def close(self) -> None:
+        for d in list(self.live):
+            try:
+                from roots import teardown_root
+
+                teardown_root(d)
+            except Exception as e:  # keep cleaning the others
+                log(f"teardown of {d}: {e}")
+        self.live.clear()
+
+
+# ------------------------------------------------------------------------------------------ samples
+def lazy_sample(roots: Roots, reg, img: dict, i: int, sequence: str | None, repo: str = "bench/ws") -> dict:
+    """A fresh root: lazy pull + create + first exec (timed), then the sequence; registry blob bytes."""
+    from shoal import Sandbox
+    from shoal.registry import pull
+
+    h = roots.new()
+    try:
+        task = task_layer(h, i)
+        mark = reg.mark()
+        t0 = time.perf_counter()
+        pull(h.store, f"{reg.addr}/{repo}:{img['name']}", plain_http=True, lazy=True)
+        t_pull = time.perf_counter() - t0
+        with Sandbox.create(f"{repo}:{img['name']}", layers=[task], root=h.settings.root, memory_mb=1024) as sb:
+            r = sb.commands.run(FIRST_EXEC)
+            t_first = time.perf_counter() - t0
+            assert r.exit_code == 0, r
+            first_bytes = reg.blob_bytes(mark)
+            out = {"image": img["name"], "pull_s": t_pull, "first_exec_s": t_first, "first_exec_bytes": first_bytes}
+            if sequence:
+                t1 = time.perf_counter()
+                r = sb.commands.run(img[sequence], timeout=600)
+                out.update({"sequence": sequence, "sequence_s": time.perf_counter() - t1,
+                            "sequence_exit": r.exit_code, "bytes": reg.blob_bytes(mark)})
+                if r.exit_code != 0:
+                    log(f"  {img['name']} {sequence}: exit {r.exit_code}: {(r.stdout + r.stderr)[-300:]}")
+        return out
+    finally:
+        roots.drop(h)
+
+
+def full_sample(roots: Roots, reg, img: dict, i: int) -> dict:
+    from shoal import Sandbox
+    from shoal.registry import pull
+
+    h = roots.new()
+    try:
+        task = task_layer(h, i)
+        mark = reg.mark()
+        t0 = time.perf_counter()
+        pull(h.store, f"{reg.addr}/bench/ws:{img['name']}", plain_http=True)
+        t_pull = time.perf_counter() - t0
+        with Sandbox.create(f"bench/ws:{img['name']}", layers=[task], root=h.settings.root, memory_mb=1024) as sb:
+            r = sb.commands.run(FIRST_EXEC)
+            t_first = time.perf_counter() - t0
+            assert r.exit_code == 0, r
+        return {"image": img["name"], "pull_s": t_pull, "first_exec_s": t_first, "bytes": reg.blob_bytes(mark)}
+    finally:
+        roots.drop(h)
+
+
+def read_all(sb) -> tuple[float, int]:
+    drop_caches()
+    t = time.perf_counter()
+    r = sb.commands.run(READ_ALL, timeout=900)
+    dt = time.perf_counter() - t
+    assert r.exit_code == 0, r
+    return dt, int(r.stdout.strip())
+
+
+def warm_sample(roots: Roots, reg, src, img: dict) -> dict:
+    """MiB/s reading all of /usr: lazy cold (from the registry), lazy warm (chunks cached), local."""
+    from shoal import Sandbox
+    from shoal.registry import pull
+
+    h = roots.new()
+    try:
+        pull(h.store, f"{reg.addr}/bench/ws:{img['name']}", plain_http=True, lazy=True)
+        out: dict = {"image": img["name"], "lazy_warm_mib_s": [], "local_mib_s": []}
+        with Sandbox.create(f"bench/ws:{img['name']}", root=h.settings.root) as sb:
+            dt, n = read_all(sb)
+            out["bytes_read"] = n
+            out["lazy_cold_mib_s"] = n / dt / 2**20
+            for _ in range(3):
+                dt, _n = read_all(sb)
+                out["lazy_warm_mib_s"].append(n / dt / 2**20)
+        with Sandbox.create(img["ref"], root=src.settings.root) as sb:
+            for _ in range(3):
+                dt, _n = read_all(sb)
+                out["local_mib_s"].append(n / dt / 2**20)
+        return out
+    finally:
+        roots.drop(h)
+
+
+def fanout_sample(roots: Roots, reg, images: list[dict], n: int, m: int) -> dict:
+    """n sandboxes on m never-seen images at once, in one fresh root, every registry read through a
+    counting proxy: how often each (blob, range) was requested."""
+    from servers import FaultProxy
+
+    from shoal import Sandbox
+    from shoal.registry import pull
+
+    proxy = FaultProxy(reg.port)
+    h = roots.new()
+    try:
+        for img in images[:m]:
+            pull(h.store, f"{proxy.addr}/bench/ws:{img['name']}", plain_http=True, lazy=True)
+        tasks = [task_layer(h, i) for i in range(n)]
+        proxy.requests.clear()
+        lat: list[float] = []
+        fails: list[str] = []
+        lock = threading.Lock()
+
+        def one(i: int) -> None:
+            img = images[i % m]
+            t = time.perf_counter()
+            try:
+                with Sandbox.create(f"bench/ws:{img['name']}", layers=[tasks[i]], root=h.settings.root,
+                                    memory_mb=512) as sb:
+                    r = sb.commands.run(img["agent"], timeout=600)
+                ok = r.exit_code == 0
+                why = (r.stdout + r.stderr)[-200:]
+            except Exception as e:  # counted, reported
+                ok, why = False, repr(e)[:200]
+            with lock:
+                lat.append(time.perf_counter() - t)
+                if not ok:
+                    fails.append(f"{i}: {why}")
+
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(n) as ex:
+            list(ex.map(one, range(n)))
+        wall = time.perf_counter() - t0
+        gets = Counter((p.split("?")[0], rng) for meth, p, rng in proxy.requests if meth == "GET" and "/blobs/" in p)
+        ranged = {k: v for k, v in gets.items() if k[1]}
+        return {"sandboxes": n, "images": m, "wall_s": wall, "p50_s": statistics.median(lat), "failures": len(fails),
+                "failure_samples": fails[:3], "range_gets": sum(ranged.values()), "distinct_chunks": len(ranged),
+                "max_gets_per_chunk": max(ranged.values() or [0]),
+                "chunks_fetched_twice": sum(1 for v in ranged.values() if v > 1)}
+    finally:
+        roots.drop(h)
+        proxy.stop()
+
+
+# ------------------------------------------------------------------------------------------ docker
+def docker_prepare(src, reg, images: list[dict], env: dict) -> dict[str, int]:
+    """`docker import` of each image's merged tree, pushed to the registry; returns compressed bytes."""
+    sizes = {}
+    for img in images:
+        tag = f"{reg.addr}/bench/docker-ws:{img['name']}"
+        mounts = src.store.ensure_mounted(img["layers"])
+        merged = Path(tempfile.mkdtemp(prefix="shoal-lbm-"))
+        try:
+            lower = ":".join(str(m) for m in reversed(mounts))
+            subprocess.run(["mount", "-t", "overlay", "overlay", "-o", f"lowerdir={lower}", str(merged)], check=True)
+            tar = subprocess.Popen(["tar", "-C", str(merged), "-c", "."], stdout=subprocess.PIPE)
+            subprocess.run(["docker", "import", "-", tag], stdin=tar.stdout, check=True, capture_output=True, env=env)
+            tar.wait()
+        finally:
+            subprocess.run(["umount", str(merged)], capture_output=True, check=False)
+            merged.rmdir()
+        subprocess.run(["docker", "push", tag], check=True, capture_output=True, env=env)
+        with reg.client() as cl:
+            m = cl.get_manifest("bench/docker-ws", img["name"]).json()
+        sizes[img["name"]] = sum(int(d["size"]) for d in m["layers"])
+        subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, env=env, check=False)
+    return sizes
+
+
+def docker_sample(reg, img: dict, env: dict) -> dict:
+    tag = f"{reg.addr}/bench/docker-ws:{img['name']}"
+    subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, env=env, check=False)
+    mark = reg.mark()
+    t0 = time.perf_counter()
+    subprocess.run(["docker", "pull", "-q", tag], check=True, capture_output=True, env=env)
+    t_pull = time.perf_counter() - t0
+    r = subprocess.run(["docker", "run", "--rm", "--network=none", tag, "sh", "-c", FIRST_EXEC],
+                       capture_output=True, text=True, env=env, check=False)
+    t_first = time.perf_counter() - t0
+    assert r.returncode == 0, r.stderr
+    out = {"image": img["name"], "pull_s": t_pull, "first_exec_s": t_first, "bytes": reg.blob_bytes(mark)}
+    subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, env=env, check=False)
+    return out
+
+
+# ------------------------------------------------------------------------------------------ report
+def summarize(res: dict) -> dict:
+    s = res["samples"]
+    img_bytes = res["image_bytes"]
+    lazy = [x["first_exec_s"] for x in s["lazy"]]
+    full = [x["first_exec_s"] for x in s["full"]]
+    frac = {seq: [x["bytes"] / img_bytes[x["image"]] for x in s["lazy"] if x.get("sequence") == seq]
+            for seq in ("agent", "tests")}
+    # per run: the ratio of that run's p50s (same run, same images)
+    ratios = []
+    for r in range(res["config"]["runs"]):
+        a = [x["first_exec_s"] for x in s["lazy"] if x["run"] == r and x["image"] in TIMING_IMAGES]
+        b = [x["first_exec_s"] for x in s["full"] if x["run"] == r]
+        if a and b:
+            ratios.append(statistics.median(b) / statistics.median(a))
+    out = {
+        "cold_first_exec_s": {"lazy": spread(lazy), "full_pull": spread(full),
+                              "speedup_p50": statistics.median(full) / statistics.median(lazy),
+                              "speedup_per_run": spread(ratios),
+                              "lazy_pull_s": spread([x["pull_s"] for x in s["lazy"]]),
+                              "full_pull_s": spread([x["pull_s"] for x in s["full"]])},
+        "bytes_fraction": {k: spread(v) for k, v in frac.items() if v},
+        "bytes_first_exec_fraction": spread([x["first_exec_bytes"] / img_bytes[x["image"]] for x in s["lazy"]]),
+        "warm_read": {
+            "lazy_warm_mib_s": spread([statistics.median(x["lazy_warm_mib_s"]) for x in s["warm"]]),
+            "local_mib_s": spread([statistics.median(x["local_mib_s"]) for x in s["warm"]]),
+            "lazy_cold_mib_s": spread([x["lazy_cold_mib_s"] for x in s["warm"]]),
+            "ratio": spread([statistics.median(x["lazy_warm_mib_s"]) / statistics.median(x["local_mib_s"])
+                             for x in s["warm"]]),
+        },
+        "fanout": {"wall_s": spread([x["wall_s"] for x in s["fanout"]]),
+                   "max_gets_per_chunk": max(x["max_gets_per_chunk"] for x in s["fanout"]),
+                   "chunks_fetched_twice": sum(x["chunks_fetched_twice"] for x in s["fanout"]),
+                   "failures": sum(x["failures"] for x in s["fanout"]),
+                   "distinct_chunks": spread([x["distinct_chunks"] for x in s["fanout"]])},
+    }
+    if s.get("lazy_small"):
+        sm_ = s["lazy_small"]
+        out["small_chunks"] = {
+            "chunk_kb": res["config"]["small_chunk_kb"],
+            "cold_first_exec_s": spread([x["first_exec_s"] for x in sm_]),
+            "bytes_fraction": {seq: spread([x["bytes"] / img_bytes[x["image"]] for x in sm_
+                                            if x.get("sequence") == seq]) for seq in ("agent", "tests")}}
+    if s.get("docker"):
+        d = [x["first_exec_s"] for x in s["docker"]]
+        out["docker"] = {"pull_run_s": spread(d), "pull_s": spread([x["pull_s"] for x in s["docker"]]),
+                         "bytes": spread([x["bytes"] for x in s["docker"]]),
+                         "lazy_speedup_p50": statistics.median(d) / statistics.median(lazy)}
+    return out
+
+
+def goal(ok: bool, text: str) -> str:
+    return f"{text}: {'met' if ok else 'not met'}"
+
+
+def _s(m: dict, fmt: str = ".2f", scale: float = 1.0, unit: str = "") -> str:
+    f = lambda x: format(x * scale, fmt)  # noqa: E731
+    return f"{f(m['median'])} [{f(m['min'])}–{f(m['max'])}]{unit}"
+
+
+def readme_rows(j: dict) -> list[list[str]]:
+    """README table: figure | Shoal, lazy | the other side | goal (median [min–max] over samples)."""
+    sm = j["summary"]
+    c, w, fo = sm["cold_first_exec_s"], sm["warm_read"], sm["fanout"]
+    rows = [
+        ["cold start → first exec, never-seen image (pull + create + `python3 -c pass`)",
+         _s(c["lazy"], unit=" s"), f"full pull + start: {_s(c['full_pull'], unit=' s')}; lazy "
+         f"{c['speedup_p50']:.1f}× faster (per run {c['speedup_per_run']['min']:.1f}–"
+         f"{c['speedup_per_run']['max']:.1f})",
+         goal(c["lazy"]["median"] <= 1.5, "≤ 1.5 s p50") + "; " + goal(c["speedup_p50"] >= 5, "≥ 5× faster")],
+    ]
+    if "docker" in sm:
+        d = sm["docker"]
+        rows.append(["the same, Docker: `docker pull` + `docker run --rm` from the same registry", "",
+                     f"{_s(d['pull_run_s'], unit=' s')} (lazy {d['lazy_speedup_p50']:.1f}× faster; "
+                     f"{d['bytes']['median'] / 2**20:.0f} MiB gzip fetched)", "reported beside"])
+    for seq, label in (("agent", "agent tool-call sequence"), ("tests", "project's quick tests")):
+        if seq in sm["bytes_fraction"]:
+            b = sm["bytes_fraction"][seq]
+            rows.append([f"bytes fetched from the registry through the {label}, % of the image",
+                         _s(b, ".1f", 100, " %"), f"full pull: 100 % ({j['image_mib']:.0f} MiB)",
+                         goal(b["max"] <= 0.15, "≤ 15 %")])
+    if "small_chunks" in sm:
+        sc = sm["small_chunks"]
+        rows.append([f"the same with {sc['chunk_kb']} KiB chunks (and read-ahead): cold start → first exec",
+                     _s(sc["cold_first_exec_s"], unit=" s"), "", goal(sc["cold_first_exec_s"]["median"] <= 1.5,
+                                                                       "≤ 1.5 s p50")])
+        for seq in ("agent", "tests"):
+            b = sc["bytes_fraction"][seq]
+            rows.append([f"{sc['chunk_kb']} KiB chunks: bytes fetched through the {seq} sequence, % of the image",
+                         _s(b, ".1f", 100, " %"), "", goal(b["max"] <= 0.15, "≤ 15 %")])
+    rows.append(["warm read of all of /usr (chunks cached, page cache dropped), MiB/s",
+                 _s(w["lazy_warm_mib_s"], ".0f"), f"local layer: {_s(w['local_mib_s'], '.0f')}; ratio "
+                 f"{_s(w['ratio'], '.2f')}", goal(w["ratio"]["median"] >= 0.8, "within 20 %")])
+    rows.append(["first (cold) read of all of /usr, every chunk from the registry, MiB/s",
+                 _s(w["lazy_cold_mib_s"], ".0f"), f"local layer: {_s(w['local_mib_s'], '.0f')}", ""])
+    rows.append([f"{j['config']['fanout']} sandboxes on {j['config']['fanout_images']} never-seen images at once "
+                 "(agent sequence)", f"{_s(fo['wall_s'], '.1f', unit=' s')} wall; {fo['failures']} failures",
+                 f"most GETs of one chunk: {fo['max_gets_per_chunk']}; chunks fetched twice: "
+                 f"{fo['chunks_fetched_twice']}", goal(fo["max_gets_per_chunk"] <= 1, "no chunk fetched twice")])
+    return rows
+
+
+def plot(j: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sm = j["summary"]
+    c = sm["cold_first_exec_s"]
+    sc = sm.get("small_chunks")
+    bars = [("Shoal lazy\n1 MiB chunks", c["lazy"])]
+    if sc:
+        bars.append((f"Shoal lazy\n{sc['chunk_kb']} KiB chunks", sc["cold_first_exec_s"]))
+    bars.append(("Shoal\nfull pull", c["full_pull"]))
+    if "docker" in sm:
+        bars.append(("docker\npull + run", sm["docker"]["pull_run_s"]))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    xs = range(len(bars))
+    med = [m["median"] for _, m in bars]
+    a.bar(xs, med, yerr=[[m["median"] - m["min"] for _, m in bars], [m["max"] - m["median"] for _, m in bars]],
+          color=["tab:green", "tab:olive", "tab:blue", "tab:gray"][-len(bars):] if sc else
+          ["tab:green", "tab:blue", "tab:gray"][:len(bars)], capsize=4)
+    a.set_xticks(list(xs), [n for n, _ in bars])
+    a.axhline(1.5, ls="--", c="k", lw=0.8)
+    a.set_ylabel("cold start → first exec, s")
+    a.set_title(f"never-seen workspace image (~{j['image_mib']:.0f} MiB)")
+    groups = [("1 MiB", sm["bytes_fraction"], "tab:green")]
+    if sc:
+        groups.append((f"{sc['chunk_kb']} KiB", sc["bytes_fraction"], "tab:olive"))
+    keys = [k for k in ("agent", "tests") if k in sm["bytes_fraction"]]
+    width = 0.8 / len(groups)
+    for g, (label, fr, color) in enumerate(groups):
+        pos = [x + (g - (len(groups) - 1) / 2) * width for x in range(len(keys))]
+        b.bar(pos, [fr[k]["median"] * 100 for k in keys], width,
+              yerr=[[(fr[k]["median"] - fr[k]["min"]) * 100 for k in keys],
+                    [(fr[k]["max"] - fr[k]["median"]) * 100 for k in keys]], capsize=4, color=color,
+              label=f"{label} chunks")
+    b.legend()
+    b.axhline(15, ls="--", c="k", lw=0.8)
+    b.set_xticks(range(len(keys)), [f"{k} sequence" for k in keys])
+    b.set_ylabel("bytes fetched, % of the image")
+    b.set_title("what a lazily loaded sandbox reads")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+# ------------------------------------------------------------------------------------------ main
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--src-root", default="/var/lib/shoal-bench", help="root with (or to build) the workspaces")
+    ap.add_argument("--fanout", type=int, default=64)
+    ap.add_argument("--fanout-images", type=int, default=8)
+    ap.add_argument("--no-docker", action="store_true")
+    ap.add_argument("--chunk-kb", type=int, default=1024, help="chunk of the pushed chunk indexes")
+    ap.add_argument("--readahead-kb", type=int, default=None, help="the lazy daemon's FUSE read-ahead")
+    ap.add_argument("--small-chunk-kb", type=int, default=128, help="also measure lazy samples with chunks (and "
+                    "the daemon's read-ahead) of this size; 0: not")
+    ap.add_argument("--quick", action="store_true", help="a smoke test: the timing images only")
+    ap.add_argument("--out", default=str(RESULTS / "lazy.json"))
+    args = ap.parse_args()
+
+    from registryctl import RegistryServer
+
+    from shoal import Host
+    from shoal.registry import push
+
+    if args.readahead_kb:
+        os.environ["SHOAL_LAZY_READAHEAD_KB"] = str(args.readahead_kb)
+    t_start = time.time()
+    load_before = os.getloadavg()[0]
+    src = Host.get(args.src_root)
+    log("workspace images (cached in the source root after the first build)")
+    images = prepare_images(src)
+    by_name = {x["name"]: x for x in images}
+    reg = RegistryServer(tls=False, auth=False, workdir=Path("/var/tmp"))
+    roots = Roots()
+    dockerd = None
+    samples: dict[str, list] = {"lazy": [], "lazy_small": [], "full": [], "warm": [], "fanout": [], "docker": []}
+    try:
+        log(f"registry at {reg.addr}; pushing {len(images)} images to bench/ws:<name>")
+        image_bytes = {}
+        for img in images:
+            res = push(src.store, img["ref"], f"{reg.addr}/bench/ws:{img['name']}", plain_http=True,
+                       lazy_chunk_size=args.chunk_kb << 10)
+            image_bytes[img["name"]] = sum(x.size for x in res.layers)
+        if args.small_chunk_kb:
+            for name in TIMING_IMAGES:
+                push(src.store, by_name[name]["ref"], f"{reg.addr}/bench/ws-small:{name}", plain_http=True,
+                     lazy_chunk_size=args.small_chunk_kb << 10)
+        docker_env: dict = {}
+        docker_sizes: dict = {}
+        if not args.no_docker:
+            from docker_engine import PrivateDockerd
+
+            dockerd = PrivateDockerd(prefix="shoal-lazybench-")
+            if dockerd.up():
+                docker_env = dockerd.env()
+                log("docker: importing and pushing the timing images")
+                docker_sizes = docker_prepare(src, reg, [by_name[n] for n in TIMING_IMAGES], docker_env)
+            else:
+                log(f"docker side skipped: {dockerd.error}")
+                dockerd = None
+        k = 0
+        for run in range(args.runs):
+            log(f"run {run + 1}/{args.runs}: cold starts")
+            for name in TIMING_IMAGES:
+                img = by_name[name]
+                for seq in ("agent", "tests"):
+                    samples["lazy"].append({"run": run, **lazy_sample(roots, reg, img, k, seq)})
+                    k += 1
+                if args.small_chunk_kb:
+                    os.environ["SHOAL_LAZY_READAHEAD_KB"] = str(args.small_chunk_kb)
+                    try:
+                        for seq in ("agent", "tests"):
+                            samples["lazy_small"].append(
+                                {"run": run, **lazy_sample(roots, reg, img, k, seq, repo="bench/ws-small")})
+                            k += 1
+                    finally:
+                        if args.readahead_kb:
+                            os.environ["SHOAL_LAZY_READAHEAD_KB"] = str(args.readahead_kb)
+                        else:
+                            os.environ.pop("SHOAL_LAZY_READAHEAD_KB", None)
+                samples["full"].append({"run": run, **full_sample(roots, reg, img, k)})
+                if dockerd is not None:
+                    samples["docker"].append({"run": run, **docker_sample(reg, img, docker_env)})
+                x = samples["lazy"][-2:] + samples["lazy_small"][-2:] + samples["full"][-1:] + samples["docker"][-1:]
+                log("  " + name + ": " + ", ".join(f"{s['first_exec_s']:.2f} s" for s in x))
+            if run == 0 and not args.quick:  # every other image, once: bytes for both sequences
+                for img in images:
+                    if img["name"] in TIMING_IMAGES:
+                        continue
+                    for seq in ("agent", "tests"):
+                        samples["lazy"].append({"run": run, **lazy_sample(roots, reg, img, k, seq)})
+                        k += 1
+                    log(f"  {img['name']}: bytes {samples['lazy'][-2]['bytes'] / image_bytes[img['name']]:.1%} / "
+                        f"{samples['lazy'][-1]['bytes'] / image_bytes[img['name']]:.1%}")
+            log(f"run {run + 1}: warm read")
+            samples["warm"].append({"run": run, **warm_sample(roots, reg, src, by_name[TIMING_IMAGES[run % 3]])})
+            log(f"  {samples['warm'][-1]}")
+            log(f"run {run + 1}: {args.fanout} sandboxes on {args.fanout_images} never-seen images")
+            samples["fanout"].append({"run": run, **fanout_sample(roots, reg, images, args.fanout,
+                                                                  args.fanout_images)})
+            log(f"  {samples['fanout'][-1]}")
+        res = {
+            "date": time.strftime("%Y-%m-%d"), "command": "python bench/lazy.py " + " ".join(sys.argv[1:]),
+            "host": {"cores": os.cpu_count(), "kernel": platform.release(), "loadavg_1m_before": load_before,
+                     "loadavg_1m_after": os.getloadavg()[0]},
+            "config": {"runs": args.runs, "fanout": args.fanout, "fanout_images": args.fanout_images,
+                       "timing_images": list(TIMING_IMAGES), "chunk_kb": args.chunk_kb,
+                       "small_chunk_kb": args.small_chunk_kb,
+                       "readahead_kb": int(os.environ.get("SHOAL_LAZY_READAHEAD_KB", "1024")),
+                       "first_exec": FIRST_EXEC, "read_all": READ_ALL,
+                       "registry": "docker-registry (distribution 2.8, Debian), loopback, plain HTTP, no auth"},
+            "image_bytes": image_bytes, "image_mib": statistics.median(image_bytes.values()) / 2**20,
+            "docker_image_gzip_bytes": docker_sizes, "wall_s": time.time() - t_start, "samples": samples,
+        }
+        res["summary"] = summarize(res)
+        out = Path(args.out)
+        out.write_text(json.dumps(res, indent=1) + "\n")
+        plot(res, out.with_suffix(".png"))
+        for row in readme_rows(res):
+            print(" | ".join(row))
+        log(f"wrote {out} ({res['wall_s']:.0f} s)")
+    finally:
+        roots.close()
+        if dockerd is not None:
+            dockerd.down()
+        reg.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,339 @@
+"""`FleetBackend`: the whole contract over many hosts. Creates are placed (directory.py, placement.py);
+every other call goes to the sandbox's host through an `HttpBackend` (mTLS, the gateway's
+certificate), so a gateway is "shoald's routes over a FleetBackend" and holds no state of its own.
+
+Streaming passes through: a streamed exec reaches the host as a streamed exec, and each output
+event the host sends is handed to the caller's callback as it arrives (the gateway's exec route
+turns those into its own Server-Sent Events), never buffered to the end.
+"""
+from __future__ import annotations
+
+import logging
+import ssl
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+from ..backends.http import HttpBackend
+from ..backends.http.backend import HttpProcessHandle, HttpSessionHandle
+from ..config import Settings
+from ..core import errors as E
+from ..core.contract import (
+    DEFAULT_DOWNLOAD_MAX,
+    DEFAULT_READ_MAX,
+    CreateRequest,
+    ExecRequest,
+    ExecResult,
+    FileEntry,
+    ForkReply,
+    ForkRequest,
+    ImageSummary,
+    Limits,
+    NetworkPolicy,
+    NetworkRequest,
+    OutputCallback,
+    ProcessHandle,
+    ProcessInfo,
+    SandboxBackend,
+    SandboxInfo,
+    SessionHandle,
+    SessionInfo,
+    SessionRequest,
+    SnapshotInfo,
+    SnapshotRequest,
+    StartRequest,
+    TimeoutRequest,
+)
+from ..core.postgres import redact
+from ..server.quotas import limits_of
+from ..server.state import ADMIN, Tenant
+from . import placement
+from .directory import Directory, Entry
+from .schema import CREATING, DEAD, LOST, RUNNING, UP
+
+log = logging.getLogger("shoal.fleet")
+T = TypeVar("T")
+FileEntries = list[FileEntry]  # `list` is a contract method inside the class
+DEAD_PEER_S = 5.0  # a host that stops acknowledging fails the call after this long (HostUnavailable)
+LOOKUP_REUSE_S = 0.2  # a request's visibility check and its call share one directory lookup
+
+
+class FleetBackend(SandboxBackend):
+    name = "fleet"
+
+    def __init__(self, directory: Directory, tls: ssl.SSLContext | None, defaults: Settings | None = None):
+        self.directory = directory
+        self.tls = tls
+        self.defaults = defaults or Settings()
+        self._clients: dict[str, HttpBackend] = {}
+        self._lock = threading.Lock()
+        self._last = threading.local()  # the last sandbox this thread looked up: (id, entry, when)
+
+    def __repr__(self) -> str:
+        return f"FleetBackend({redact(self.directory.pg.dsn)})"
+
+    # ---------------------------------------------------------------- hosts
+    def client(self, address: str) -> HttpBackend:
+        """The shared client of one host (a connection pool each), as the gateway: no key, the
+        gateway's certificate."""
+        with self._lock:
+            c = self._clients.get(address)
+            if c is None:
+                c = self._clients[address] = HttpBackend(address, "", ssl_context=self.tls, dead_peer_s=DEAD_PEER_S)
+            return c
+
+    def entry(self, sandbox_id: str, tenant: Tenant | None = None) -> Entry:
+        """The directory's word on a sandbox this tenant (None: anyone) may see, live on a live
+        host. SandboxNotFound (404) if unknown or another tenant's, SandboxLost (410) if lost."""
+        last = getattr(self._last, "v", None)
+        if last is not None and last[0] == sandbox_id and time.monotonic() - last[2] < LOOKUP_REUSE_S:
+            e = last[1]
+        else:
+            e = self.directory.locate(sandbox_id) if isinstance(sandbox_id, str) else None
+        if e is None or (tenant is not None and not tenant.admin and e.tenant != tenant.name):
+            raise E.SandboxNotFound(f"sandbox {sandbox_id} not found")
+        if e.state in (RUNNING, CREATING) and e.host_gone:  # its lease ran out: settle it now
+            self.directory.expire()
+            e = self.directory.locate(sandbox_id) or e
+        self._last.v = (sandbox_id, e, time.monotonic())
+        if e.state == LOST:
+            raise E.SandboxLost(f"sandbox {sandbox_id} is lost: {e.reason or 'its host left the fleet'}")
+        if e.state == DEAD:
+            raise E.SandboxNotFound(f"sandbox {sandbox_id} has ended ({e.reason or 'killed'})")
+        if e.host_gone or not e.address:
+            raise E.SandboxLost(f"sandbox {sandbox_id} is lost: host {e.host} left the fleet")
+        return e
+
+    def _on(self, sandbox_id: str, call: Callable[[HttpBackend], T]) -> T:
+        e = self.entry(sandbox_id)
+        assert e.address is not None
+        try:
+            return call(self.client(e.address))
+        except E.SandboxError as err:
+            if err.retryable and type(err) is E.SandboxError:  # the host did not answer
+                raise E.HostUnavailable(f"host {e.host} of sandbox {sandbox_id} does not answer ({err}); "
+                                        "retry shortly") from None
+            raise
+
+    # ---------------------------------------------------------------- lifecycle
+    def create(self, req: CreateRequest) -> SandboxInfo:
+        return self.create_as(ADMIN, req)
+
+    def wanted(self, req: CreateRequest) -> placement.Wanted:
+        refs: list[str] = [req.image] if req.image else []
+        digests: list[str] = []
+        for x in req.layers or []:
+            if x.startswith("sha256:"):
+                digests.append(x)
+            elif ":" in x:
+                refs.append(x)
+        pin = None
+        if req.from_snapshot:
+            refs.append(f"snapshots/{req.from_snapshot}:latest")
+            pin = self.directory.snapshot_host(req.from_snapshot)
+        return placement.Wanted(refs=tuple(refs), digests=tuple(digests), pin=pin)
+
+    def create_as(self, tenant: Tenant, req: CreateRequest, idempotency_key: str | None = None) -> SandboxInfo:
+        """Reserve (quota + placement, one transaction), create on the host with the slot as its
+        idempotency key, confirm. A host that refuses for capacity hands the slot to the next best."""
+        limits = limits_of(req, self.defaults)
+        slot = self.directory.reserve(tenant, limits, self.wanted(req), idempotency_key)
+        if slot.state == RUNNING and slot.info is not None:
+            return slot.info  # a retry of a create that completed
+        if slot.state == LOST:
+            raise E.SandboxLost(f"sandbox {slot.sandbox_id or slot.slot} is lost: {slot.reason}")
+        if slot.state == DEAD:
+            raise E.SandboxNotFound(f"sandbox {slot.sandbox_id}, created under this idempotency key, has ended")
+        host, address, others = slot.host, slot.address, list(slot.alternatives)
+        while True:
+            try:
+                info = self.client(address).create(req, idempotency_key=slot.slot)
+                break
+            except E.QuotaExceeded:  # this host's admission refused (full, or too many starting)
+                if not others:
+                    self.directory.release(slot.slot)
+                    raise
+                host, address = others.pop(0)
+                self.directory.move(slot.slot, host)
+            except E.SandboxError as err:
+                if err.retryable and type(err) is E.SandboxError:  # unreachable: it may have made it, or not
+                    raise E.HostUnavailable(f"host {host} did not answer a create ({err}); retry with the same "
+                                            "idempotency key") from None
+                self.directory.release(slot.slot)
+                raise
+            except E.ShoalError:
+                self.directory.release(slot.slot)
+                raise
+        self.directory.confirm(slot.slot, info)
+        return info
+
+    def info(self, sandbox_id: str) -> SandboxInfo:
+        try:
+            return self._on(sandbox_id, lambda c: c.info(sandbox_id))
+        except E.SandboxLost:
+            raise
+        except E.SandboxNotFound:  # ended on its host (TTL, idle TTL, OOM)
+            self.directory.end(sandbox_id, "ended on its host")
+            raise
+
+    def kill(self, sandbox_id: str) -> None:
+        try:
+            self._on(sandbox_id, lambda c: c.kill(sandbox_id))
+        except E.SandboxLost:
+            raise
+        except E.SandboxNotFound:
+            self.directory.end(sandbox_id, "ended on its host")
+            raise
+        finally:
+            self._last.v = None
+        self.directory.end(sandbox_id, "killed")
+
+    def pause(self, sandbox_id: str) -> None:
+        self._on(sandbox_id, lambda c: c.pause(sandbox_id))
+
+    def resume(self, sandbox_id: str) -> None:
+        self._on(sandbox_id, lambda c: c.resume(sandbox_id))
+
+    def set_ttl(self, sandbox_id: str, req: TimeoutRequest) -> SandboxInfo:
+        return self._on(sandbox_id, lambda c: c.set_ttl(sandbox_id, req))
+
+    # ---------------------------------------------------------------- commands
+    def exec(self, sandbox_id: str, req: ExecRequest, on_stdout: OutputCallback | None = None,
+             on_stderr: OutputCallback | None = None) -> ExecResult:
+        return self._on(sandbox_id, lambda c: c.exec(sandbox_id, req, on_stdout=on_stdout, on_stderr=on_stderr))
+
+    def start(self, sandbox_id: str, req: StartRequest) -> ProcessHandle:
+        return self._on(sandbox_id, lambda c: c.start(sandbox_id, req))
+
+    def open_session(self, sandbox_id: str, req: SessionRequest) -> SessionHandle:
+        return self._on(sandbox_id, lambda c: c.open_session(sandbox_id, req))
+
+    def process_handle(self, sandbox_id: str, command_id: str) -> HttpProcessHandle:
+        """The host's background command `command_id`, by its id alone (the gateway keeps none)."""
+        e = self.entry(sandbox_id)
+        assert e.address is not None
+        return HttpProcessHandle(self.client(e.address), sandbox_id, ProcessInfo(id=command_id, pid=None), [])
+
+    def session_handle(self, sandbox_id: str, session_id: str) -> HttpSessionHandle:
+        e = self.entry(sandbox_id)
+        assert e.address is not None
+        return HttpSessionHandle(self.client(e.address), sandbox_id, SessionInfo(id=session_id, shell=""))
+
+    # ---------------------------------------------------------------- files
+    def read_file(self, sandbox_id: str, path: str, max_bytes: int = DEFAULT_READ_MAX) -> bytes:
+        return self._on(sandbox_id, lambda c: c.read_file(sandbox_id, path, max_bytes))
+
+    def write_file(self, sandbox_id: str, path: str, data: bytes, mode: int = 0o644) -> int:
+        return self._on(sandbox_id, lambda c: c.write_file(sandbox_id, path, data, mode))
+
+    def list_files(self, sandbox_id: str, path: str = "/") -> FileEntries:
+        return self._on(sandbox_id, lambda c: c.list_files(sandbox_id, path))
+
+    def stat_file(self, sandbox_id: str, path: str) -> FileEntry:
+        return self._on(sandbox_id, lambda c: c.stat_file(sandbox_id, path))
+
+    def mkdir(self, sandbox_id: str, path: str) -> None:
+        self._on(sandbox_id, lambda c: c.mkdir(sandbox_id, path))
+
+    def remove_file(self, sandbox_id: str, path: str) -> None:
+        self._on(sandbox_id, lambda c: c.remove_file(sandbox_id, path))
+
+    def upload_tar(self, sandbox_id: str, dest_dir: str, tar: bytes) -> int:
+        return self._on(sandbox_id, lambda c: c.upload_tar(sandbox_id, dest_dir, tar))
+
+    def download_tar(self, sandbox_id: str, path: str, max_bytes: int = DEFAULT_DOWNLOAD_MAX) -> bytes:
+        return self._on(sandbox_id, lambda c: c.download_tar(sandbox_id, path, max_bytes))
+
+    # ---------------------------------------------------------------- snapshots
+    def snapshot(self, sandbox_id: str, req: SnapshotRequest) -> SnapshotInfo:
+        e = self.entry(sandbox_id)
+        snap = self._on(sandbox_id, lambda c: c.snapshot(sandbox_id, req))
+        self.directory.record_snapshot(snap.id, e.host, e.tenant)  # sandboxes restored from it go there
+        return snap
+
+    def fork(self, sandbox_id: str, req: ForkRequest) -> ForkReply:
+        return self.fork_as(ADMIN, sandbox_id, req)
+
+    def fork_as(self, tenant: Tenant, sandbox_id: str, req: ForkRequest) -> ForkReply:
+        """n children on the source's host (they share its snapshot), each a slot of the tenant's
+        quota taken before the host is asked; slots of children that failed are given back."""
+        e = self.entry(sandbox_id, tenant)
+        src = self.info(sandbox_id).limits
+        child = Limits(cpu=req.cpu or src.cpu, memory_mb=req.memory_mb or src.memory_mb,
+                       disk_mb=req.disk_mb or src.disk_mb, pids=req.pids or src.pids, upper=req.upper or src.upper)
+        slots: list[str] = []
+        try:
+            for _ in range(req.n):
+                slots.append(self.directory.reserve(tenant, child, placement.Wanted(pin=e.host), None).slot)
+            assert e.address is not None
+            reply = self.client(e.address).fork(sandbox_id, req)
+        except BaseException:
+            for s in slots:
+                self.directory.release(s)
+            raise
+        for s, info in zip(slots, reply.sandboxes):
+            self.directory.confirm(s, info)
+        for s in slots[len(reply.sandboxes):]:
+            self.directory.release(s)
+        self.directory.record_snapshot(reply.snapshot.id, e.host, e.tenant)
+        return reply
+
+    # ---------------------------------------------------------------- network
+    def get_network(self, sandbox_id: str) -> NetworkPolicy:
+        return self._on(sandbox_id, lambda c: c.get_network(sandbox_id))
+
+    def set_network(self, sandbox_id: str, req: NetworkRequest) -> NetworkPolicy:
+        return self._on(sandbox_id, lambda c: c.set_network(sandbox_id, req))
+
+    # ---------------------------------------------------------------- images
+    def images(self) -> list[ImageSummary]:
+        """Every image some live host offers (as its heartbeat reported them), once per ref."""
+        seen: dict[str, ImageSummary] = {}
+        for (inv,) in self.directory.pg.execute("SELECT inventory FROM fleet_hosts WHERE state=%s ORDER BY id",
+                                                (UP,)).fetchall():
+            for i in inv.get("images", []):
+                seen.setdefault(i["ref"], ImageSummary.model_validate(i))
+        return sorted(seen.values(), key=lambda i: i.ref)
+
+    # ---------------------------------------------------------------- resources
+    @property
+    def address(self) -> str:
+        return f"fleet:{redact(self.directory.pg.dsn)}"
+
+    def close(self) -> None:
+        with self._lock:
+            clients = list(self._clients.values())
+            self._clients.clear()
+        for c in clients:
+            c.close()
+
+    def list_for(self, tenant: str | None) -> list[SandboxInfo]:
+        """Live sandboxes (one tenant's, or all), as their hosts describe them now; a host that does
+        not answer is described by what the directory recorded at creation."""
+        entries = self.directory.live(tenant)
+        by_host: dict[str, list[Entry]] = {}
+        for e in entries:
+            if e.address:
+                by_host.setdefault(e.address, []).append(e)
+
+        def ask(address: str) -> dict[str, SandboxInfo] | None:
+            try:
+                return {i.id: i for i in self.client(address).list()}
+            except E.ShoalError as err:
+                log.warning("listing sandboxes on %s: %s", address, err)
+                return None
+
+        with ThreadPoolExecutor(max_workers=max(1, min(16, len(by_host)))) as pool:
+            answers = dict(zip(by_host, pool.map(ask, by_host)))
+        out = []
+        for e in entries:
+            live = answers.get(e.address or "")
+            info = e.info if live is None else live.get(e.id)  # a host that answered is the truth
+            if info is not None:
+                out.append(info)
+        return out
+
+    def list(self) -> list[SandboxInfo]:
+        return self.list_for(None)

@@ -1,0 +1,68 @@
+"""Credentials and TLS against the real registry: where credentials come from, and that they never
+show up in an error, a repr or a log line."""
+from __future__ import annotations
+
+import base64
+import json
+import logging
+
+import pytest
+
+from shoal.core.errors import RegistryError
+from shoal.registry import RegistryClient, find_credentials, pull
+
+from .conftest import PASSWORD, USER
+
+
+def test_wrong_password_names_the_registry_not_the_password(registry, other_host, caplog):
+    wrong = "definitely-Wrong-pw-42"
+    caplog.set_level(logging.DEBUG)
+    with registry.client(password=wrong) as cl, pytest.raises(RegistryError) as e:
+        pull(other_host.store, f"{registry.addr}/shoal/app:1", client=cl)
+    msg = str(e.value)
+    assert registry.addr in msg and "authentication failed" in msg and USER in msg
+    assert wrong not in msg and wrong not in repr(e.value) and wrong not in caplog.text
+    assert base64.b64encode(f"{USER}:{wrong}".encode()).decode() not in caplog.text
+    assert wrong not in repr(cl) and wrong not in repr(cl.credentials)
+
+
+def test_without_credentials_the_error_says_how_to_give_them(registry, monkeypatch, tmp_path):
+    monkeypatch.delenv("SHOAL_REGISTRY_USER", raising=False)
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))  # no config.json there
+    with RegistryClient(registry.addr, ca=registry.ca) as cl:
+        with pytest.raises(RegistryError, match="requires credentials"):
+            cl.ping()
+
+
+def test_credentials_from_the_environment(registry, monkeypatch, tmp_path):
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))
+    monkeypatch.setenv("SHOAL_REGISTRY_USER", USER)
+    monkeypatch.setenv("SHOAL_REGISTRY_PASSWORD", PASSWORD)
+    with RegistryClient(registry.addr, ca=registry.ca) as cl:
+        cl.ping()
+        assert cl.credentials is not None and cl.credentials.source == "env"
+
+
+def test_credentials_from_docker_config_auths(registry, monkeypatch, tmp_path):
+    monkeypatch.delenv("SHOAL_REGISTRY_USER", raising=False)
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))
+    auth = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+    (tmp_path / "config.json").write_text(json.dumps({"auths": {registry.addr: {"auth": auth}}}))
+    creds = find_credentials(registry.addr)
+    assert creds is not None and creds.source == "docker config" and PASSWORD not in repr(creds)
+    with RegistryClient(registry.addr, ca=registry.ca) as cl:
+        cl.ping()
+
+
+def test_tls_needs_the_private_ca(registry, monkeypatch):
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    monkeypatch.delenv("SHOAL_REGISTRY_CA", raising=False)
+    with RegistryClient(registry.addr, username=USER, password=PASSWORD) as cl, \
+            pytest.raises(RegistryError, match="not trusted"):
+        cl.ping()
+    monkeypatch.setenv("SSL_CERT_FILE", str(registry.ca))  # the usual variable works too
+    with RegistryClient(registry.addr, username=USER, password=PASSWORD) as cl:
+        cl.ping()
+    monkeypatch.delenv("SSL_CERT_FILE")
+    with RegistryClient(registry.addr, username=USER, password=PASSWORD, insecure=True) as cl:
+        cl.ping()
