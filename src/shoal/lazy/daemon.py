@@ -19,6 +19,7 @@ import re
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 from ..config import load_settings
@@ -27,9 +28,10 @@ from ..layers.store import LayerStore
 from . import prefetch
 from .cache import ChunkCache
 from .fuse import FuseServer
-from .layer import LazyLayer, chunk_cache_for, open_origin, prefetch_chunks, spec_key
+from .layer import LazyLayer, chunk_cache_for, open_origin, prefetch_chunks, promote, spec_key
 
 log = logging.getLogger("shoal.lazy.daemon")
+PREFETCH_WORKERS = int(os.environ.get("SHOAL_LAZY_PREFETCH_WORKERS", "4"))
 _NAME = re.compile(r"^([0-9a-f]{64})\.erofs$")
 
 
@@ -43,6 +45,10 @@ class LayerFiles:
         self.layers: dict[str, LazyLayer] = {}
         self._lock = threading.Lock()
         self.stop = threading.Event()
+        self.promoted: set[str] = set()
+        self.promote = os.environ.get("SHOAL_LAZY_PROMOTE", "1") != "0"
+        self.complete = os.environ.get("SHOAL_LAZY_COMPLETE", "0") == "1"
+        self._checked: dict[str, float] = {}
 
     def _pinned(self) -> set[str]:
         return {c for layer in list(self.layers.values()) for c in layer.index.chunks}
@@ -74,14 +80,46 @@ class LayerFiles:
             self.layers[name] = layer
             log.info("layer %s: %d chunks, %s", digest[:19], len(index.chunks),
                      f"prefetching {len(order)}" if order else "recording a prefetch list")
-            if order:
-                threading.Thread(target=self._prefetch, args=(name, layer, order), daemon=True).start()
+            if order or self.complete:
+                threading.Thread(target=self._background, args=(name, digest, layer, order or []),
+                                 daemon=True).start()
             return layer
 
-    def _prefetch(self, name: str, layer: LazyLayer, order: list[int]) -> None:
-        n = prefetch_chunks(layer, order, self.stop,
-                              on_error=lambda i, e: log.warning("%s: prefetch stopped at chunk %d: %s", name, i, e))
-        log.info("%s: prefetched %d chunks", name, n)
+    def _background(self, name: str, digest: str, layer: LazyLayer, order: list[int]) -> None:
+        """The prefetch list (coalesced, `PREFETCH_WORKERS` reads at once); then, only when
+        SHOAL_LAZY_COMPLETE=1, the rest of the layer at low priority (one read at a time); then, once
+        every chunk is here, the layer's promotion to a local image file."""
+        if order:
+            n = prefetch_chunks(layer, order, self.stop, workers=PREFETCH_WORKERS,
+                                on_error=lambda i, e: log.warning("%s: prefetch stopped at chunk %d: %s", name, i, e))
+            log.info("%s: prefetched %d chunks", name, n)
+        if self.complete and not self.stop.is_set():
+            rest = layer.missing_chunks()
+            n = prefetch_chunks(layer, rest, self.stop, workers=1, batch=len(rest) or 1,
+                                on_error=lambda i, e: log.warning("%s: completion stopped at chunk %d: %s", name, i, e))
+            log.info("%s: completed the layer (%d chunks fetched)", name, n)
+        self.maybe_promote(digest, layer)
+
+    def maybe_promote(self, digest: str, layer: LazyLayer) -> bool:
+        """Once every chunk of a layer is cached: its EROFS image assembled into the store's
+        `layers/<hex>.erofs`, checked against the blob digest (so against every chunk too). New
+        sandboxes then mount that local file (`LayerStore.ensure_mounted`); the ones already running
+        keep reading through this daemon until they end."""
+        if digest in self.promoted or not self.promote:
+            return False
+        with self._lock:
+            if digest in self.promoted:
+                return False
+            try:
+                path = promote(self.store, digest, layer)
+            except (OSError, ShoalError) as e:
+                log.warning("layer %s: not promoted: %s", digest[:19], e)
+                return False
+            if path is None:
+                return False
+            self.promoted.add(digest)
+        log.info("layer %s: every chunk cached: promoted to %s", digest[:19], path)
+        return True
 
     def lookup(self, name: str) -> int | None:
         layer = self._layer(name)
@@ -94,11 +132,20 @@ class LayerFiles:
         layer = self._layer(name)
         if layer is None:
             raise OSError(errno.ENOENT, name)
+        before = self.cache.fetches
         try:
-            return layer.read(offset, size)
+            data = layer.read(offset, size)
         except ShoalError as e:  # OriginUnavailable, CorruptChunk, LayerNotFound: the reader gets EIO
             log.warning("%s: read of %d bytes at %d failed: %s", name, size, offset, e)
             raise OSError(errno.EIO, str(e)) from None
+        if self.cache.fetches != before and self.promote:
+            digest = f"sha256:{name[:64]}"
+            now = time.monotonic()
+            if digest not in self.promoted and now - self._checked.get(digest, 0) > 1.0:
+                self._checked[digest] = now
+                if not layer.missing_chunks():
+                    threading.Thread(target=self.maybe_promote, args=(digest, layer), daemon=True).start()
+        return data
 
 
 def _raise_readahead(mountpoint: Path, kb: int = 1024) -> None:
@@ -131,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     srv.start()  # before anything touches the mount: a stat of it waits for these threads
     _raise_readahead(lazyfs_dir(root), int(os.environ.get("SHOAL_LAZY_READAHEAD_KB", "1024")))
     pid_path(root).write_text(f"{os.getpid()}\n")
+    (root / "lazy" / "daemon.starting").unlink(missing_ok=True)
     log.info("serving lazy layers of %s at %s (pid %d)", root, lazyfs_dir(root), os.getpid())
     srv.wait()
     files.stop.set()

@@ -227,6 +227,10 @@ def _pull_shoal_lazy(store: LayerStore, cl: RegistryClient, r: Reference, manife
     if not layers:
         raise RegistryError(f"{where}: a Shoal image without layers")
     result = PullResult(None, where, "shoal")  # type: ignore[arg-type]  # the image is set below
+    if not all(store.has_layer(str((d.get("annotations") or {}).get(ANN_LAYER))) for d in layers):
+        from ..lazy.mount import start_daemon
+
+        start_daemon(store.settings.root)  # its start overlaps the rest of the pull and the sandbox's setup
     digests: list[str] = []
     for i, desc in enumerate(layers):
         ann = desc.get("annotations") or {}
