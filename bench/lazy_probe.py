@@ -43,6 +43,16 @@ def main() -> None:
     from shoal import Host
     from shoal.registry import push
 
+    if os.environ.get("SHOAL_LAZY_TRACE") == "1":  # keep each root's daemon log (its per-read lines)
+        drop = lb.Roots.drop
+
+        def keep_log(self, h) -> None:
+            log = Path(h.settings.root) / "lazy" / "daemon.log"
+            if log.exists():
+                Path(f"/tmp/lazy-trace-{time.time():.0f}.log").write_bytes(log.read_bytes())
+            drop(self, h)
+
+        lb.Roots.drop = keep_log  # type: ignore[method-assign]
     src = Host.get(args.src_root)
     images = {x["name"]: x for x in lb.prepare_images(src)}
     names = args.images.split(",")
@@ -67,7 +77,11 @@ def main() -> None:
                 gets = sum(1 for m, p, _st in reg.requests(mark) if m == "GET" and "/blobs/" in p)
                 s.update(first_frac=s["first_exec_bytes"] / sizes[n], agent_frac=s["bytes"] / sizes[n], gets=gets)
                 rows.append(s)
-                print(f"{n:6s} lazy first exec {s['first_exec_s']:.3f} s  bytes first {s['first_frac']:.1%} "
+                traces = sorted(Path("/tmp").glob("lazy-trace-*.log"), key=lambda q: q.stat().st_mtime)
+                if os.environ.get("SHOAL_LAZY_TRACE") == "1" and traces:
+                    timeline(traces[-1], s)
+                print(f"{n:6s} lazy pull {s['pull_s']:.3f} create {s['create_s']:.3f} "
+                      f"first exec {s['first_exec_s']:.3f} s  bytes first {s['first_frac']:.1%} "
                       f"agent {s['agent_frac']:.1%}  GETs {gets}  seq {s['sequence_s']:.2f} s", flush=True)
                 if args.full:
                     f = lb.full_sample(roots, reg, images[n], k)
@@ -87,6 +101,21 @@ def main() -> None:
     finally:
         roots.close()
         reg.close()
+
+
+def timeline(path: Path, s: dict) -> None:
+    """Daemon events relative to the sample's start (t0): when it served, opened layers, read."""
+    import datetime
+
+    t0 = s["t0_epoch"]
+    print(f"   t0; pull done +{s['pull_s']:.3f}; create done +{s['create_s']:.3f}; exec done +{s['first_exec_s']:.3f}")
+    for line in path.read_text().splitlines():
+        try:
+            ts = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        except ValueError:
+            continue
+        if "serving" in line or "prefetched" in line or " layer " in line:
+            print(f"   +{ts - t0:.3f} {line[29:140]}")
 
 
 def record(roots, reg, img: dict, i: int) -> None:

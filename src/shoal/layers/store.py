@@ -573,6 +573,11 @@ class LayerStore:
         missing = [(d, p) for d, p in zip(digests, paths)
                    if not os.path.ismount(p) or self._stale(d) or self._promoted(d)]
         if missing:
+            lazy = [d for d, _ in missing if not self.image_path(d).exists() and self.lazy_layer(d) is not None]
+            if len(lazy) > 1:
+                from ..lazy.mount import warm
+
+                warm(self.settings.root, lazy)  # their first chunks at once, before the mounts one by one
             with self._host_lock("mount"):
                 for d, p in missing:
                     img = self.image_path(d)

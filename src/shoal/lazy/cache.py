@@ -27,6 +27,7 @@ from ..core.errors import CorruptChunk
 
 DEFAULT_CAP_BYTES = 20 << 30
 _TOUCH_EVERY_S = 60.0
+_FDS = 512
 
 
 def _hash_file(path: Path) -> str:
@@ -53,6 +54,7 @@ class ChunkCache:
         self.fetches = 0  # chunks this process fetched from an origin (tests, bench)
         self.fetched_bytes = 0
         self.requests = 0  # origin reads of coalesced runs (get_many)
+        self._fds: dict[str, int] = {}  # open chunk files of the warm path (pread_cached), LRU order
 
     def path(self, sha: str) -> Path:
         return self.dir / sha[:2] / sha
@@ -112,7 +114,9 @@ class ChunkCache:
     # ------------------------------------------------------------------ coalesced fetches
     def get_many(self, items: Sequence[tuple[int, str]],
                  fetch_run: Callable[[int, int], Sequence[bytes | memoryview]],
-                 max_run: int = 64) -> dict[int, Path | bytes | memoryview]:
+                 max_run: int = 64,
+                 fetch_runs: Callable[[list[tuple[int, int]]], Sequence[Sequence[bytes | memoryview]]] | None = None,
+                 ) -> dict[int, Path | bytes | memoryview]:
         """Chunks `items` ((chunk number, sha256) of one layer, ascending numbers), fetching the missing
         ones with ONE `fetch_run(first, last)` per run of consecutive numbers (at most `max_run`
         chunks): a coalesced Range read that returns the bytes of chunks first..last, one item each.
@@ -120,7 +124,8 @@ class ChunkCache:
         Every chunk is still verified on its own (a corrupt chunk in a run is rejected and never
         kept; its good neighbours are kept), and single-flight still holds per chunk: a chunk another
         thread is fetching is waited for, one another process holds the lock of is fetched by that
-        process. Returns number -> the chunk's path (cached) or its verified bytes (fetched now).
+        process. `fetch_runs`, when given, fetches several runs in one request (a multi-range read).
+        Returns number -> the chunk's path (cached) or its verified bytes (fetched now).
         Raises (after settling every chunk) the first OriginUnavailable / CorruptChunk it met."""
         out: dict[int, Path | bytes | memoryview] = {}
         todo: list[tuple[int, str]] = []
@@ -172,10 +177,21 @@ class ChunkCache:
                     runs[-1].append((i, sha))
                 else:
                     runs.append([(i, sha)])
-            for run in runs:
+            fetched: list[Sequence[bytes | memoryview] | BaseException] = []
+            if fetch_runs is not None and len(runs) > 1:
                 try:
-                    parts = fetch_run(run[0][0], run[-1][0])
+                    fetched = list(fetch_runs([(run[0][0], run[-1][0]) for run in runs]))
                     self.requests += 1
+                except BaseException as e:
+                    fetched = [e] * len(runs)
+            for n, run in enumerate(runs):
+                try:
+                    got = fetched[n] if fetched else fetch_run(run[0][0], run[-1][0])
+                    if isinstance(got, BaseException):
+                        raise got
+                    parts = got
+                    if not fetched:
+                        self.requests += 1
                 except BaseException as e:
                     first_error = first_error or e
                     for _, sha in run:
@@ -244,6 +260,35 @@ class ChunkCache:
                 os.utime(p)
             except OSError:
                 pass
+
+    def pread_cached(self, sha: str, offset: int, length: int) -> bytes | None:
+        """The warm path: bytes of a chunk this process has verified, through an open file descriptor
+        kept for it (no path lookup per read; at most `_FDS` kept, least recently used closed first),
+        None when the chunk is not verified here yet (or was evicted)."""
+        if sha not in self._verified:
+            return None
+        with self._lock:
+            fd = self._fds.pop(sha, None)
+            if fd is not None:
+                self._fds[sha] = fd  # most recently used last
+        if fd is None:
+            try:
+                fd = os.open(self.path(sha), os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                self._verified.discard(sha)
+                return None
+            with self._lock:
+                if sha in self._fds:
+                    os.close(fd)
+                    fd = self._fds[sha]
+                else:
+                    self._fds[sha] = fd
+                    while len(self._fds) > _FDS:
+                        os.close(self._fds.pop(next(iter(self._fds))))
+        try:
+            return os.pread(fd, length, offset)
+        except OSError:  # closed by the LRU meanwhile: the slow path
+            return None
 
     def read(self, sha: str, offset: int, length: int, fetch: Callable[[], bytes]) -> bytes:
         """`length` bytes at `offset` inside chunk `sha`."""
@@ -323,6 +368,10 @@ class ChunkCache:
                 return False
             path.unlink(missing_ok=True)
             self._verified.discard(sha)
+            with self._lock:
+                kept = self._fds.pop(sha, None)
+            if kept is not None:
+                os.close(kept)
             return True
         finally:
             os.close(fd)

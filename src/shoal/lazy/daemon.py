@@ -31,6 +31,8 @@ from .fuse import FuseServer
 from .layer import LazyLayer, chunk_cache_for, open_origin, prefetch_chunks, promote, spec_key
 
 log = logging.getLogger("shoal.lazy.daemon")
+READAHEAD_KB = 128
+_TRACE = os.environ.get("SHOAL_LAZY_TRACE") == "1"  # a log line per FUSE read (profiling)
 PREFETCH_WORKERS = int(os.environ.get("SHOAL_LAZY_PREFETCH_WORKERS", "4"))
 _NAME = re.compile(r"^([0-9a-f]{64})\.erofs$")
 
@@ -66,29 +68,39 @@ class LayerFiles:
                 return None
             index, spec = rec
             origin = open_origin(spec)
-            order = prefetch.load(self.root, digest)
-            if order is None and isinstance(spec.get("prefetch_key"), str):
-                try:
-                    size = origin.stat(spec["prefetch_key"]).size
-                    order = prefetch.parse(origin.read(spec["prefetch_key"], 0, size))
-                except ShoalError:
-                    order = None
-                if order:  # kept here too: a restarted daemon does not ask again
-                    prefetch.save(self.root, digest, order)
+            order = prefetch.load(self.root, digest)  # a lazy pull fetched it already, if published
+            # recording until a published list turns up (the origin is asked in the background, not
+            # here: a lookup answers at once, the mount of the layer does not wait for the registry)
             recorder = None if order else prefetch.Recorder(self.root, digest)
             layer = LazyLayer(index, origin, spec_key(spec), self.cache, recorder)
             self.layers[name] = layer
             log.info("layer %s: %d chunks, %s", digest[:19], len(index.chunks),
                      f"prefetching {len(order)}" if order else "recording a prefetch list")
-            if order or self.complete:
-                threading.Thread(target=self._background, args=(name, digest, layer, order or []),
-                                 daemon=True).start()
+            threading.Thread(target=self._background, args=(name, digest, layer, order, spec),
+                             daemon=True).start()
             return layer
 
-    def _background(self, name: str, digest: str, layer: LazyLayer, order: list[int]) -> None:
-        """The prefetch list (coalesced, `PREFETCH_WORKERS` reads at once); then, only when
-        SHOAL_LAZY_COMPLETE=1, the rest of the layer at low priority (one read at a time); then, once
-        every chunk is here, the layer's promotion to a local image file."""
+    def _published_list(self, digest: str, layer: LazyLayer, spec: dict) -> list[int] | None:
+        key = spec.get("prefetch_key")
+        if not isinstance(key, str):
+            return None
+        try:
+            size = layer.origin.stat(key).size
+            order = prefetch.parse(layer.origin.read(key, 0, size))
+        except ShoalError:
+            return None
+        if order:  # kept here too: a restarted daemon does not ask again
+            prefetch.save(self.root, digest, order)
+            layer.recorder = None
+            log.info("layer %s: prefetching %d chunks (published list)", digest[:19], len(order))
+        return order
+
+    def _background(self, name: str, digest: str, layer: LazyLayer, order: list[int] | None, spec: dict) -> None:
+        """The prefetch list (found here, else asked from the origin; coalesced, `PREFETCH_WORKERS`
+        reads at once); then, only when SHOAL_LAZY_COMPLETE=1, the rest of the layer at low priority
+        (one read at a time); then, once every chunk is here, the layer's promotion to a local image."""
+        if not order:
+            order = self._published_list(digest, layer, spec)
         if order:
             n = prefetch_chunks(layer, order, self.stop, workers=PREFETCH_WORKERS,
                                 on_error=lambda i, e: log.warning("%s: prefetch stopped at chunk %d: %s", name, i, e))
@@ -133,8 +145,12 @@ class LayerFiles:
         if layer is None:
             raise OSError(errno.ENOENT, name)
         before = self.cache.fetches
+        t0 = time.monotonic() if _TRACE else 0.0
         try:
             data = layer.read(offset, size)
+            if _TRACE:
+                log.info("read %s %d+%d: %.1f ms, %d fetched", name[:12], offset, size,
+                         (time.monotonic() - t0) * 1000, self.cache.fetches - before)
         except ShoalError as e:  # OriginUnavailable, CorruptChunk, LayerNotFound: the reader gets EIO
             log.warning("%s: read of %d bytes at %d failed: %s", name, size, offset, e)
             raise OSError(errno.EIO, str(e)) from None
@@ -149,7 +165,8 @@ class LayerFiles:
 
 
 def _raise_readahead(mountpoint: Path, kb: int = 1024) -> None:
-    """1 MiB read-ahead on the FUSE connection (default 128 KiB): one request per chunk."""
+    """The read-ahead of the FUSE connection: the most a cold read of a small file fetches beyond it
+    (READAHEAD_KB, 128 KiB, the registry's chunk; 1 MiB suits 1 MiB chunks: SHOAL_LAZY_READAHEAD_KB)."""
     st = os.stat(mountpoint)
     try:
         Path(f"/sys/class/bdi/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/read_ahead_kb").write_text(str(kb))
@@ -176,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     srv.mount()
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     srv.start()  # before anything touches the mount: a stat of it waits for these threads
-    _raise_readahead(lazyfs_dir(root), int(os.environ.get("SHOAL_LAZY_READAHEAD_KB", "1024")))
+    _raise_readahead(lazyfs_dir(root), int(os.environ.get("SHOAL_LAZY_READAHEAD_KB", str(READAHEAD_KB))))
     pid_path(root).write_text(f"{os.getpid()}\n")
     (root / "lazy" / "daemon.starting").unlink(missing_ok=True)
     log.info("serving lazy layers of %s at %s (pid %d)", root, lazyfs_dir(root), os.getpid())

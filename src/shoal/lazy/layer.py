@@ -25,6 +25,11 @@ from .origin import Origin
 from .prefetch import Recorder
 
 _FACTORIES: dict[str, Callable[[dict], Origin]] = {}
+# a prefetch read spans gaps of up to this many unlisted bytes between listed chunks (one request
+# instead of two: per-request cost dominates small reads, see docs/lazy-loading.md)
+PREFETCH_GAP_BYTES = int(os.environ.get("SHOAL_LAZY_PREFETCH_GAP_KB", "0")) << 10
+# a prefetch batch's runs in one multi-range GET where the origin answers them (a registry does)
+MULTI_RANGE = os.environ.get("SHOAL_LAZY_MULTI_RANGE", "1") != "0"
 
 
 def register_origin_kind(kind: str, factory: Callable[[dict], Origin]) -> None:
@@ -92,6 +97,16 @@ class LazyLayer:
             out.append(data[a - off:a - off + n])
         return out
 
+    def fetch_runs(self, runs: list[tuple[int, int]]) -> list[list[memoryview]]:
+        """Several runs (first, last) in ONE multi-range read (an origin that cannot: one read each)."""
+        spans = [(self.index.span(a)[0], sum(self.index.span(b)) - self.index.span(a)[0]) for a, b in runs]
+        datas = self.origin.read_ranges(self.key, spans)
+        out = []
+        for (a, b), (off, _), data in zip(runs, spans, datas):
+            mv = memoryview(data)
+            out.append([mv[self.index.span(i)[0] - off:sum(self.index.span(i)) - off] for i in range(a, b + 1)])
+        return out
+
     def ensure_chunk(self, i: int) -> None:
         """Chunk i in the cache (fetched and verified if needed)."""
         self.cache.get(self.index.chunks[i], self._fetcher(i))
@@ -99,7 +114,8 @@ class LazyLayer:
     def ensure_chunks(self, numbers: list[int]) -> int:
         """Chunks `numbers` (ascending) in the cache, runs of consecutive ones fetched coalesced;
         returns how many were fetched now."""
-        got = self.cache.get_many([(i, self.index.chunks[i]) for i in numbers], self.fetch_run, self.max_run)
+        got = self.cache.get_many([(i, self.index.chunks[i]) for i in numbers], self.fetch_run, self.max_run,
+                                  self.fetch_runs if self.origin.multi_range else None)
         return sum(1 for v in got.values() if not isinstance(v, Path))
 
     def read(self, offset: int, length: int) -> bytes:
@@ -112,6 +128,11 @@ class LazyLayer:
         if self.recorder is not None:
             for i in numbers:
                 self.recorder.saw(i)
+        if len(numbers) == 1:  # the warm path: one verified chunk, read through its open descriptor
+            start = numbers[0] * self.index.chunk_size
+            data = self.cache.pread_cached(self.index.chunks[numbers[0]], offset - start, end - offset)
+            if data is not None and len(data) == end - offset:
+                return data
         got = self.cache.get_many([(i, self.index.chunks[i]) for i in numbers], self.fetch_run, self.max_run)
         parts: list[bytes | memoryview] = []
         for i in numbers:
@@ -131,17 +152,18 @@ class LazyLayer:
         return [i for i, c in enumerate(self.index.chunks) if not self.cache.has(c)]
 
 
-def _batches(order: list[int], batch: int, max_run: int) -> list[list[int]]:
-    """The prefetch list in batches of `batch` chunks, each sorted and cut into runs of consecutive
-    numbers (one coalesced read each): the list's order between batches, locality within one."""
+def _batches(order: list[int], batch: int, max_run: int, gap: int = 0) -> list[list[int]]:
+    """The prefetch list in batches of `batch` chunks, each sorted and cut into runs (one coalesced
+    read each): the list's order between batches, locality within one. Listed chunks at most `gap`
+    chunks apart share a run, the unlisted ones between them included (fewer requests, more bytes)."""
     runs: list[list[int]] = []
     for b in range(0, len(order), batch):
         run: list[int] = []
         for i in sorted(set(order[b:b + batch])):
-            if run and (i != run[-1] + 1 or len(run) >= max_run):
+            if run and (i - run[-1] > gap + 1 or i - run[0] >= max_run):
                 runs.append(run)
                 run = []
-            run.append(i)
+            run.extend(range(run[-1] + 1, i + 1) if run else [i])
         if run:
             runs.append(run)
     return runs
@@ -149,7 +171,7 @@ def _batches(order: list[int], batch: int, max_run: int) -> list[list[int]]:
 
 def prefetch_chunks(layer: LazyLayer, order: list[int], stop: threading.Event | None = None,
                     on_error: Callable[[int, Exception], None] | None = None, workers: int = 4,
-                    batch: int = 64) -> int:
+                    batch: int | None = None) -> int:
     """Fetch chunks in `order` (the prefetch list) unless cached; returns how many it fetched.
     Consecutive chunks go in one coalesced read, `workers` reads at once. Stops at the first origin
     failure (demand reads still try the origin themselves)."""
@@ -176,7 +198,18 @@ def prefetch_chunks(layer: LazyLayer, order: list[int], stop: threading.Event | 
         with lock:
             fetched += n
 
-    runs = _batches(wanted, batch, layer.max_run)
+    # batches of about 16 MiB: sorted within (coalesced reads), the list's order between them
+    gap = PREFETCH_GAP_BYTES // layer.index.chunk_size
+    runs = _batches(wanted, batch or max(1, (16 << 20) // layer.index.chunk_size), layer.max_run, gap)
+    if layer.origin.multi_range and MULTI_RANGE:  # a batch's runs in one multi-range request each
+        size = batch or max(1, (16 << 20) // layer.index.chunk_size)
+        units: list[list[int]] = []
+        for run in runs:
+            if units and len(units[-1]) + len(run) <= size and run[0] > units[-1][-1]:
+                units[-1].extend(run)
+            else:
+                units.append(list(run))
+        runs = units
     if workers <= 1:
         for run in runs:
             one(run)
