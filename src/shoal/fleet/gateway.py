@@ -86,6 +86,7 @@ class Gateway(Served):
         while not self._stop.wait(every_s):
             try:
                 self.lost_total += self.directory.expire()
+                self.backend.drop_hosts(self.directory.up_hosts())  # no cached route to a host gone down
                 if time.monotonic() - last_prune > PRUNE_EVERY_S:
                     self.directory.prune()
                     last_prune = time.monotonic()
