@@ -47,6 +47,7 @@ from ..core.contract import (
     TimeoutRequest,
 )
 from ..core.postgres import redact
+from ..layers.store import split_ref
 from ..server.quotas import limits_of
 from ..server.state import ADMIN, Tenant
 from . import placement
@@ -178,7 +179,9 @@ class FleetBackend(SandboxBackend):
         """Reserve (quota + placement, one transaction), create on the host with the slot as its
         idempotency key, confirm. A host that refuses for capacity hands the slot to the next best."""
         limits = limits_of(req, self.defaults)
-        slot = self.directory.reserve(tenant, limits, self.wanted(req), idempotency_key)
+        want = self.wanted(req)
+        images = [] if tenant.admin else ["{}:{}".format(*split_ref(r)) for r in want.refs]
+        slot = self.directory.reserve(tenant, limits, want, idempotency_key, images=images)
         if slot.state == RUNNING and slot.info is not None:
             return slot.info  # a retry of a create that completed
         if slot.state == LOST:

@@ -193,12 +193,13 @@ class Directory:
 
     # ================================================================ sandboxes
     def reserve(self, tenant: Tenant, limits: Limits, want: placement.Wanted, key: str | None,
-                avoid: Iterable[str] = ()) -> Slot:
+                avoid: Iterable[str] = (), images: Iterable[str] = ()) -> Slot:
         """Quota and placement in one transaction (see the module doc); an earlier create with the
-        same key answers its own slot. QuotaExceeded (429, retryable) over quota or with no host."""
+        same key answers its own slot. QuotaExceeded (429, retryable) over quota or with no host;
+        ImageNotFound if one of `images` (name:tag) is another tenant's."""
         for attempt in range(3):
             try:
-                return self._reserve(tenant, limits, want, key, set(avoid))
+                return self._reserve(tenant, limits, want, key, set(avoid), list(images))
             except psycopg.errors.UniqueViolation:  # a concurrent create with the same key won: read its slot
                 if attempt == 2:
                     raise
@@ -228,7 +229,7 @@ class Directory:
                     v.used_memory_mb += memory_mb
 
     def _reserve(self, tenant: Tenant, limits: Limits, want: placement.Wanted, key: str | None,
-                 avoid: set[str]) -> Slot:
+                 avoid: set[str], images: list[str]) -> Slot:
         views = [v for v in self.views() if v.id not in avoid]
         if not placement.knows_all(views, want) or (want.pin is not None and all(v.id != want.pin for v in views)):
             views = [v for v in self.views(fresh=True) if v.id not in avoid]  # a host may report it by now
@@ -238,10 +239,10 @@ class Directory:
         cpu, mem, disk = _limits_row(limits)
         slot = "sl-" + uuid.uuid4().hex
         args = (tenant.name, tenant.admin, key, cpu, mem, disk, [h.id for _, h in scored],
-                [h.domain for _, h in scored], [b for b, _ in scored], placement.W_SPREAD, slot)
+                [h.domain for _, h in scored], [b for b, _ in scored], placement.W_SPREAD, slot, images)
         # one statement, autocommitted: one round trip and one commit (schema.RESERVE_FN). Not a
         # read: never sent again by PerThreadPG (it may have committed); with a key it may be, below.
-        sql = "/* write */ SELECT * FROM fleet_reserve(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+        sql = "/* write */ SELECT * FROM fleet_reserve(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
         try:
             row = self.pg.execute(sql, args).fetchone()
         except E.DatabaseUnavailable:
@@ -252,6 +253,8 @@ class Directory:
         kind, r_slot, r_host, r_address, r_state, r_id, r_info, r_reason, order = row
         if kind == "no_tenant":
             raise E.TenantNotFound(f"tenant {tenant.name} not found")
+        if kind == "no_image":
+            raise E.ImageNotFound(f"image {r_reason} not found (see `shoal image ls`)")
         if kind == "prior":
             return Slot(r_slot, r_host, r_address or "", r_state, r_id,
                         SandboxInfo.model_validate(r_info) if r_info else None, r_reason)

@@ -110,6 +110,9 @@ class Gateway(Served):
         self.counters["creates"] += 1
         return info
 
+    def check_create_images(self, tenant: Tenant, refs: list[str]) -> None:
+        return None  # checked in the create's reservation (Directory.reserve), in the same round trip
+
     def fork(self, tenant: Tenant, sandbox_id: str, req: ForkRequest) -> ForkReply:
         reply = self.backend.fork_as(tenant, sandbox_id, req)
         self.state.own("image", reply.snapshot.image, tenant.name)

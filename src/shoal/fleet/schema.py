@@ -37,7 +37,8 @@ CREATE TABLE IF NOT EXISTS fleet_owners(
 CREATE TABLE IF NOT EXISTS fleet_snapshots(
   id TEXT PRIMARY KEY, host TEXT NOT NULL, tenant TEXT NOT NULL, created DOUBLE PRECISION NOT NULL DEFAULT {NOW});
 """
-# reserve (directory.py) in one round trip and one commit: under the tenant's row lock, an earlier
+# reserve (directory.py) in one round trip and one commit: the image ownership check (images another
+# tenant made are not found); under the tenant's row lock, an earlier
 # create with the same key, else the quota check and the placement among the candidates the gateway
 # scored (locality, free room), to which the tenant's spread over failure domains is added here.
 # PL/pgSQL: each statement takes a fresh snapshot (READ COMMITTED), so the sums after the lock see
@@ -45,7 +46,7 @@ CREATE TABLE IF NOT EXISTS fleet_snapshots(
 RESERVE_FN = """
 CREATE OR REPLACE FUNCTION fleet_reserve(p_tenant TEXT, p_admin BOOLEAN, p_key TEXT, p_cpu DOUBLE PRECISION,
     p_mem BIGINT, p_disk BIGINT, p_hosts TEXT[], p_domains TEXT[], p_base DOUBLE PRECISION[], p_w_spread
-    DOUBLE PRECISION, p_slot TEXT)
+    DOUBLE PRECISION, p_slot TEXT, p_refs TEXT[])
   RETURNS TABLE(kind TEXT, r_slot TEXT, r_host TEXT, r_address TEXT, r_state TEXT, r_id TEXT, r_info JSONB,
                 r_reason TEXT, r_order TEXT[])
   LANGUAGE plpgsql VOLATILE AS $fn$
@@ -53,6 +54,13 @@ DECLARE
   q JSONB; pr RECORD; u RECORD; ranked TEXT[]; res TEXT; used DOUBLE PRECISION; want DOUBLE PRECISION;
   cap DOUBLE PRECISION;
 BEGIN
+  IF NOT p_admin THEN  -- images another tenant made are not found (Served.check_image)
+    SELECT o.ref INTO res FROM fleet_owners o WHERE o.kind = 'image' AND o.ref = ANY(p_refs)
+      AND o.tenant <> p_tenant LIMIT 1;
+    IF FOUND THEN
+      RETURN QUERY SELECT 'no_image', NULL, NULL, NULL, NULL, NULL, NULL::JSONB, res, NULL::TEXT[]; RETURN;
+    END IF;
+  END IF;
   IF NOT p_admin THEN  -- the tenant's row lock serializes its creates: quota checks cannot interleave
     SELECT t.quotas INTO q FROM fleet_tenants t WHERE t.name = p_tenant FOR UPDATE;
     IF NOT FOUND THEN
