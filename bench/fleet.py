@@ -342,7 +342,9 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=60)
     ap.add_argument("--kill-runs", type=int, default=3)
     ap.add_argument("--out", default=str(RESULTS / "fleet.json"))
-    ap.add_argument("--only-placements", action="store_true", help="just part 2 (printed, nothing written)")
+    ap.add_argument("--only-placements", action="store_true", help="just part 2 (printed; --part-out writes it)")
+    ap.add_argument("--only-overhead", action="store_true", help="just part 1 (printed; --part-out writes it)")
+    ap.add_argument("--part-out", help="with --only-*: write that part's JSON here (before/after comparisons)")
     a = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench/fleet.py needs root (network namespaces, sandboxes)")
@@ -360,11 +362,25 @@ def main() -> None:
                  "postgres": "Debian's PostgreSQL, private instance, fsync=off synchronous_commit=off (as tests)",
                  "lease_s": LEASE_S}
     pg = PgServer()
-    if a.only_placements:
+    if a.only_placements or a.only_overhead:
         try:
-            console.print(placements(pg, a.place_s, a.runs, a.clients, a.threads, gateways=2))
+            if a.only_placements:
+                res["placements"] = placements(pg, a.place_s, a.runs, a.clients, a.threads, gateways=2)
+            else:
+                fleet = build_fleet(pg)
+                try:
+                    os.environ["SHOAL_CA_CERT"] = str(fleet.fleet_dir / "ca.pem")
+                    key = fleet.tenant(f"bench-{uuid.uuid4().hex[:6]}", sandboxes=64, cpu=64, memory_mb=65536,
+                                       disk_mb=65536)
+                    res["overhead"] = overhead(fleet, key, a.runs, a.exec_n, a.create_n)
+                finally:
+                    fleet.close()
         finally:
             pg.close()
+        res["load_avg_after"] = load()
+        console.print(res)
+        if a.part_out:
+            Path(a.part_out).write_text(json.dumps(res, indent=1) + "\n")
         return
     try:
         console.print("[bold]1. gateway overhead, 2. dead host[/]  (real fleet)")
