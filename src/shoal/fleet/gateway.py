@@ -16,6 +16,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -163,6 +164,16 @@ def load_admin_key(fleet_dir: str | os.PathLike | None) -> str | None:
     return None
 
 
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's event loop where it is installed (uvicorn then also parses HTTP with httptools, if
+    that is installed: `pip install uvloop httptools`); else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
 def serve_gateway(dsn: str, listen: str, fleet_dir: str | None, tls_cert: str | None = None,
                   tls_key: str | None = None, log_level: str = "warning") -> None:
     """Run one gateway replica until SIGTERM."""
@@ -182,6 +193,7 @@ def serve_gateway(dsn: str, listen: str, fleet_dir: str | None, tls_cert: str | 
                                            timeout_keep_alive=30, timeout_graceful_shutdown=GRACE_S))
     log.warning("shoal gateway on %s (directory %s)", listen, gw.backend.address)
     try:
-        asyncio.run(_serve([(server, None)]))
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            runner.run(_serve([(server, None)]))
     finally:
         gw.close()
