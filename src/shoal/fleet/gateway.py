@@ -16,7 +16,6 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -164,16 +163,6 @@ def load_admin_key(fleet_dir: str | os.PathLike | None) -> str | None:
     return None
 
 
-def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop's event loop where it is installed (uvicorn then also parses HTTP with httptools, if
-    that is installed: `pip install uvloop httptools`); else asyncio's."""
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    return uvloop.new_event_loop
-
-
 def serve_gateway(dsn: str, listen: str, fleet_dir: str | None, tls_cert: str | None = None,
                   tls_key: str | None = None, log_level: str = "warning") -> None:
     """Run one gateway replica until SIGTERM."""
@@ -193,7 +182,6 @@ def serve_gateway(dsn: str, listen: str, fleet_dir: str | None, tls_cert: str | 
                                            timeout_keep_alive=30, timeout_graceful_shutdown=GRACE_S))
     log.warning("shoal gateway on %s (directory %s)", listen, gw.backend.address)
     try:
-        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-            runner.run(_serve([(server, None)]))
+        asyncio.run(_serve([(server, None)]))
     finally:
         gw.close()
