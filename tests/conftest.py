@@ -166,19 +166,28 @@ def few_tasks(swe_tasks):
 # `sandbox` on every backend: in-process containers, in-process gVisor, and containers through a
 # real shoald (the http backend). `@pytest.mark.backends("container", ...)` narrows one test, for
 # what only some backends have (each difference is listed, with its reason, in docs/backends.md).
+# `pytest.mark.all_backends(fleet=True)` adds the "fleet" kind: containers on the hosts of a 3-host
+# fleet, created and driven through its gateways (tests/fleet/fleetctl.py). The fleet is started
+# once per session, and only when a test of the fleet kind runs (`-k "not fleet"` starts none).
 ALL_BACKENDS = ("container", "gvisor", "http")
+FLEET = "fleet"
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "all_backends: run the module's sandbox tests on every backend")
+    config.addinivalue_line("markers", "all_backends(fleet=False): run the module's sandbox tests on every backend "
+                                       "(fleet=True: through a fleet's gateways too)")
     config.addinivalue_line("markers", "backends(*names): run this test on these backends only")
 
 
 def pytest_generate_tests(metafunc):
-    if "backend_kind" not in metafunc.fixturenames or not metafunc.definition.get_closest_marker("all_backends"):
+    marker = metafunc.definition.get_closest_marker("all_backends")
+    if "backend_kind" not in metafunc.fixturenames or not marker:
         return
     only = metafunc.definition.get_closest_marker("backends")
-    metafunc.parametrize("backend_kind", only.args if only else ALL_BACKENDS)
+    kinds = list(only.args if only else ALL_BACKENDS + (FLEET,))
+    if not marker.kwargs.get("fleet"):
+        kinds = [k for k in kinds if k != FLEET]
+    metafunc.parametrize("backend_kind", kinds)
 
 
 @pytest.fixture
@@ -197,8 +206,59 @@ def matrix_daemon(root, base_image):
     proc.wait(10)
 
 
+@pytest.fixture(scope="session")
+def fleet(postgres, shoal_init_built):
+    """A fleet for the session (tests/fleet/fleetctl.py): 3 hosts in network namespaces, 2 gateways,
+    a database on the session's PostgreSQL. Started by the first test that asks for it; torn down at
+    the end of the session even when tests failed."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent / "fleet"))
+    from fleetctl import build_fleet
+
+    f = build_fleet(postgres)
+    old = os.environ.get("SHOAL_CA_CERT")
+    os.environ["SHOAL_CA_CERT"] = str(f.fleet_dir / "ca.pem")  # the SDK trusts the gateways' certificate
+    try:
+        yield f
+    finally:
+        if old is None:
+            os.environ.pop("SHOAL_CA_CERT", None)
+        else:
+            os.environ["SHOAL_CA_CERT"] = old
+        f.close()
+
+
+@pytest.fixture(scope="session")
+def fleet_tenant(fleet) -> str:
+    """The key of the tenant that the matrix's fleet-kind sandboxes belong to."""
+    return fleet.tenant("matrix", sandboxes=64, cpu=64, memory_mb=65536, disk_mb=65536)
+
+
+def _onto_fleet(fleet, host: Host, layers) -> None:
+    """Layers of the session's root that a fleet-kind sandbox uses, copied into every fleet host's
+    store (as a registry would bring them: the fleet's hosts share no files)."""
+    for digest in layers or ():
+        for h in fleet.hosts:
+            store = Host.get(h.root).store
+            if not store.has_layer(digest):
+                store.add_erofs(host.store.image_path(digest), digest, source="test")
+
+
 @pytest.fixture
-def make_sandbox(request, backend_kind, root, base_image):
+def host_for(request, backend_kind, host):
+    """host_for(sandbox): the Shoal `Host` whose root holds it (a fleet host's own root for the fleet
+    kind), for tests that look at the host side of a sandbox (cgroups, upper dirs, sockets)."""
+    def of(sb: Sandbox) -> Host:
+        if backend_kind == FLEET:
+            return Host.get(request.getfixturevalue("fleet").host_of(sb.id).root)
+        return host
+
+    return of
+
+
+@pytest.fixture
+def make_sandbox(request, backend_kind, root, host, base_image):
     """make_sandbox(image=base_image, **Sandbox.create keywords) on this test's backend; killed after."""
     made: list[Sandbox] = []
     if backend_kind == "gvisor" and not shutil.which("runsc"):
@@ -208,6 +268,13 @@ def make_sandbox(request, backend_kind, root, base_image):
         if backend_kind == "http":
             kw.setdefault("url", request.getfixturevalue("matrix_daemon"))
             kw.setdefault("backend", "container")
+        elif backend_kind == FLEET:
+            fleet = request.getfixturevalue("fleet")
+            fleet.ensure_hosts()
+            fleet.ensure_gateways()
+            _onto_fleet(fleet, host, kw.get("layers"))
+            kw.setdefault("url", fleet.url)
+            kw.setdefault("api_key", request.getfixturevalue("fleet_tenant"))
         else:
             kw.setdefault("url", "local")
             kw.setdefault("root", root)

@@ -220,6 +220,7 @@ TABLES: dict[str, tuple[str, Callable[[dict], list[list[str]]]]] = {
     "burst-tests-ratios": ("bench/results/burst-tests.json", burst_ratio_rows),
     "api": ("bench/results/api.json", api_rows),
     "rollout": ("bench/results/rollout.json", rollout_rows),
+    "fleet": ("bench/results/fleet.json", _bench_renderer("fleet", "rows")),
     "training": ("docs/results/opd_repro.json", training_rows),
     "lazy": ("bench/results/lazy.json", _bench_renderer("lazy", "readme_rows")),
 }
@@ -449,3 +450,13 @@ if __name__ == "__main__":  # print a table's rows to paste into README.md, or -
         for row in fn(load(src)):
             print("| " + " | ".join(row) + " |")
         print()
+
+
+def test_scale_doc_table_matches_the_simulation():
+    """docs/scale.md's result table is bench/fleet_sim.py's table_rows over bench/results/fleet_sim.json."""
+    rows = _bench_module("fleet_sim").table_rows(load("bench/results/fleet_sim.json"))
+    doc = (REPO / "docs" / "scale.md").read_text().splitlines()
+    for label, value in rows:
+        line = next((ln for ln in doc if ln.startswith(f"| {label} |")), None)
+        assert line is not None, f"docs/scale.md has no row {label!r}"
+        assert numbers(line.split("|")[2]) == numbers(value), (line, value)

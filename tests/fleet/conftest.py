@@ -1,8 +1,8 @@
-"""The fleet for tests/fleet: 3 hosts in network namespaces, 2 gateways, the session's PostgreSQL
-(fleetctl.py). Started once for the package; torn down even when a test fails."""
+"""tests/fleet: the session's fleet (the `fleet` fixture of tests/conftest.py, built by fleetctl.py:
+3 hosts in network namespaces, 2 gateways, the session's PostgreSQL), shared with the security
+suite's fleet kind; torn down at the end of the session even when a test fails."""
 from __future__ import annotations
 
-import os
 import sys
 import uuid
 from pathlib import Path
@@ -12,26 +12,10 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 
-@pytest.fixture(scope="package")
-def fleet(postgres, shoal_init_built):
-    from fleetctl import build_fleet
-
-    f = build_fleet(postgres)
-    old = os.environ.get("SHOAL_CA_CERT")
-    os.environ["SHOAL_CA_CERT"] = str(f.fleet_dir / "ca.pem")  # the SDK trusts the gateways' certificate
-    try:
-        yield f
-    finally:
-        if old is None:
-            os.environ.pop("SHOAL_CA_CERT", None)
-        else:
-            os.environ["SHOAL_CA_CERT"] = old
-        f.close()
-
-
 @pytest.fixture
 def gw(fleet):
-    """The fleet with both gateways answering (a test may have killed one)."""
+    """The fleet with all its hosts and both gateways answering (a test may have killed one)."""
+    fleet.ensure_hosts()
     fleet.ensure_gateways()
     return fleet
 

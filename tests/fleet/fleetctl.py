@@ -97,6 +97,9 @@ class Fleet:
     work: Path
     hosts: list[FleetHost] = field(default_factory=list)
     gateways: list[GatewayProc] = field(default_factory=list)
+    # how a host's shoald is started (bench/fleet.py: bench/fleet_nullhost.py, a shoald with a null backend)
+    serve_cmd: list[str] = field(default_factory=lambda: [sys.executable, "-m", "shoal.cli"])
+    serve_args: list[str] = field(default_factory=list)  # more `shoal serve` flags
 
     # ---------------------------------------------------------------- topology
     @staticmethod
@@ -130,10 +133,10 @@ class Fleet:
         env = dict(os.environ, SHOAL_ROOT=str(h.root), SHOAL_HOST_ID=h.name)
         env.pop("SHOAL_URL", None)
         d = self.fleet_dir
-        argv = ["nsenter", f"--net=/run/netns/{h.ns}", sys.executable, "-m", "shoal.cli", "serve",
+        argv = ["nsenter", f"--net=/run/netns/{h.ns}", *self.serve_cmd, "serve",
                 "--socket", str(h.sock), "--max-starting", "8", "--tls-cert", str(d / f"{h.name}.pem"),
                 "--tls-key", str(d / f"{h.name}.key"), "--join", self.host_dsn, "--advertise", h.url,
-                "--client-ca", str(d / "ca.pem"), "--domain", h.domain, "--lease", str(LEASE_S)]
+                "--client-ca", str(d / "ca.pem"), "--domain", h.domain, "--lease", str(LEASE_S), *self.serve_args]
         with open(h.log, "ab") as log:
             h.proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
         self.wait_registered(h)
@@ -167,6 +170,13 @@ class Fleet:
                 h.proc.kill()
                 h.proc.wait()
         h.proc = None
+
+    def ensure_hosts(self) -> None:
+        """Every host's shoald running (a test may have killed one and failed before restarting it)."""
+        for h in self.hosts:
+            if h.proc is None or h.proc.poll() is not None:
+                self.restore(h)
+                self.start_host(h)
 
     def host_of(self, sandbox_id: str) -> FleetHost:
         tag = sandbox_id.split("-")[1]
@@ -263,7 +273,8 @@ class Fleet:
         shutil.rmtree(self.work, ignore_errors=True)  # the CA, the gateways' logs
 
 
-def build_fleet(pg, n_hosts: int = 3, domains: tuple[str, ...] = ("rack-a", "rack-a", "rack-b")) -> Fleet:
+def build_fleet(pg, n_hosts: int = 3, domains: tuple[str, ...] = ("rack-a", "rack-a", "rack-b"),
+                serve_cmd: list[str] | None = None, serve_args: list[str] | None = None, n_gateways: int = 2) -> Fleet:
     """Start the whole fleet (see the module doc); the caller closes it."""
     from shoal.fleet.pki import init_fleet, issue_server_cert
 
@@ -273,12 +284,15 @@ def build_fleet(pg, n_hosts: int = 3, domains: tuple[str, ...] = ("rack-a", "rac
     fleet_dir = work / "pki"
     init_fleet(fleet_dir)
     fleet = Fleet(pg=pg, dsn=dsn, host_dsn=pg.dsn(db, address=BRIDGE_IP), fleet_dir=fleet_dir, work=work)
+    if serve_cmd:
+        fleet.serve_cmd = serve_cmd
+    fleet.serve_args = list(serve_args or [])
     for i in range(1, n_hosts + 1):
         root = Path(tempfile.mkdtemp(prefix=f"shfh{i}-", dir="/tmp"))
         fleet.hosts.append(FleetHost(i, domains[(i - 1) % len(domains)], root))
         issue_server_cert(fleet_dir, f"fh{i}", [f"{PREFIX}.1{i}"], fleet_dir)
     issue_server_cert(fleet_dir, "gw", ["127.0.0.1", "localhost"], fleet_dir)
-    fleet.gateways = [GatewayProc(free_port(), work / f"gateway{k}.log") for k in (1, 2)]
+    fleet.gateways = [GatewayProc(free_port(), work / f"gateway{k}.log") for k in range(1, n_gateways + 1)]
     try:
         fleet.make_topology()
         pg.allow_network(BRIDGE_IP, f"{PREFIX}.0/24")  # once the bridge has its address

@@ -127,7 +127,9 @@ def test_writes_never_reach_layers_or_other_sandboxes(make_sandbox, base_image, 
 
 
 def test_pause_and_resume(sandbox, host, backend_kind):
-    h = sandbox.commands.start("i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.02; done")
+    # each count lands by rename, so a read never sees a half-written file (a pause can fall mid-write)
+    h = sandbox.commands.start("i=0; while true; do i=$((i+1)); echo $i > /tmp/c; mv /tmp/c /tmp/count; "
+                               "sleep 0.02; done")
     time.sleep(0.3)
     sandbox.pause()
     assert sandbox.info().state.value == "paused"

@@ -12,7 +12,7 @@ import pytest
 from roots import wipe_root
 
 from shoal import Host
-from shoal.rollout.queue import EpisodeQueue
+from shoal.rollout.queue import open_queue
 from shoal.rollout.runner import Rollout
 from shoal.tasks.swe.suite import save_suite
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_claim_prefers_episodes_whose_layers_the_node_has(tmp_path):
-    q = EpisodeQueue(tmp_path / "q.db")
+    q = open_queue(tmp_path / "q.db")
     q.submit(["a", "b", "c"], {"kind": "null"}, images={"a": "swe/a:task", "b": "swe/b:task", "c": "swe/c:task"})
     assert q.claim("w1", "n1", prefer_images={"swe/c:task"}).task_id == "c"
     assert q.claim("w1", "n1", prefer_images={"swe/zzz:task"}).task_id == "a"  # none local: oldest first

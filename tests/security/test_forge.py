@@ -12,11 +12,11 @@ from shoal import Host, Sandbox
 
 from .conftest import probe_results
 
-pytestmark = pytest.mark.all_backends  # the probing sandbox runs on every backend
+pytestmark = pytest.mark.all_backends(fleet=True)  # the probing sandbox runs on every backend, and through a fleet
 
 
 def test_no_unix_socket_reaches_the_host_or_another_sandbox(daemon, root, base_image, probe_layer, make_sandbox,
-                                                             backend_kind):
+                                                             backend_kind, host_for):
     abstract_name = f"shoal-test-host-{os.getpid()}"
     host_abstract = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     host_abstract.bind("\0" + abstract_name)
@@ -27,10 +27,12 @@ def test_no_unix_socket_reaches_the_host_or_another_sandbox(daemon, root, base_i
             runtime = Host.get(root).backend("container")
             targets = {"other sandbox's control socket": runtime.sock_path(other.id), "shoald": str(daemon["sock"])}
             if backend_kind != "gvisor":  # a gVisor sandbox has no init socket; runsc's are among `extra`
-                targets["own control socket"] = runtime.sock_path(sb.id)
+                targets["own control socket"] = host_for(sb).backend("container").sock_path(sb.id)
+            if backend_kind == "fleet":  # the shoald of the fleet host it runs on
+                targets["its host's shoald"] = str(host_for(sb).settings.root / "shoald.sock")
             # every target is live: from the host each one accepts a connection
             for kind, path in targets.items():
-                stype = socket.SOCK_STREAM if kind == "shoald" else socket.SOCK_SEQPACKET
+                stype = socket.SOCK_STREAM if "shoald" in kind else socket.SOCK_SEQPACKET
                 with socket.socket(socket.AF_UNIX, stype) as c:
                     c.connect(path)
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:

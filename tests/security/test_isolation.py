@@ -16,8 +16,8 @@ from .conftest import probe_results
 # Where a backend stops an attempt by other means (gVisor serves syscalls from its own user-space
 # kernel, the Sentry, not the host's), the test checks that backend's evidence; docs/backends.md
 # lists each difference with its reason.
-pytestmark = pytest.mark.all_backends
-container_only = pytest.mark.backends("container", "http")
+pytestmark = pytest.mark.all_backends(fleet=True)  # fleet: created and driven through a fleet's gateways
+container_only = pytest.mark.backends("container", "http", "fleet")
 
 # Calls gVisor implements inside the Sentry: they succeed there, but what they create (a user or
 # mount namespace, a raw socket with no network attached, an io_uring) belongs to the Sentry's own
@@ -95,7 +95,7 @@ def test_no_network_but_loopback(probed):
         srv.close()
 
 
-def test_fork_bomb_is_stopped_by_pids_limit(probed, host, make_sandbox, backend_kind):
+def test_fork_bomb_is_stopped_by_pids_limit(probed, host_for, make_sandbox, backend_kind):
     try:
         r = probed.commands.run("bomb() { bomb | bomb & }; bomb; sleep 2", timeout=4)
     except SandboxNotFound:
@@ -103,7 +103,7 @@ def test_fork_bomb_is_stopped_by_pids_limit(probed, host, make_sandbox, backend_
     else:
         assert "can't fork" in r.stderr or "Resource temporarily unavailable" in r.stderr
         if backend_kind != "gvisor":
-            pids_now = host.backend("container").cgroups.pids_current(probed.id)
+            pids_now = host_for(probed).backend("container").cgroups.pids_current(probed.id)
             assert pids_now is not None and pids_now <= 64
         time.sleep(0.5)
         probed.commands.run("kill -9 -1", timeout=5)
@@ -123,14 +123,14 @@ def test_memory_bomb_is_killed_inside_the_sandbox_only(probed, make_sandbox, bac
     assert bystander.commands.run("echo unharmed").stdout == "unharmed\n"
 
 
-def test_disk_fill_is_bounded(probed, host):
+def test_disk_fill_is_bounded(probed, host_for):
     r = probed.commands.run("dd if=/dev/zero of=/fill bs=1M count=100 2>&1; ls -l /fill", timeout=30)
     assert "No space left" in r.stdout
     size = probed.files.stat("/fill").size
     assert 8 * 1024 * 1024 <= size <= 16 * 1024 * 1024
     # the upper is a tmpfs on the host: it is the 16 MiB cap that stopped dd (the host disk is not
     # involved at all), and the cap is on the host side of the mount, out of the sandbox's reach
-    st = os.statvfs(host.backend(probed.info().backend).upper_dir(probed.id))
+    st = os.statvfs(host_for(probed).backend(probed.info().backend).upper_dir(probed.id))
     assert st.f_blocks * st.f_frsize <= 16 * 1024 * 1024
     assert st.f_bavail * st.f_frsize < 1024 * 1024
     # space comes back when the file goes

@@ -14,7 +14,7 @@ import shoal.tasks.swe as swe_pkg
 from shoal import Sandbox
 from shoal.rollout.episode import run_episode
 from shoal.rollout.policy import make_policy
-from shoal.rollout.queue import EpisodeQueue
+from shoal.rollout.queue import open_queue
 from shoal.tasks.swe.suite import TASK_LIMITS, ensure_task_image
 from shoal.trajlog import TrajectoryLog
 
@@ -30,7 +30,7 @@ def test_task_sandbox_cannot_read_logs_queue_answers_or_other_uppers(host, few_t
     log = TrajectoryLog(tmp_path / "traj.db")
     out = asyncio.run(run_episode(task, make_policy({"kind": "oracle"}, task), log, host, token))
     assert out.resolved and out.patch.strip()
-    queue = EpisodeQueue(tmp_path / "queue.db")
+    queue = open_queue(tmp_path / "queue.db")
     queue.submit([task.instance_id], {"kind": "oracle", "tag": token})
     for db in ("queue.db", "traj.db"):  # sqlite in WAL mode: the token is in the db or its log
         assert any(token.encode() in p.read_bytes() for p in tmp_path.glob(f"{db}*") if p.is_file()), db

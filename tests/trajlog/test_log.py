@@ -238,3 +238,25 @@ def test_cli_query_streams_and_replay(log, sandbox, root):
     assert r.returncode == 0 and "1 identical, 0 different" in r.stdout, r.stdout + r.stderr
     bad = subprocess.run(cli + ["query", "/nonexistent/x.db"], capture_output=True, text=True)
     assert bad.returncode != 0 and "no trajectory log" in bad.stderr + bad.stdout
+
+
+def test_a_read_in_flight_at_a_crash_is_read_again_not_unknown(log, sandbox):
+    """Reads change nothing, so one whose writer died mid-call is simply read again by the next
+    writer (a host lost while the grader read the answer must not lose the answer)."""
+    sandbox.files.write("/answer.txt", "shoal")
+    first = _stream(log, sandbox)
+    from shoal.trajlog.log import request_hash
+    from shoal.trajlog.store import Entry
+
+    # the dead writer's last record: the read began (PENDING), its result never came
+    req = {"path": "/answer.txt"}
+    log.store.append(Entry(stream=first.name, seq=0, kind="read", req_hash=request_hash("read", req), request=req,
+                           writer=first.writer))
+    if hasattr(log.store, "flush"):
+        log.store.flush()
+    lsb = LoggedSandbox(sandbox, _stream(log, sandbox))
+    assert log.history(first.name)[0].status == UNKNOWN
+    assert lsb.read("/answer.txt") == "shoal"  # read again, and what it read is settled into the log
+    third = LoggedSandbox(sandbox, _stream(log, sandbox))
+    sandbox.files.write("/answer.txt", "changed since")
+    assert third.read("/answer.txt") == "shoal" and third.stream.executed == 0  # replayed from the log

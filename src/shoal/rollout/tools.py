@@ -13,7 +13,7 @@ import json
 import posixpath
 from dataclasses import dataclass
 
-from ..core.errors import ShoalError, UnknownOutcome
+from ..core.errors import HostUnavailable, SandboxLost, ShoalError, UnknownOutcome
 from ..trajlog import LoggedSandbox
 
 OBS_MAX_CHARS = 8000  # longer observations are cut in the middle: agents drown in long logs
@@ -85,10 +85,13 @@ class ToolBox:
         except TypeError as e:
             return Observation(f"error: bad arguments for {name}: {e}", error=True)
         except UnknownOutcome as e:
-            note = ("the worker running this call crashed while it was in flight; its outcome is unknown. "
+            note = ("the worker running this call crashed, or the sandbox's host was lost, while it was in flight; "
+                    "its outcome is unknown. "
                     "Check the state before repeating it.")
             self.sb.stream.settle({"note": note, "kind": e.request and name})
             return Observation(f"[shoal] {note}", unknown=True, error=True)
+        except (SandboxLost, HostUnavailable):
+            raise  # the sandbox is gone with its host (a fleet): the worker resumes the episode elsewhere
         except ShoalError as e:
             return Observation(f"error: {e}", error=True)
 

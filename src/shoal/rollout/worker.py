@@ -16,6 +16,7 @@ import asyncio
 import logging
 import os
 import socket
+import time
 import traceback
 import uuid
 from collections.abc import Callable, Iterable
@@ -23,7 +24,7 @@ from typing import Any, TypeVar
 
 from ..backends import open_backend
 from ..core.contract import SandboxBackend
-from ..core.errors import DatabaseUnavailable, InvalidArgument, LLMUnavailable
+from ..core.errors import DatabaseUnavailable, HostUnavailable, InvalidArgument, LLMUnavailable, SandboxLost
 from ..host import Host
 from ..trajlog import TrajectoryLog
 from .episode import run_episode
@@ -58,6 +59,7 @@ class Worker:
             tasks = load_suite(suite)
         self.tasks: dict[str, Task] = {t.id: t for t in tasks}
         self.concurrency, self.lease_s, self.max_steps = concurrency, lease_s, max_steps
+        self.move_deadline_s = 120.0  # how long an episode keeps trying to move off a lost host
         self.node = node or socket.gethostname()
         self.name = name or f"{self.node}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.limiter = HostRateLimiter(bucket_path(self.backend.address), create_rate)
@@ -102,13 +104,12 @@ class Worker:
             policy = make_policy(claim.policy, task)
             if self.host is not None:
                 await asyncio.to_thread(task.prepare, self.host, self.source)
-            await self.limiter.acquire()
             try:
-                rec = await run_episode(task, policy, self.log, self.backend, claim.id, max_steps=self.max_steps,
-                                        writer=f"{self.name}/{claim.id}", node=self.node)
+                rec, moves = await self._run_moving(task, policy, claim.id)
             finally:
                 await policy.aclose()
             rec.extra["attempt"] = claim.attempts
+            rec.extra["moves"] = moves
             rec.extra["worker"] = self.name
             await self._q(self.queue.finish, claim.id, self.name, rec.to_dict())
             self.finished += 1
@@ -121,6 +122,27 @@ class Worker:
                                     f"{type(e).__name__}: {e}\n{traceback.format_exc()[-1500:]}")
         finally:
             self.running.discard(claim.id)
+
+    async def _run_moving(self, task: Task, policy: Any, eid: str) -> tuple[Any, int]:
+        """run_episode; when its sandbox is lost with its host (a fleet: `SandboxLost`, or
+        `HostUnavailable` until the host's lease runs out), the episode goes on in a new sandbox that
+        the trajectory log restores, under the same claim (no attempt is spent: the episode did not
+        fail). Each try is a new writer, so the call that was in flight becomes UNKNOWN, never re-run.
+        Returns (record, how many times the episode moved)."""
+        moves, delay, deadline = 0, 0.25, time.monotonic() + self.move_deadline_s
+        while True:
+            await self.limiter.acquire()
+            writer = f"{self.name}/{eid}" + (f"/{moves}" if moves else "")
+            try:
+                return await run_episode(task, policy, self.log, self.backend, eid, max_steps=self.max_steps,
+                                         writer=writer, node=self.node), moves
+            except (SandboxLost, HostUnavailable) as e:
+                if time.monotonic() > deadline:
+                    raise
+                log.warning("episode %s: its sandbox's host is gone (%s); resuming in a new sandbox", eid, e)
+                moves += 1
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
 
     async def run(self, forever: bool = False, idle_poll_s: float = 0.2, max_episodes: int | None = None) -> int:
         """Run until the queue has nothing claimable (or forever); returns episodes finished."""

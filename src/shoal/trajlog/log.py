@@ -8,7 +8,8 @@ A `Stream` is a cursor over one stream's entries. Each `call(kind, request, exec
 - behind the head (a restarted client replaying): the request's hash must equal the logged one. If
   it does, the logged result is returned and nothing runs (fast-forward). If it does not, the two
   histories differ: `TrajectoryDivergence`, and the stream stops serving;
-- on an entry whose writer died mid-operation (UNKNOWN): `UnknownOutcome`. The caller decides what
+- on an entry whose writer died mid-operation, or whose sandbox was lost with its host while the
+  operation was in flight (UNKNOWN): `UnknownOutcome`. The caller decides what
   the outcome was (`settle`), e.g. tells the agent that the command was interrupted; it is never
   re-run blindly.
 """
@@ -22,7 +23,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from ..core.errors import TrajectoryDivergence, UnknownOutcome
+from ..core.errors import HostUnavailable, SandboxLost, TrajectoryDivergence, UnknownOutcome
 from ..core.sqlite import is_postgres_url
 from .store import DONE, PENDING, UNKNOWN, Entry, JournaledLogStore, LogStore, StreamInfo
 
@@ -116,6 +117,10 @@ class Stream:
         seq = self._begin(kind, request, h)
         try:
             result = execute()
+        except (SandboxLost, HostUnavailable):
+            # the sandbox's host died or stopped answering: nobody knows whether the operation ran. The
+            # entry stays PENDING (UNKNOWN to the writer that resumes the episode), never a logged result
+            raise
         except Exception as exc:
             self._failed(seq, exc)
             raise

@@ -118,11 +118,12 @@ class LoggedSandbox:
     def write(self, path: str, data: str | bytes, mode: int = 0o644) -> int:
         return self._call("write", {"path": path, "mode": mode, **_encode(data)}).result.get("bytes", 0)
 
+    # reads change nothing: one in flight when its writer died is simply read again (never UNKNOWN)
     def read(self, path: str) -> str:
-        return _decode(self._call("read", {"path": path}).result).decode("utf-8", "replace")
+        return _decode(self._call("read", {"path": path}, idempotent=True).result).decode("utf-8", "replace")
 
     def list(self, path: str) -> builtins.list[str]:  # builtins: `list` here is this method
-        return self._call("list", {"path": path}).result["entries"]
+        return self._call("list", {"path": path}, idempotent=True).result["entries"]
 
     def snapshot(self, exclude: builtins.list[str] | None = None) -> dict:
         return self._call("snapshot", {"exclude": exclude}).result
