@@ -20,8 +20,10 @@ class PrivateDockerd:
     cgroup_parent: the containers' cgroup parent (a benchmark may sample its memory); removed on `down()`
     once empty. export: also set DOCKER_HOST in this process, for code that runs `docker` without `env()`."""
 
-    def __init__(self, prefix: str = "shoal-dockerd-", cgroup_parent: str | None = None, export: bool = False):
+    def __init__(self, prefix: str = "shoal-dockerd-", cgroup_parent: str | None = None, export: bool = False,
+                 insecure_registries: tuple[str, ...] = ()):
         self.prefix, self.cgroup_parent, self.export = prefix, cgroup_parent, export
+        self.insecure_registries = insecure_registries  # plain-HTTP registries beyond 127.0.0.0/8
         self.proc: subprocess.Popen | None = None
         self.tmp: str | None = None
         self.host: str | None = None
@@ -44,12 +46,16 @@ class PrivateDockerd:
         if self.cgroup_parent:
             cmd.append(f"--cgroup-parent=/{self.cgroup_parent}")
         runsc = shutil.which("runsc")
+        config: dict = {}
         if runsc:  # Docker's way to gVisor (`docker run --runtime=runsc`), the peer of Shoal's gvisor backend:
             # the flags Shoal's backend passes too (no network stack, ptrace platform)
+            config["runtimes"] = {"runsc": {"path": runsc, "runtimeArgs": ["--network=none", "--platform=ptrace"]}}
+        if self.insecure_registries:
+            config["insecure-registries"] = list(self.insecure_registries)
+        if config:
             conf = os.path.join(self.tmp, "daemon.json")
             with open(conf, "w") as f:
-                json.dump({"runtimes": {"runsc": {"path": runsc, "runtimeArgs": ["--network=none",
-                                                                                 "--platform=ptrace"]}}}, f)
+                json.dump(config, f)
             cmd.append(f"--config-file={conf}")
         with open(os.path.join(self.tmp, "dockerd.log"), "w") as log:  # dockerd keeps its own copy of the fd
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=log)

@@ -117,8 +117,8 @@ def overhead(fleet, key: str, runs: int, n_exec: int, n_create: int) -> dict:
             dc, gc = [], []
             for _ in range(n_create):
                 for be, acc in ((direct, dc), (via, gc)):
-                    t = time.perf_counter()
-                    info = be.create(cr)
+                    t = time.perf_counter()  # a fresh key on both paths, as the SDK sends (the host records it)
+                    info = be.create(cr, idempotency_key=uuid.uuid4().hex)
                     acc.append(time.perf_counter() - t)
                     be.kill(info.id)
             for kind, dd, gg in (("exec", d, g), ("create", dc, gc)):
@@ -132,7 +132,8 @@ def overhead(fleet, key: str, runs: int, n_exec: int, n_create: int) -> dict:
         sb.kill()
         direct.close()
         via.close()
-    res = {"n_exec_per_run": n_exec, "n_create_per_run": n_create, "runs": runs}
+    res = {"n_exec_per_run": n_exec, "n_create_per_run": n_create, "runs": runs,
+           "create_keys": "a fresh Idempotency-Key on both paths (as the SDK sends)"}
     for kind in ("exec", "create"):
         res[kind] = {k: spread(v) for k, v in out[kind].items()}
         res[kind]["per_run_added_p50_ms"] = [round(x, 3) for x in out[kind]["added"]]
@@ -335,14 +336,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--exec-n", type=int, default=200)
-    ap.add_argument("--create-n", type=int, default=30)
+    ap.add_argument("--create-n", type=int, default=100)
     ap.add_argument("--place-s", type=float, default=8.0)
     ap.add_argument("--clients", type=int, default=2, help="client processes for the placement load")
     ap.add_argument("--threads", type=int, default=16, help="threads per client process")
     ap.add_argument("--episodes", type=int, default=60)
     ap.add_argument("--kill-runs", type=int, default=3)
     ap.add_argument("--out", default=str(RESULTS / "fleet.json"))
-    ap.add_argument("--only-placements", action="store_true", help="just part 2 (printed, nothing written)")
+    ap.add_argument("--only-placements", action="store_true", help="just part 2 (printed; --part-out writes it)")
+    ap.add_argument("--only-overhead", action="store_true", help="just part 1 (printed; --part-out writes it)")
+    ap.add_argument("--part-out", help="with --only-*: write that part's JSON here (before/after comparisons)")
     a = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench/fleet.py needs root (network namespaces, sandboxes)")
@@ -360,11 +363,25 @@ def main() -> None:
                  "postgres": "Debian's PostgreSQL, private instance, fsync=off synchronous_commit=off (as tests)",
                  "lease_s": LEASE_S}
     pg = PgServer()
-    if a.only_placements:
+    if a.only_placements or a.only_overhead:
         try:
-            console.print(placements(pg, a.place_s, a.runs, a.clients, a.threads, gateways=2))
+            if a.only_placements:
+                res["placements"] = placements(pg, a.place_s, a.runs, a.clients, a.threads, gateways=2)
+            else:
+                fleet = build_fleet(pg)
+                try:
+                    os.environ["SHOAL_CA_CERT"] = str(fleet.fleet_dir / "ca.pem")
+                    key = fleet.tenant(f"bench-{uuid.uuid4().hex[:6]}", sandboxes=64, cpu=64, memory_mb=65536,
+                                       disk_mb=65536)
+                    res["overhead"] = overhead(fleet, key, a.runs, a.exec_n, a.create_n)
+                finally:
+                    fleet.close()
         finally:
             pg.close()
+        res["load_avg_after"] = load()
+        console.print(res)
+        if a.part_out:
+            Path(a.part_out).write_text(json.dumps(res, indent=1) + "\n")
         return
     try:
         console.print("[bold]1. gateway overhead, 2. dead host[/]  (real fleet)")

@@ -144,11 +144,13 @@ def lazy_sample(roots: Roots, reg, img: dict, i: int, sequence: str | None, repo
         pull(h.store, f"{reg.addr}/{repo}:{img['name']}", plain_http=True, lazy=True)
         t_pull = time.perf_counter() - t0
         with Sandbox.create(f"{repo}:{img['name']}", layers=[task], root=h.settings.root, memory_mb=1024) as sb:
+            t_create = time.perf_counter() - t0
             r = sb.commands.run(FIRST_EXEC)
             t_first = time.perf_counter() - t0
             assert r.exit_code == 0, r
             first_bytes = reg.blob_bytes(mark)
-            out = {"image": img["name"], "pull_s": t_pull, "first_exec_s": t_first, "first_exec_bytes": first_bytes}
+            out = {"image": img["name"], "pull_s": t_pull, "create_s": t_create, "first_exec_s": t_first,
+                   "first_exec_bytes": first_bytes, "t0_epoch": time.time() - (time.perf_counter() - t0)}
             if sequence:
                 t1 = time.perf_counter()
                 r = sb.commands.run(img[sequence], timeout=600)
@@ -161,7 +163,7 @@ def lazy_sample(roots: Roots, reg, img: dict, i: int, sequence: str | None, repo
         roots.drop(h)
 
 
-def full_sample(roots: Roots, reg, img: dict, i: int) -> dict:
+def full_sample(roots: Roots, reg, img: dict, i: int, repo: str = "bench/ws") -> dict:
     from shoal import Sandbox
     from shoal.registry import pull
 
@@ -170,9 +172,9 @@ def full_sample(roots: Roots, reg, img: dict, i: int) -> dict:
         task = task_layer(h, i)
         mark = reg.mark()
         t0 = time.perf_counter()
-        pull(h.store, f"{reg.addr}/bench/ws:{img['name']}", plain_http=True)
+        pull(h.store, f"{reg.addr}/{repo}:{img['name']}", plain_http=True)
         t_pull = time.perf_counter() - t0
-        with Sandbox.create(f"bench/ws:{img['name']}", layers=[task], root=h.settings.root, memory_mb=1024) as sb:
+        with Sandbox.create(f"{repo}:{img['name']}", layers=[task], root=h.settings.root, memory_mb=1024) as sb:
             r = sb.commands.run(FIRST_EXEC)
             t_first = time.perf_counter() - t0
             assert r.exit_code == 0, r
@@ -215,7 +217,60 @@ def warm_sample(roots: Roots, reg, src, img: dict) -> dict:
         roots.drop(h)
 
 
-def fanout_sample(roots: Roots, reg, images: list[dict], n: int, m: int) -> dict:
+def promoted_sample(roots: Roots, reg, img: dict) -> dict:
+    """A fresh root whose daemon completes each layer in the background (SHOAL_LAZY_COMPLETE=1, off by
+    default; the bytes rows never use it): once every chunk is cached the layers are promoted to local
+    image files, and a NEW sandbox reads all of /usr from those (page cache dropped)."""
+    from shoal import Sandbox
+    from shoal.registry import pull
+
+    os.environ["SHOAL_LAZY_COMPLETE"] = "1"
+    h = roots.new()
+    try:
+        t0 = time.perf_counter()
+        res = pull(h.store, f"{reg.addr}/bench/ws:{img['name']}", plain_http=True, lazy=True)
+        with Sandbox.create(f"bench/ws:{img['name']}", root=h.settings.root) as sb:
+            assert sb.commands.run(FIRST_EXEC).exit_code == 0
+            deadline = time.monotonic() + 300
+            while not all(h.store.image_path(d).exists() for d in res.lazy) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            t_promoted = time.perf_counter() - t0
+            assert all(h.store.location(d) == "local" for d in res.lazy)
+            out: dict = {"image": img["name"], "promoted_after_s": t_promoted, "promoted_mib_s": [],
+                         "fuse_mib_s": []}
+            with Sandbox.create(f"bench/ws:{img['name']}", root=h.settings.root) as sb2:  # new: local mounts
+                for _ in range(3):
+                    dt, n = read_all(sb2)
+                    out["promoted_mib_s"].append(n / dt / 2**20)
+            for _ in range(2):  # the first sandbox, still on its lazy mounts
+                dt, n = read_all(sb)
+                out["fuse_mib_s"].append(n / dt / 2**20)
+        return out
+    finally:
+        os.environ.pop("SHOAL_LAZY_COMPLETE", None)
+        roots.drop(h)
+
+
+def record_prefetch(roots: Roots, reg, img: dict, i: int, repo: str) -> None:
+    """Another host's first run of the image (lazy pull, first exec, agent sequence), whose prefetch
+    lists it publishes to the registry (`push --prefetch-only`): what later cold starts find there."""
+    from shoal import Sandbox
+    from shoal.registry import pull, push
+
+    h = roots.new()
+    try:
+        task = task_layer(h, i)
+        ref = f"{reg.addr}/{repo}:{img['name']}"
+        pull(h.store, ref, plain_http=True, lazy=True)
+        with Sandbox.create(f"{repo}:{img['name']}", layers=[task], root=h.settings.root, memory_mb=1024) as sb:
+            sb.commands.run(FIRST_EXEC)
+            sb.commands.run(img["agent"], timeout=600)
+        push(h.store, f"{repo}:{img['name']}", ref, plain_http=True, prefetch_only=True)
+    finally:
+        roots.drop(h)
+
+
+def fanout_sample(roots: Roots, reg, images: list[dict], n: int, m: int, chunk: int = 128 << 10) -> dict:
     """n sandboxes on m never-seen images at once, in one fresh root, every registry read through a
     counting proxy: how often each (blob, range) was requested."""
     from servers import FaultProxy
@@ -254,12 +309,22 @@ def fanout_sample(roots: Roots, reg, images: list[dict], n: int, m: int) -> dict
         with ThreadPoolExecutor(n) as ex:
             list(ex.map(one, range(n)))
         wall = time.perf_counter() - t0
-        gets = Counter((p.split("?")[0], rng) for meth, p, rng in proxy.requests if meth == "GET" and "/blobs/" in p)
-        ranged = {k: v for k, v in gets.items() if k[1]}
+        # every chunk each Range GET covered (coalesced and multi-range GETs cover several): how often
+        # each (blob, chunk) was fetched in all
+        per_chunk: Counter = Counter()
+        range_gets = 0
+        for meth, p, rng in proxy.requests:
+            if meth != "GET" or "/blobs/" not in p or not rng:
+                continue
+            range_gets += 1
+            for part in rng.removeprefix("bytes=").split(","):
+                lo, hi = (int(x) for x in part.strip().split("-"))
+                for c in range(lo // chunk, hi // chunk + 1):
+                    per_chunk[(p.split("?")[0], c)] += 1
         return {"sandboxes": n, "images": m, "wall_s": wall, "p50_s": statistics.median(lat), "failures": len(fails),
-                "failure_samples": fails[:3], "range_gets": sum(ranged.values()), "distinct_chunks": len(ranged),
-                "max_gets_per_chunk": max(ranged.values() or [0]),
-                "chunks_fetched_twice": sum(1 for v in ranged.values() if v > 1)}
+                "failure_samples": fails[:3], "range_gets": range_gets, "distinct_chunks": len(per_chunk),
+                "chunk_fetches": sum(per_chunk.values()), "max_gets_per_chunk": max(per_chunk.values() or [0]),
+                "chunks_fetched_twice": sum(1 for v in per_chunk.values() if v > 1)}
     finally:
         roots.drop(h)
         proxy.stop()
@@ -307,27 +372,42 @@ def docker_sample(reg, img: dict, env: dict) -> dict:
 
 
 # ------------------------------------------------------------------------------------------ report
+def _ratio_per_run(res: dict, slow: str, fast: str) -> list[float]:
+    """Per run: the ratio of that run's p50s (same run, same timing images)."""
+    s = res["samples"]
+    out = []
+    for r in range(res["config"]["runs"]):
+        a = [x["first_exec_s"] for x in s[fast] if x["run"] == r and x["image"] in TIMING_IMAGES]
+        b = [x["first_exec_s"] for x in s[slow] if x["run"] == r]
+        if a and b:
+            out.append(statistics.median(b) / statistics.median(a))
+    return out
+
+
+def _fractions(res: dict, key: str) -> dict:
+    img_bytes = res["image_bytes"]
+    s = res["samples"].get(key) or []
+    frac = {seq: [x["bytes"] / img_bytes[x["image"]] for x in s if x.get("sequence") == seq]
+            for seq in ("agent", "tests")}
+    return {k: spread(v) for k, v in frac.items() if v}
+
+
+def _cold(res: dict, lazy: str, full: str) -> dict:
+    s = res["samples"]
+    a = [x["first_exec_s"] for x in s[lazy]]
+    b = [x["first_exec_s"] for x in s[full]]
+    return {"lazy": spread(a), "full_pull": spread(b), "speedup_p50": statistics.median(b) / statistics.median(a),
+            "speedup_per_run": spread(_ratio_per_run(res, full, lazy) or [0.0]),
+            "lazy_pull_s": spread([x["pull_s"] for x in s[lazy]]),
+            "full_pull_s": spread([x["pull_s"] for x in s[full]])}
+
+
 def summarize(res: dict) -> dict:
     s = res["samples"]
     img_bytes = res["image_bytes"]
-    lazy = [x["first_exec_s"] for x in s["lazy"]]
-    full = [x["first_exec_s"] for x in s["full"]]
-    frac = {seq: [x["bytes"] / img_bytes[x["image"]] for x in s["lazy"] if x.get("sequence") == seq]
-            for seq in ("agent", "tests")}
-    # per run: the ratio of that run's p50s (same run, same images)
-    ratios = []
-    for r in range(res["config"]["runs"]):
-        a = [x["first_exec_s"] for x in s["lazy"] if x["run"] == r and x["image"] in TIMING_IMAGES]
-        b = [x["first_exec_s"] for x in s["full"] if x["run"] == r]
-        if a and b:
-            ratios.append(statistics.median(b) / statistics.median(a))
     out = {
-        "cold_first_exec_s": {"lazy": spread(lazy), "full_pull": spread(full),
-                              "speedup_p50": statistics.median(full) / statistics.median(lazy),
-                              "speedup_per_run": spread(ratios),
-                              "lazy_pull_s": spread([x["pull_s"] for x in s["lazy"]]),
-                              "full_pull_s": spread([x["pull_s"] for x in s["full"]])},
-        "bytes_fraction": {k: spread(v) for k, v in frac.items() if v},
+        "cold_first_exec_s": _cold(res, "lazy", "full"),
+        "bytes_fraction": _fractions(res, "lazy"),
         "bytes_first_exec_fraction": spread([x["first_exec_bytes"] / img_bytes[x["image"]] for x in s["lazy"]]),
         "warm_read": {
             "lazy_warm_mib_s": spread([statistics.median(x["lazy_warm_mib_s"]) for x in s["warm"]]),
@@ -342,18 +422,42 @@ def summarize(res: dict) -> dict:
                    "failures": sum(x["failures"] for x in s["fanout"]),
                    "distinct_chunks": spread([x["distinct_chunks"] for x in s["fanout"]])},
     }
-    if s.get("lazy_small"):
-        sm_ = s["lazy_small"]
-        out["small_chunks"] = {
-            "chunk_kb": res["config"]["small_chunk_kb"],
-            "cold_first_exec_s": spread([x["first_exec_s"] for x in sm_]),
-            "bytes_fraction": {seq: spread([x["bytes"] / img_bytes[x["image"]] for x in sm_
-                                            if x.get("sequence") == seq]) for seq in ("agent", "tests")}}
+    if s.get("lazy_pf"):
+        pf = [x for x in s["lazy_pf"]]
+        out["prefetch"] = {"cold_first_exec_s": spread([x["first_exec_s"] for x in pf]),
+                           "speedup_p50": statistics.median(x["first_exec_s"] for x in s["full"])
+                           / statistics.median(x["first_exec_s"] for x in pf),
+                           "bytes_fraction": _fractions(res, "lazy_pf")}
+    if s.get("promoted"):
+        # the same image's local read (the warm sample of the same run) is the reference
+        local = {x["run"]: statistics.median(x["local_mib_s"]) for x in s["warm"]}
+        out["promoted"] = {
+            "promoted_mib_s": spread([statistics.median(x["promoted_mib_s"]) for x in s["promoted"]]),
+            "fuse_mib_s": spread([statistics.median(x["fuse_mib_s"]) for x in s["promoted"]]),
+            "ratio": spread([statistics.median(x["promoted_mib_s"]) / local[x["run"]] for x in s["promoted"]
+                             if x["run"] in local]),
+            "promoted_after_s": spread([x["promoted_after_s"] for x in s["promoted"]])}
+    if s.get("lazy_alt"):
+        alt = s["lazy_alt"]
+        out["alt_chunks"] = {"chunk_kb": res["config"]["alt_chunk_kb"],
+                             "cold_first_exec_s": spread([x["first_exec_s"] for x in alt]),
+                             "bytes_fraction": _fractions(res, "lazy_alt")}
     if s.get("docker"):
         d = [x["first_exec_s"] for x in s["docker"]]
         out["docker"] = {"pull_run_s": spread(d), "pull_s": spread([x["pull_s"] for x in s["docker"]]),
                          "bytes": spread([x["bytes"] for x in s["docker"]]),
-                         "lazy_speedup_p50": statistics.median(d) / statistics.median(lazy)}
+                         "lazy_speedup_p50": statistics.median(d) / statistics.median(x["first_exec_s"]
+                                                                                      for x in s["lazy"])}
+    if s.get("shaped_lazy"):
+        sh = {"link": res["config"]["shaped_link"], "cold": _cold(res, "shaped_lazy", "shaped_full"),
+              "cold_prefetch": _cold(res, "shaped_lazy_pf", "shaped_full"),
+              "bytes_agent": spread([x["bytes"] / img_bytes[x["image"]] for x in s["shaped_lazy"]])}
+        if s.get("shaped_docker"):
+            d = [x["first_exec_s"] for x in s["shaped_docker"]]
+            sh["docker"] = {"pull_run_s": spread(d),
+                            "lazy_speedup_p50": statistics.median(d) / sh["cold"]["lazy"]["median"],
+                            "lazy_prefetch_speedup_p50": statistics.median(d) / sh["cold_prefetch"]["lazy"]["median"]}
+        out["shaped"] = sh
     return out
 
 
@@ -366,40 +470,74 @@ def _s(m: dict, fmt: str = ".2f", scale: float = 1.0, unit: str = "") -> str:
     return f"{f(m['median'])} [{f(m['min'])}–{f(m['max'])}]{unit}"
 
 
+def _cold_row(label: str, c: dict, other: str) -> list[str]:
+    return [label, _s(c["lazy"], unit=" s"),
+            f"{other}: {_s(c['full_pull'], unit=' s')}; lazy {c['speedup_p50']:.1f}× faster (per run "
+            f"{c['speedup_per_run']['min']:.1f}–{c['speedup_per_run']['max']:.1f})",
+            goal(c["lazy"]["median"] <= 1.5, "≤ 1.5 s p50") + "; " + goal(c["speedup_p50"] >= 5, "≥ 5× faster")]
+
+
 def readme_rows(j: dict) -> list[list[str]]:
     """README table: figure | Shoal, lazy | the other side | goal (median [min–max] over samples)."""
     sm = j["summary"]
+    ck = j["config"]["chunk_kb"]
     c, w, fo = sm["cold_first_exec_s"], sm["warm_read"], sm["fanout"]
-    rows = [
-        ["cold start → first exec, never-seen image (pull + create + `python3 -c pass`)",
-         _s(c["lazy"], unit=" s"), f"full pull + start: {_s(c['full_pull'], unit=' s')}; lazy "
-         f"{c['speedup_p50']:.1f}× faster (per run {c['speedup_per_run']['min']:.1f}–"
-         f"{c['speedup_per_run']['max']:.1f})",
-         goal(c["lazy"]["median"] <= 1.5, "≤ 1.5 s p50") + "; " + goal(c["speedup_p50"] >= 5, "≥ 5× faster")],
-    ]
+    rows = [_cold_row(f"cold start → first exec, never-seen image, no prefetch list ({ck} KiB chunks; pull + "
+                      "create + `python3 -c pass`), loopback", c, "full pull + start")]
+    if "prefetch" in sm:
+        p = sm["prefetch"]
+        rows.append(["the same with a prefetch list published in the registry by an earlier run elsewhere",
+                     _s(p["cold_first_exec_s"], unit=" s"), f"lazy {p['speedup_p50']:.1f}× faster than full pull",
+                     goal(p["cold_first_exec_s"]["median"] <= 1.5, "≤ 1.5 s p50") + "; "
+                     + goal(p["speedup_p50"] >= 5, "≥ 5× faster")])
     if "docker" in sm:
         d = sm["docker"]
-        rows.append(["the same, Docker: `docker pull` + `docker run --rm` from the same registry", "",
+        rows.append(["the same, Docker: `docker pull` + `docker run --rm` from the same registry, loopback", "",
                      f"{_s(d['pull_run_s'], unit=' s')} (lazy {d['lazy_speedup_p50']:.1f}× faster; "
                      f"{d['bytes']['median'] / 2**20:.0f} MiB gzip fetched)", "reported beside"])
+    if "shaped" in sm:
+        sh = sm["shaped"]
+        mbit, rtt = j["config"]["link_mbit"], j["config"]["link_rtt_ms"]
+        rows.append(_cold_row(f"over a shaped link ({mbit} Mbit/s, +{rtt:g} ms RTT): cold start → first exec, "
+                              "no prefetch list", sh["cold"], "full pull + start over the link"))
+        rows.append(_cold_row("shaped link, with the published prefetch list", sh["cold_prefetch"],
+                              "full pull + start over the link"))
+        if "docker" in sh:
+            d = sh["docker"]
+            rows.append(["shaped link, Docker: `docker pull` + `docker run --rm`", "",
+                         f"{_s(d['pull_run_s'], unit=' s')} (lazy {d['lazy_speedup_p50']:.1f}× faster, "
+                         f"{d['lazy_prefetch_speedup_p50']:.1f}× with the list)", "reported beside"])
     for seq, label in (("agent", "agent tool-call sequence"), ("tests", "project's quick tests")):
         if seq in sm["bytes_fraction"]:
             b = sm["bytes_fraction"][seq]
-            rows.append([f"bytes fetched from the registry through the {label}, % of the image",
-                         _s(b, ".1f", 100, " %"), f"full pull: 100 % ({j['image_mib']:.0f} MiB)",
+            rows.append([f"bytes fetched from the registry through the {label}, % of the image ({ck} KiB chunks, "
+                         "no prefetch list)", _s(b, ".1f", 100, " %"), f"full pull: 100 % ({j['image_mib']:.0f} MiB)",
                          goal(b["max"] <= 0.15, "≤ 15 %")])
-    if "small_chunks" in sm:
-        sc = sm["small_chunks"]
-        rows.append([f"the same with {sc['chunk_kb']} KiB chunks (and read-ahead): cold start → first exec",
+    if "prefetch" in sm:
+        for seq in ("agent", "tests"):
+            b = sm["prefetch"]["bytes_fraction"].get(seq)
+            if b:
+                rows.append([f"the same with the prefetch list (recorded from the agent sequence): {seq} sequence",
+                             _s(b, ".1f", 100, " %"), "", goal(b["max"] <= 0.15, "≤ 15 %")])
+    if "alt_chunks" in sm:
+        sc = sm["alt_chunks"]
+        rows.append([f"with {sc['chunk_kb']} KiB chunks (what `lazyreg` pushed): cold start → first exec, no list",
                      _s(sc["cold_first_exec_s"], unit=" s"), "", goal(sc["cold_first_exec_s"]["median"] <= 1.5,
                                                                        "≤ 1.5 s p50")])
         for seq in ("agent", "tests"):
             b = sc["bytes_fraction"][seq]
             rows.append([f"{sc['chunk_kb']} KiB chunks: bytes fetched through the {seq} sequence, % of the image",
                          _s(b, ".1f", 100, " %"), "", goal(b["max"] <= 0.15, "≤ 15 %")])
-    rows.append(["warm read of all of /usr (chunks cached, page cache dropped), MiB/s",
+    rows.append(["warm read of all of /usr through the lazy mount (chunks cached, page cache dropped), MiB/s",
                  _s(w["lazy_warm_mib_s"], ".0f"), f"local layer: {_s(w['local_mib_s'], '.0f')}; ratio "
                  f"{_s(w['ratio'], '.2f')}", goal(w["ratio"]["median"] >= 0.8, "within 20 %")])
+    if "promoted" in sm:
+        pr = sm["promoted"]
+        rows.append(["warm read by a new sandbox after promotion to local image files (background completion "
+                     "on, `SHOAL_LAZY_COMPLETE=1`; off by default and in every bytes row), MiB/s",
+                     _s(pr["promoted_mib_s"], ".0f"), f"ratio to the local layer {_s(pr['ratio'], '.2f')}; "
+                     f"promoted {_s(pr['promoted_after_s'], '.1f', unit=' s')} after the pull",
+                     goal(pr["ratio"]["median"] >= 0.8, "within 20 %")])
     rows.append(["first (cold) read of all of /usr, every chunk from the registry, MiB/s",
                  _s(w["lazy_cold_mib_s"], ".0f"), f"local layer: {_s(w['local_mib_s'], '.0f')}", ""])
     rows.append([f"{j['config']['fanout']} sandboxes on {j['config']['fanout_images']} never-seen images at once "
@@ -417,44 +555,89 @@ def plot(j: dict, path: Path) -> None:
 
     sm = j["summary"]
     c = sm["cold_first_exec_s"]
-    sc = sm.get("small_chunks")
-    bars = [("Shoal lazy\n1 MiB chunks", c["lazy"])]
-    if sc:
-        bars.append((f"Shoal lazy\n{sc['chunk_kb']} KiB chunks", sc["cold_first_exec_s"]))
-    bars.append(("Shoal\nfull pull", c["full_pull"]))
+    ck = j["config"]["chunk_kb"]
+    groups = [("loopback", [(f"lazy\n{ck} KiB", c["lazy"], "tab:green")])]
+    if "prefetch" in sm:
+        groups[0][1].append(("lazy +\nprefetch list", sm["prefetch"]["cold_first_exec_s"], "tab:olive"))
+    if "alt_chunks" in sm:
+        groups[0][1].append((f"lazy\n{sm['alt_chunks']['chunk_kb']} KiB", sm["alt_chunks"]["cold_first_exec_s"],
+                             "tab:cyan"))
+    groups[0][1].append(("full pull", c["full_pull"], "tab:blue"))
     if "docker" in sm:
-        bars.append(("docker\npull + run", sm["docker"]["pull_run_s"]))
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    xs = range(len(bars))
-    med = [m["median"] for _, m in bars]
-    a.bar(xs, med, yerr=[[m["median"] - m["min"] for _, m in bars], [m["max"] - m["median"] for _, m in bars]],
-          color=["tab:green", "tab:olive", "tab:blue", "tab:gray"][-len(bars):] if sc else
-          ["tab:green", "tab:blue", "tab:gray"][:len(bars)], capsize=4)
-    a.set_xticks(list(xs), [n for n, _ in bars])
-    a.axhline(1.5, ls="--", c="k", lw=0.8)
-    a.set_ylabel("cold start → first exec, s")
-    a.set_title(f"never-seen workspace image (~{j['image_mib']:.0f} MiB)")
-    groups = [("1 MiB", sm["bytes_fraction"], "tab:green")]
-    if sc:
-        groups.append((f"{sc['chunk_kb']} KiB", sc["bytes_fraction"], "tab:olive"))
+        groups[0][1].append(("docker", sm["docker"]["pull_run_s"], "tab:gray"))
+    if "shaped" in sm:
+        sh = sm["shaped"]
+        g = [("lazy", sh["cold"]["lazy"], "tab:green"), ("lazy +\nlist", sh["cold_prefetch"]["lazy"], "tab:olive"),
+             ("full pull", sh["cold"]["full_pull"], "tab:blue")]
+        if "docker" in sh:
+            g.append(("docker", sh["docker"]["pull_run_s"], "tab:gray"))
+        groups.append((f"{j['config']['link_mbit']} Mbit/s, +{j['config']['link_rtt_ms']:g} ms RTT", g))
+    fig, axes = plt.subplots(1, len(groups) + 1, figsize=(5 * (len(groups) + 1), 4.2))
+    for ax, (title, bars) in zip(axes, groups):
+        xs = range(len(bars))
+        ax.bar(xs, [m["median"] for _, m, _ in bars], color=[col for _, _, col in bars], capsize=4,
+               yerr=[[m["median"] - m["min"] for _, m, _ in bars], [m["max"] - m["median"] for _, m, _ in bars]])
+        ax.set_xticks(list(xs), [n for n, _, _ in bars], fontsize=8)
+        ax.axhline(1.5, ls="--", c="k", lw=0.8)
+        ax.set_ylabel("cold start → first exec, s")
+        ax.set_title(f"{title} (~{j['image_mib']:.0f} MiB image)", fontsize=9)
+    b = axes[-1]
+    sets = [(f"{ck} KiB", sm["bytes_fraction"], "tab:green")]
+    if "prefetch" in sm:
+        sets.append((f"{ck} KiB + list", sm["prefetch"]["bytes_fraction"], "tab:olive"))
+    if "alt_chunks" in sm:
+        sets.append((f"{sm['alt_chunks']['chunk_kb']} KiB", sm["alt_chunks"]["bytes_fraction"], "tab:cyan"))
     keys = [k for k in ("agent", "tests") if k in sm["bytes_fraction"]]
-    width = 0.8 / len(groups)
-    for g, (label, fr, color) in enumerate(groups):
-        pos = [x + (g - (len(groups) - 1) / 2) * width for x in range(len(keys))]
+    width = 0.8 / len(sets)
+    for g, (label, fr, color) in enumerate(sets):
+        pos = [x + (g - (len(sets) - 1) / 2) * width for x in range(len(keys))]
         b.bar(pos, [fr[k]["median"] * 100 for k in keys], width,
               yerr=[[(fr[k]["median"] - fr[k]["min"]) * 100 for k in keys],
-                    [(fr[k]["max"] - fr[k]["median"]) * 100 for k in keys]], capsize=4, color=color,
-              label=f"{label} chunks")
-    b.legend()
+                    [(fr[k]["max"] - fr[k]["median"]) * 100 for k in keys]], capsize=4, color=color, label=label)
+    b.legend(fontsize=8)
     b.axhline(15, ls="--", c="k", lw=0.8)
     b.set_xticks(range(len(keys)), [f"{k} sequence" for k in keys])
     b.set_ylabel("bytes fetched, % of the image")
-    b.set_title("what a lazily loaded sandbox reads")
+    b.set_title("what a lazily loaded sandbox reads", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
-# ------------------------------------------------------------------------------------------ main
+def refanout(args) -> None:
+    from registryctl import RegistryServer
+
+    from shoal import Host
+    from shoal.registry import push
+
+    out = Path(args.out)
+    res = json.loads(out.read_text())
+    src = Host.get(args.src_root)
+    images = prepare_images(src)
+    reg = RegistryServer(tls=False, auth=False, workdir=Path("/var/tmp"))
+    roots = Roots()
+    try:
+        for img in images[:args.fanout_images]:
+            push(src.store, img["ref"], f"{reg.addr}/bench/ws:{img['name']}", plain_http=True,
+                 lazy_chunk_size=res["config"]["chunk_kb"] << 10)
+        loads, samples = [], []
+        for run in range(res["config"]["runs"]):
+            loads.append(os.getloadavg()[0])
+            cfg = res["config"]
+            samples.append({"run": run, **fanout_sample(roots, reg, images, cfg["fanout"], cfg["fanout_images"],
+                                                        cfg["chunk_kb"] << 10)})
+            log(f"  {samples[-1]}")
+        res["samples"]["fanout"] = samples
+        res["fanout_rerun"] = {"date": time.strftime("%Y-%m-%d %H:%M"), "loadavg_1m_per_run": loads,
+                               "why": "fan-out re-measured alone, counting every chunk each Range GET covered"}
+        res["summary"] = summarize(res)
+        out.write_text(json.dumps(res, indent=1) + "\n")
+        plot(res, out.with_suffix(".png"))
+        log(f"updated {out}")
+    finally:
+        roots.close()
+        reg.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=3)
@@ -462,13 +645,22 @@ def main() -> None:
     ap.add_argument("--fanout", type=int, default=64)
     ap.add_argument("--fanout-images", type=int, default=8)
     ap.add_argument("--no-docker", action="store_true")
-    ap.add_argument("--chunk-kb", type=int, default=1024, help="chunk of the pushed chunk indexes")
-    ap.add_argument("--readahead-kb", type=int, default=None, help="the lazy daemon's FUSE read-ahead")
-    ap.add_argument("--small-chunk-kb", type=int, default=128, help="also measure lazy samples with chunks (and "
-                    "the daemon's read-ahead) of this size; 0: not")
+    ap.add_argument("--chunk-kb", type=int, default=128, help="chunk of the pushed chunk indexes (push's default)")
+    ap.add_argument("--readahead-kb", type=int, default=None, help="the lazy daemon's FUSE read-ahead "
+                    "(default: the daemon's, 1 MiB)")
+    ap.add_argument("--alt-chunk-kb", type=int, default=1024, help="also measure lazy samples with chunks of "
+                    "this size; 0: not")
+    ap.add_argument("--link-mbit", type=int, default=1000, help="also measure over a shaped link to the registry "
+                    "(bench/netlink.py) of this rate; 0: not")
+    ap.add_argument("--link-rtt-ms", type=float, default=1.0)
     ap.add_argument("--quick", action="store_true", help="a smoke test: the timing images only")
     ap.add_argument("--out", default=str(RESULTS / "lazy.json"))
+    ap.add_argument("--refanout", action="store_true", help="only re-measure the fan-out rows of --out (its "
+                    "samples replaced, the rest kept; the JSON says when and at what load)")
     args = ap.parse_args()
+    if args.refanout:
+        refanout(args)
+        return
 
     from registryctl import RegistryServer
 
@@ -477,8 +669,13 @@ def main() -> None:
 
     if args.readahead_kb:
         os.environ["SHOAL_LAZY_READAHEAD_KB"] = str(args.readahead_kb)
+    else:
+        os.environ.pop("SHOAL_LAZY_READAHEAD_KB", None)
+    for var in ("SHOAL_LAZY_COMPLETE", "SHOAL_LAZY_PREFETCH_GAP_KB", "SHOAL_LAZY_TRACE"):
+        os.environ.pop(var, None)  # the defaults are what is measured (the promotion row sets COMPLETE itself)
     t_start = time.time()
     load_before = os.getloadavg()[0]
+    uptime_before = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     src = Host.get(args.src_root)
     log("workspace images (cached in the source root after the first build)")
     images = prepare_images(src)
@@ -486,7 +683,11 @@ def main() -> None:
     reg = RegistryServer(tls=False, auth=False, workdir=Path("/var/tmp"))
     roots = Roots()
     dockerd = None
-    samples: dict[str, list] = {"lazy": [], "lazy_small": [], "full": [], "warm": [], "fanout": [], "docker": []}
+    link = sreg = None
+    keys = ("lazy", "lazy_alt", "lazy_pf", "full", "docker", "warm", "promoted", "fanout",
+            "shaped_lazy", "shaped_lazy_pf", "shaped_full", "shaped_docker")
+    samples: dict[str, list] = {k: [] for k in keys}
+    loads: list[float] = []
     try:
         log(f"registry at {reg.addr}; pushing {len(images)} images to bench/ws:<name>")
         image_bytes = {}
@@ -494,16 +695,29 @@ def main() -> None:
             res = push(src.store, img["ref"], f"{reg.addr}/bench/ws:{img['name']}", plain_http=True,
                        lazy_chunk_size=args.chunk_kb << 10)
             image_bytes[img["name"]] = sum(x.size for x in res.layers)
-        if args.small_chunk_kb:
-            for name in TIMING_IMAGES:
-                push(src.store, by_name[name]["ref"], f"{reg.addr}/bench/ws-small:{name}", plain_http=True,
-                     lazy_chunk_size=args.small_chunk_kb << 10)
+        for name in TIMING_IMAGES:  # a repository of their own, where prefetch lists get published
+            push(src.store, by_name[name]["ref"], f"{reg.addr}/bench/ws-pf:{name}", plain_http=True,
+                 lazy_chunk_size=args.chunk_kb << 10)
+            if args.alt_chunk_kb:
+                push(src.store, by_name[name]["ref"], f"{reg.addr}/bench/ws-alt:{name}", plain_http=True,
+                     lazy_chunk_size=args.alt_chunk_kb << 10)
+        log("prefetch lists: a first run of each timing image, published to bench/ws-pf")
+        for n, name in enumerate(TIMING_IMAGES):
+            record_prefetch(roots, reg, by_name[name], 10_000 + n, "bench/ws-pf")
+        if args.link_mbit:
+            from netlink import ShapedLink, shaped_registry
+
+            link = ShapedLink(args.link_mbit, args.link_rtt_ms)
+            link.up()
+            sreg = shaped_registry(reg, link)
+            log(f"shaped registry at {sreg.addr}: {link.describe()}")
         docker_env: dict = {}
         docker_sizes: dict = {}
         if not args.no_docker:
             from docker_engine import PrivateDockerd
 
-            dockerd = PrivateDockerd(prefix="shoal-lazybench-")
+            dockerd = PrivateDockerd(prefix="shoal-lazybench-",
+                                     insecure_registries=(sreg.addr,) if sreg is not None else ())
             if dockerd.up():
                 docker_env = dockerd.env()
                 log("docker: importing and pushing the timing images")
@@ -513,29 +727,36 @@ def main() -> None:
                 dockerd = None
         k = 0
         for run in range(args.runs):
-            log(f"run {run + 1}/{args.runs}: cold starts")
+            loads.append(os.getloadavg()[0])
+            log(f"run {run + 1}/{args.runs}: cold starts (load {loads[-1]:.1f})")
             for name in TIMING_IMAGES:
                 img = by_name[name]
                 for seq in ("agent", "tests"):
                     samples["lazy"].append({"run": run, **lazy_sample(roots, reg, img, k, seq)})
-                    k += 1
-                if args.small_chunk_kb:
-                    os.environ["SHOAL_LAZY_READAHEAD_KB"] = str(args.small_chunk_kb)
-                    try:
-                        for seq in ("agent", "tests"):
-                            samples["lazy_small"].append(
-                                {"run": run, **lazy_sample(roots, reg, img, k, seq, repo="bench/ws-small")})
-                            k += 1
-                    finally:
-                        if args.readahead_kb:
-                            os.environ["SHOAL_LAZY_READAHEAD_KB"] = str(args.readahead_kb)
-                        else:
-                            os.environ.pop("SHOAL_LAZY_READAHEAD_KB", None)
+                    samples["lazy_pf"].append({"run": run, **lazy_sample(roots, reg, img, k + 1, seq,
+                                                                         repo="bench/ws-pf")})
+                    k += 2
+                if args.alt_chunk_kb:
+                    for seq in ("agent", "tests"):
+                        samples["lazy_alt"].append(
+                            {"run": run, **lazy_sample(roots, reg, img, k, seq, repo="bench/ws-alt")})
+                        k += 1
                 samples["full"].append({"run": run, **full_sample(roots, reg, img, k)})
+                k += 1
                 if dockerd is not None:
                     samples["docker"].append({"run": run, **docker_sample(reg, img, docker_env)})
-                x = samples["lazy"][-2:] + samples["lazy_small"][-2:] + samples["full"][-1:] + samples["docker"][-1:]
-                log("  " + name + ": " + ", ".join(f"{s['first_exec_s']:.2f} s" for s in x))
+                if sreg is not None:
+                    samples["shaped_lazy"].append({"run": run, **lazy_sample(roots, sreg, img, k, "agent")})
+                    samples["shaped_lazy_pf"].append({"run": run, **lazy_sample(roots, sreg, img, k + 1, "agent",
+                                                                                repo="bench/ws-pf")})
+                    samples["shaped_full"].append({"run": run, **full_sample(roots, sreg, img, k + 2)})
+                    k += 3
+                    if dockerd is not None:
+                        samples["shaped_docker"].append({"run": run, **docker_sample(sreg, img, docker_env)})
+                line = [(key, samples[key][-1]["first_exec_s"]) for key in keys
+                        if samples[key] and samples[key][-1].get("run") == run and "first_exec_s" in samples[key][-1]
+                        and samples[key][-1].get("image") == name]
+                log("  " + name + ": " + ", ".join(f"{key} {v:.2f} s" for key, v in line))
             if run == 0 and not args.quick:  # every other image, once: bytes for both sequences
                 for img in images:
                     if img["name"] in TIMING_IMAGES:
@@ -545,23 +766,32 @@ def main() -> None:
                         k += 1
                     log(f"  {img['name']}: bytes {samples['lazy'][-2]['bytes'] / image_bytes[img['name']]:.1%} / "
                         f"{samples['lazy'][-1]['bytes'] / image_bytes[img['name']]:.1%}")
+        # the heavy parts after every cold start: 64 sandboxes at once leave the machine loaded for a while
+        for run in range(args.runs):
             log(f"run {run + 1}: warm read")
             samples["warm"].append({"run": run, **warm_sample(roots, reg, src, by_name[TIMING_IMAGES[run % 3]])})
             log(f"  {samples['warm'][-1]}")
+            samples["promoted"].append({"run": run, **promoted_sample(roots, reg, by_name[TIMING_IMAGES[run % 3]])})
+            log(f"  {samples['promoted'][-1]}")
+        for run in range(args.runs):
             log(f"run {run + 1}: {args.fanout} sandboxes on {args.fanout_images} never-seen images")
             samples["fanout"].append({"run": run, **fanout_sample(roots, reg, images, args.fanout,
-                                                                  args.fanout_images)})
+                                                                  args.fanout_images, args.chunk_kb << 10)})
             log(f"  {samples['fanout'][-1]}")
         res = {
             "date": time.strftime("%Y-%m-%d"), "command": "python bench/lazy.py " + " ".join(sys.argv[1:]),
             "host": {"cores": os.cpu_count(), "kernel": platform.release(), "loadavg_1m_before": load_before,
-                     "loadavg_1m_after": os.getloadavg()[0]},
+                     "loadavg_1m_after": os.getloadavg()[0], "loadavg_1m_per_run": loads,
+                     "uptime_before": uptime_before,
+                     "uptime_after": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()},
             "config": {"runs": args.runs, "fanout": args.fanout, "fanout_images": args.fanout_images,
                        "timing_images": list(TIMING_IMAGES), "chunk_kb": args.chunk_kb,
-                       "small_chunk_kb": args.small_chunk_kb,
+                       "alt_chunk_kb": args.alt_chunk_kb,
                        "readahead_kb": int(os.environ.get("SHOAL_LAZY_READAHEAD_KB", "1024")),
                        "first_exec": FIRST_EXEC, "read_all": READ_ALL,
-                       "registry": "docker-registry (distribution 2.8, Debian), loopback, plain HTTP, no auth"},
+                       "registry": "docker-registry (distribution 2.8, Debian), loopback, plain HTTP, no auth",
+                       "shaped_link": link.describe() if link is not None else None,
+                       "link_mbit": args.link_mbit, "link_rtt_ms": args.link_rtt_ms},
             "image_bytes": image_bytes, "image_mib": statistics.median(image_bytes.values()) / 2**20,
             "docker_image_gzip_bytes": docker_sizes, "wall_s": time.time() - t_start, "samples": samples,
         }
@@ -576,6 +806,10 @@ def main() -> None:
         roots.close()
         if dockerd is not None:
             dockerd.down()
+        if sreg is not None:
+            sreg.close()
+        if link is not None:
+            link.down()
         reg.close()
 
 

@@ -90,6 +90,8 @@ log:
   accesslog:
     disabled: false
 storage:
+  cache:
+    blobdescriptor: inmemory
   filesystem:
     rootdirectory: {self.storage}
   delete:

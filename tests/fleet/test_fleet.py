@@ -379,3 +379,42 @@ def test_gateway_overhead_per_exec_and_create(gw, tenant_key, made):
     print(f"exec p50: direct {d_exec:.1f} ms, via gateway {g_exec:.1f} ms (+{g_exec - d_exec:.1f}); "
           f"create+kill p50: direct {d_create:.1f} ms, via gateway {g_create:.1f} ms (+{g_create - d_create:.1f})")
     assert g_exec - d_exec < 100
+
+
+def test_cached_routes_fail_safe(gw, tenant_key, made):
+    """Each gateway keeps a running sandbox's route for a moment (shoal.fleet.backend.ROUTE_CACHE_S):
+    a sandbox killed through the other gateway is 404 with the directory's reason at once, never
+    served from the stale route."""
+    g1, g2 = (HttpBackend(g.url, tenant_key) for g in gw.gateways)
+    try:
+        info = g1.create(CreateRequest(image=IMAGE, memory_mb=64, disk_mb=32))
+        assert g2.exec(info.id, ExecRequest(argv=["true"])).exit_code == 0  # g2 now holds its route
+        g1.kill(info.id)
+        for call in (lambda: g2.exec(info.id, ExecRequest(argv=["true"])), lambda: g2.info(info.id)):
+            with pytest.raises(E.SandboxNotFound) as ei:
+                call()
+            assert not isinstance(ei.value, E.SandboxLost)
+            assert "ended" in str(ei.value) or "not found" in str(ei.value)
+    finally:
+        g1.close()
+        g2.close()
+
+
+def test_image_of_another_tenant_is_checked_before_quota(gw, made):
+    """Image ownership is checked in the create's reservation, before the quota (as shoald's route does)."""
+    import psycopg
+
+    a, b = f"ia-{uuid.uuid4().hex[:6]}", f"ib-{uuid.uuid4().hex[:6]}"
+    gw.tenant(a)
+    kb = gw.tenant(b, memory_mb=32)  # any create of 64 MiB is over its quota
+    ref = f"private-{uuid.uuid4().hex[:6]}:1"
+    with psycopg.connect(gw.dsn, autocommit=True) as c:
+        c.execute("INSERT INTO fleet_owners(kind, ref, tenant, created) VALUES ('image', %s, %s, 0)", (ref, a))
+    be = HttpBackend(gw.url, kb)
+    try:
+        with pytest.raises(E.ImageNotFound):
+            be.create(CreateRequest(image=ref, memory_mb=64, disk_mb=32))
+        with pytest.raises(E.QuotaExceeded):
+            be.create(CreateRequest(image=IMAGE, memory_mb=64, disk_mb=32))
+    finally:
+        be.close()

@@ -116,7 +116,9 @@ def test_registry_slow_or_corrupt_behind_a_proxy(proxy, registry, lazy_pushed, m
         proxy.corrupt = True
         before = chunk_cache_for(h.settings.root).chunks()
         _fails_fast(sb, 4)
-        assert chunk_cache_for(h.settings.root).chunks() == before  # no bad chunk kept
+        # no bad chunk kept: every chunk in the cache hashes right (the good neighbours of the flipped
+        # chunk in a coalesced read are verified one by one and may be kept)
+        assert chunk_cache_for(h.settings.root).chunks() >= before
         _cache_is_clean(h.settings.root)
         proxy.corrupt = False
         r = sb.commands.run(f"dd if=/data/big.bin bs=65536 skip={4 * 16} count=4 2>/dev/null | md5sum")

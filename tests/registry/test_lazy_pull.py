@@ -29,7 +29,7 @@ def test_lazy_pull_starts_a_sandbox_reading_only_what_it_touches(registry, lazy_
     with registry.client() as cl:
         res = pull(h.store, src, client=cl, lazy=True)
     assert res.kind == "shoal" and res.lazy == [lazy_pushed["busybox"], lazy_pushed["layer"]]
-    assert res.bytes_fetched < 4096  # two chunk indexes
+    assert res.bytes_fetched < 16384  # two chunk indexes (~70 bytes per 128 KiB chunk)
     # only the manifest, the config and the chunk indexes: no layer blob
     got = {p.rsplit("/", 1)[1] for m, p, _ in registry.requests(mark) if m == "GET" and "/blobs/" in p}
     assert not got & {x.blob for x in lazy_pushed["push"].layers}
@@ -48,7 +48,7 @@ def test_lazy_pull_starts_a_sandbox_reading_only_what_it_touches(registry, lazy_
         first = time.perf_counter() - t
         assert r.exit_code == 0 and r.stdout == "hello, lazily\nlazy\n", r
         fetched = registry.blob_bytes(mark)
-        reads = [e for e in registry.entries(mark) if e[0] == "GET" and "/blobs/" in e[1]]
+        reads = [e for e in registry.entries(mark) if e[0] == "GET" and "/blobs/" in e[1] and e[2] != 401]
         print(f"cold start -> first exec {first:.3f} s; {fetched} of {lazy_pushed['image_bytes']} bytes fetched "
               f"in {len(reads)} range GETs")
         assert reads and all(e[2] == 206 for e in reads)  # Range GETs

@@ -47,6 +47,7 @@ from ..core.contract import (
     TimeoutRequest,
 )
 from ..core.postgres import redact
+from ..layers.store import split_ref
 from ..server.quotas import limits_of
 from ..server.state import ADMIN, Tenant
 from . import placement
@@ -57,7 +58,8 @@ log = logging.getLogger("shoal.fleet")
 T = TypeVar("T")
 FileEntries = list[FileEntry]  # `list` is a contract method inside the class
 DEAD_PEER_S = 5.0  # a host that stops acknowledging fails the call after this long (HostUnavailable)
-LOOKUP_REUSE_S = 0.2  # a request's visibility check and its call share one directory lookup
+ROUTE_CACHE_S = 1.0  # a running sandbox's host is remembered this long (see `entry`)
+ROUTE_CACHE_MAX = 200_000
 
 
 class FleetBackend(SandboxBackend):
@@ -69,7 +71,7 @@ class FleetBackend(SandboxBackend):
         self.defaults = defaults or Settings()
         self._clients: dict[str, HttpBackend] = {}
         self._lock = threading.Lock()
-        self._last = threading.local()  # the last sandbox this thread looked up: (id, entry, when)
+        self._routes: dict[str, tuple[Entry, float]] = {}  # sandbox id -> (entry, when read), running ones
 
     def __repr__(self) -> str:
         return f"FleetBackend({redact(self.directory.pg.dsn)})"
@@ -84,20 +86,32 @@ class FleetBackend(SandboxBackend):
                 c = self._clients[address] = HttpBackend(address, "", ssl_context=self.tls, dead_peer_s=DEAD_PEER_S)
             return c
 
-    def entry(self, sandbox_id: str, tenant: Tenant | None = None) -> Entry:
+    def entry(self, sandbox_id: str, tenant: Tenant | None = None, fresh: bool = False) -> Entry:
         """The directory's word on a sandbox this tenant (None: anyone) may see, live on a live
-        host. SandboxNotFound (404) if unknown or another tenant's, SandboxLost (410) if lost."""
-        last = getattr(self._last, "v", None)
-        if last is not None and last[0] == sandbox_id and time.monotonic() - last[2] < LOOKUP_REUSE_S:
-            e = last[1]
-        else:
+        host. SandboxNotFound (404) if unknown or another tenant's, SandboxLost (410) if lost.
+
+        A running sandbox's entry is kept ROUTE_CACHE_S (its tenant and host never change). A stale
+        one fails safe: a sandbox killed through another gateway answers 404 on its host, a dead or
+        cut-off host does not answer, and either sends the call back to the directory (`_on`) for
+        the real answer (404 with the reason, 410 lost); hosts that lose their lease are dropped
+        from the cache within a second (`drop_hosts`, from the gateway's lease thread)."""
+        e = None
+        if not fresh:
+            with self._lock:
+                hit = self._routes.get(sandbox_id)
+            if hit is not None and time.monotonic() - hit[1] < ROUTE_CACHE_S:
+                e = hit[0]
+        if e is None:
             e = self.directory.locate(sandbox_id) if isinstance(sandbox_id, str) else None
+            if e is not None and e.state in (RUNNING, CREATING) and e.host_gone:  # its lease ran out: settle it now
+                self.directory.expire()
+                e = self.directory.locate(sandbox_id) or e
+            if e is not None and e.state == RUNNING and not e.host_gone and e.address:
+                self.remember(e)
+            else:
+                self.forget_route(sandbox_id)
         if e is None or (tenant is not None and not tenant.admin and e.tenant != tenant.name):
             raise E.SandboxNotFound(f"sandbox {sandbox_id} not found")
-        if e.state in (RUNNING, CREATING) and e.host_gone:  # its lease ran out: settle it now
-            self.directory.expire()
-            e = self.directory.locate(sandbox_id) or e
-        self._last.v = (sandbox_id, e, time.monotonic())
         if e.state == LOST:
             raise E.SandboxLost(f"sandbox {sandbox_id} is lost: {e.reason or 'its host left the fleet'}")
         if e.state == DEAD:
@@ -106,13 +120,39 @@ class FleetBackend(SandboxBackend):
             raise E.SandboxLost(f"sandbox {sandbox_id} is lost: host {e.host} left the fleet")
         return e
 
+    def remember(self, e: Entry) -> None:
+        with self._lock:
+            if len(self._routes) > ROUTE_CACHE_MAX:
+                self._routes.clear()
+            self._routes[e.id] = (e, time.monotonic())
+
+    def forget_route(self, sandbox_id: str) -> None:
+        with self._lock:
+            self._routes.pop(sandbox_id, None)
+
+    def drop_hosts(self, up: set[str]) -> None:
+        """Forget routes to hosts not in `up` and routes past their time (the gateway's lease thread)."""
+        old = time.monotonic() - ROUTE_CACHE_S
+        with self._lock:
+            for sid in [sid for sid, (e, at) in self._routes.items() if e.host not in up or at < old]:
+                del self._routes[sid]
+
     def _on(self, sandbox_id: str, call: Callable[[HttpBackend], T]) -> T:
         e = self.entry(sandbox_id)
         assert e.address is not None
         try:
             return call(self.client(e.address))
+        except E.SandboxLost:
+            self.forget_route(sandbox_id)
+            raise
+        except E.SandboxNotFound:  # gone on its host: the directory says why (killed, lost), if it knows
+            self.forget_route(sandbox_id)
+            self.entry(sandbox_id, fresh=True)
+            raise
         except E.SandboxError as err:
             if err.retryable and type(err) is E.SandboxError:  # the host did not answer
+                self.forget_route(sandbox_id)
+                self.entry(sandbox_id, fresh=True)  # 410 if its host was declared lost meanwhile
                 raise E.HostUnavailable(f"host {e.host} of sandbox {sandbox_id} does not answer ({err}); "
                                         "retry shortly") from None
             raise
@@ -139,7 +179,9 @@ class FleetBackend(SandboxBackend):
         """Reserve (quota + placement, one transaction), create on the host with the slot as its
         idempotency key, confirm. A host that refuses for capacity hands the slot to the next best."""
         limits = limits_of(req, self.defaults)
-        slot = self.directory.reserve(tenant, limits, self.wanted(req), idempotency_key)
+        want = self.wanted(req)
+        images = [] if tenant.admin else ["{}:{}".format(*split_ref(r)) for r in want.refs]
+        slot = self.directory.reserve(tenant, limits, want, idempotency_key, images=images)
         if slot.state == RUNNING and slot.info is not None:
             return slot.info  # a retry of a create that completed
         if slot.state == LOST:
@@ -167,6 +209,7 @@ class FleetBackend(SandboxBackend):
                 self.directory.release(slot.slot)
                 raise
         self.directory.confirm(slot.slot, info)
+        self.remember(Entry(info.id, slot.slot, host, tenant.name, RUNNING, None, address, False, info))
         return info
 
     def info(self, sandbox_id: str) -> SandboxInfo:
@@ -187,7 +230,7 @@ class FleetBackend(SandboxBackend):
             self.directory.end(sandbox_id, "ended on its host")
             raise
         finally:
-            self._last.v = None
+            self.forget_route(sandbox_id)
         self.directory.end(sandbox_id, "killed")
 
     def pause(self, sandbox_id: str) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ except ImportError as e:  # an extra: a single host does not need it
 
 TERMINAL_KEEP_S = 24 * 3600.0  # dead and lost rows answer (404 with a reason, 410) this long, then go
 CREATING_STALE_S = 600.0  # a `creating` row no gateway confirmed in this long is settled by its host
+HOST_VIEWS_S = 0.5  # a gateway re-reads the hosts' capacity, load and inventory at most this often
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,8 @@ class Directory:
         self.pg = pg
         self._inventories: dict[str, tuple[str, dict[str, list[str]], dict[str, int]]] = {}
         self._inv_lock = threading.Lock()
+        self._views: tuple[list[placement.HostView] | None, float] = (None, 0.0)
+        self._views_lock = threading.Lock()
 
     # ================================================================ hosts
     def register(self, host_id: str, address: str, domain: str, lease_s: float, capacity: dict[str, Any],
@@ -142,6 +146,11 @@ class Directory:
                              (LOST, DOWN, list(LIVE)))
             return cur.rowcount
 
+    def up_hosts(self) -> set[str]:
+        """The hosts that hold a live lease now."""
+        return {r[0] for r in self.pg.execute(f"SELECT id FROM fleet_hosts WHERE state=%s AND lease_until > {NOW}",
+                                              (UP,)).fetchall()}
+
     def hosts(self) -> list[dict[str, Any]]:
         """Every host the directory knows, for operators (`shoal fleet hosts`, GET /fleet/hosts)."""
         keys = ("id", "address", "domain", "state", "epoch", "lease_s", "lease_left_s", "capacity", "load", "reason")
@@ -184,66 +193,83 @@ class Directory:
 
     # ================================================================ sandboxes
     def reserve(self, tenant: Tenant, limits: Limits, want: placement.Wanted, key: str | None,
-                avoid: Iterable[str] = ()) -> Slot:
+                avoid: Iterable[str] = (), images: Iterable[str] = ()) -> Slot:
         """Quota and placement in one transaction (see the module doc); an earlier create with the
-        same key answers its own slot. QuotaExceeded (429, retryable) over quota or with no host."""
+        same key answers its own slot. QuotaExceeded (429, retryable) over quota or with no host;
+        ImageNotFound if one of `images` (name:tag) is another tenant's."""
         for attempt in range(3):
             try:
-                return self._reserve(tenant, limits, want, key, set(avoid))
+                return self._reserve(tenant, limits, want, key, set(avoid), list(images))
             except psycopg.errors.UniqueViolation:  # a concurrent create with the same key won: read its slot
                 if attempt == 2:
                     raise
         raise AssertionError("unreachable")
 
-    def _reserve(self, tenant: Tenant, limits: Limits, want: placement.Wanted, key: str | None,
-                 avoid: set[str]) -> Slot:
+    def views(self, fresh: bool = False) -> list[placement.HostView]:
+        """The live hosts as placement sees them, read at most every HOST_VIEWS_S by this process
+        (one query for all its creates then). Their load may be that much behind: placement only
+        prefers with it, and a host that is full refuses the create (the next best takes it)."""
+        now = time.monotonic()
+        with self._views_lock:
+            got, at = self._views
+            if not fresh and got is not None and now - at < HOST_VIEWS_S:
+                return got
         with self.pg.transaction() as db:
-            quotas = None
-            if not tenant.admin:  # the tenant's row lock serializes its creates: quota checks cannot interleave
-                row = db.execute("SELECT quotas FROM fleet_tenants WHERE name=%s FOR UPDATE", (tenant.name,)).fetchone()
-                if row is None:
-                    raise E.TenantNotFound(f"tenant {tenant.name} not found")
-                quotas = row[0]
-            if key is not None:
-                prior = db.execute(
-                    "SELECT s.slot, s.host, h.address, s.state, s.id, s.info, s.reason FROM fleet_sandboxes s "
-                    "LEFT JOIN fleet_hosts h ON h.id = s.host WHERE s.tenant=%s AND s.idem_key=%s",
-                    (tenant.name, key)).fetchone()
-                if prior is not None:
-                    slot, host, address, state, sid, info, reason = prior
-                    if not (state in (LOST, DEAD) and info is None):
-                        return Slot(slot, host, address or "", state, sid,
-                                    SandboxInfo.model_validate(info) if info else None, reason)
-                    # its create never answered and its host is gone: the key may place a new one
-                    db.execute("UPDATE fleet_sandboxes SET idem_key=NULL WHERE slot=%s", (slot,))
-            if quotas is not None:
-                use = self._usage(db, tenant.name)
-                want_res = {"sandboxes": 1, "cpu": limits.cpu, "memory_mb": limits.memory_mb,
-                            "disk_mb": limits.disk_mb}
-                for name in RESOURCES:
-                    cap = float(quotas.get(name, 0))
-                    if use[name] + want_res[name] > cap:
-                        raise E.QuotaExceeded(f"tenant {tenant.name} quota {name}={cap:g} would be exceeded "
-                                              f"(in use fleet-wide {use[name]:g}, asked {want_res[name]:g})")
-            counts = {d: int(n) for d, n in db.execute(
-                "SELECT h.domain, count(*) FROM fleet_sandboxes s JOIN fleet_hosts h ON h.id = s.host "
-                "WHERE s.tenant=%s AND s.state = ANY(%s) GROUP BY h.domain", (tenant.name, list(LIVE))).fetchall()}
-            views = [v for v in self.host_views(db) if v.id not in avoid]
-            want = placement.Wanted(refs=want.refs, digests=want.digests, memory_mb=limits.memory_mb,
-                                    domain_counts=counts, pin=want.pin)
-            ranked = placement.rank(views, want)
-            if not ranked:
-                where = f"host {want.pin}" if want.pin else "no live host"
-                raise E.QuotaExceeded(f"{where} can take a sandbox of {limits.memory_mb} MiB now "
-                                      f"({len(views)} live hosts); retry later")
-            best = ranked[0]
-            slot = "sl-" + uuid.uuid4().hex
-            cpu, mem, disk = _limits_row(limits)
-            db.execute("INSERT INTO fleet_sandboxes(slot, host, tenant, state, idem_key, cpu, memory_mb, disk_mb) "
-                       "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
-                       (slot, best.id, tenant.name, CREATING, key, cpu, mem, disk))
-            return Slot(slot, best.id, best.address, CREATING,
-                        alternatives=tuple((h.id, h.address) for h in ranked[1:3]))
+            views = self.host_views(db)
+        with self._views_lock:
+            self._views = (views, time.monotonic())
+        return views
+
+    def _placed(self, host_id: str, memory_mb: int) -> None:
+        """A placement this process made counts in its cached views until the next read."""
+        with self._views_lock:
+            for v in self._views[0] or ():
+                if v.id == host_id:
+                    v.sandboxes += 1
+                    v.used_memory_mb += memory_mb
+
+    def _reserve(self, tenant: Tenant, limits: Limits, want: placement.Wanted, key: str | None,
+                 avoid: set[str], images: list[str]) -> Slot:
+        views = [v for v in self.views() if v.id not in avoid]
+        if not placement.knows_all(views, want) or (want.pin is not None and all(v.id != want.pin for v in views)):
+            views = [v for v in self.views(fresh=True) if v.id not in avoid]  # a host may report it by now
+        scored = placement.base_scores(views, placement.Wanted(refs=want.refs, digests=want.digests,
+                                                               memory_mb=limits.memory_mb, pin=want.pin))
+        by_id = {h.id: h for _, h in scored}
+        cpu, mem, disk = _limits_row(limits)
+        slot = "sl-" + uuid.uuid4().hex
+        args = (tenant.name, tenant.admin, key, cpu, mem, disk, [h.id for _, h in scored],
+                [h.domain for _, h in scored], [b for b, _ in scored], placement.W_SPREAD, slot, images)
+        # one statement, autocommitted: one round trip and one commit (schema.RESERVE_FN). Not a
+        # read: never sent again by PerThreadPG (it may have committed); with a key it may be, below.
+        sql = "/* write */ SELECT * FROM fleet_reserve(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+        try:
+            row = self.pg.execute(sql, args).fetchone()
+        except E.DatabaseUnavailable:
+            if key is None:
+                raise
+            row = self.pg.execute(sql, args).fetchone()  # the key makes a repeat answer the first's slot
+        assert row is not None
+        kind, r_slot, r_host, r_address, r_state, r_id, r_info, r_reason, order = row
+        if kind == "no_tenant":
+            raise E.TenantNotFound(f"tenant {tenant.name} not found")
+        if kind == "no_image":
+            raise E.ImageNotFound(f"image {r_reason} not found (see `shoal image ls`)")
+        if kind == "prior":
+            return Slot(r_slot, r_host, r_address or "", r_state, r_id,
+                        SandboxInfo.model_validate(r_info) if r_info else None, r_reason)
+        if kind == "quota":
+            q = r_info
+            raise E.QuotaExceeded(f"tenant {tenant.name} quota {q['name']}={q['cap']:g} would be exceeded "
+                                  f"(in use fleet-wide {q['used']:g}, asked {q['want']:g})")
+        if kind == "no_host":
+            where = f"host {want.pin}" if want.pin else "no live host"
+            raise E.QuotaExceeded(f"{where} can take a sandbox of {limits.memory_mb} MiB now "
+                                  f"({len(views)} live hosts); retry later")
+        best = by_id[r_host]
+        self._placed(best.id, mem)
+        return Slot(slot, best.id, best.address, CREATING,
+                    alternatives=tuple((by_id[h].id, by_id[h].address) for h in order[1:3]))
 
     def move(self, slot: str, host: str) -> None:
         """The chosen host refused (full): the reservation goes to another."""

@@ -86,6 +86,7 @@ class Gateway(Served):
         while not self._stop.wait(every_s):
             try:
                 self.lost_total += self.directory.expire()
+                self.backend.drop_hosts(self.directory.up_hosts())  # no cached route to a host gone down
                 if time.monotonic() - last_prune > PRUNE_EVERY_S:
                     self.directory.prune()
                     last_prune = time.monotonic()
@@ -108,6 +109,9 @@ class Gateway(Served):
         info = self.backend.create_as(tenant, req, idempotency_key)
         self.counters["creates"] += 1
         return info
+
+    def check_create_images(self, tenant: Tenant, refs: list[str]) -> None:
+        return None  # checked in the create's reservation (Directory.reserve), in the same round trip
 
     def fork(self, tenant: Tenant, sandbox_id: str, req: ForkRequest) -> ForkReply:
         reply = self.backend.fork_as(tenant, sandbox_id, req)

@@ -77,16 +77,22 @@ def locality(host: HostView, stack: list[str], sizes: dict[str, int]) -> float:
 
 
 def score(host: HostView, want: Wanted, stack: list[str], sizes: dict[str, int]) -> float:
-    total = sum(want.domain_counts.values())
-    spread = 1.0 - (want.domain_counts.get(host.domain, 0) / total if total else 0.0)
-    return W_LOCAL * locality(host, stack, sizes) + W_SPREAD * spread + W_FREE * host.free()
+    return W_LOCAL * locality(host, stack, sizes) + W_SPREAD * spread(host, want) + W_FREE * host.free()
 
 
-def rank(hosts: list[HostView], want: Wanted, rng: random.Random | None = None) -> list[HostView]:
-    """The hosts that may take the sandbox, best first (empty: none can)."""
+def knows_all(hosts: Iterable[HostView], want: Wanted) -> bool:
+    """Whether some host reports every image the create names (else a newer inventory may)."""
+    return not want.refs or any(all(r in h.images for r in want.refs) for h in hosts)
+
+
+def base_scores(hosts: list[HostView], want: Wanted, rng: random.Random | None = None
+                ) -> list[tuple[float, HostView]]:
+    """The hosts that may take the sandbox, each with its score less the spread term (locality,
+    free room, jitter), best first. The directory adds the spread, which depends on the tenant's live
+    sandboxes, inside the reservation (directory.py, schema.RESERVE_FN)."""
     rng = rng or random.Random()
     if want.pin is not None:
-        return [h for h in hosts if h.id == want.pin and h.fits(want.memory_mb)]
+        return [(0.0, h) for h in hosts if h.id == want.pin and h.fits(want.memory_mb)]
     fitting = [h for h in hosts if h.fits(want.memory_mb)]
     knowing = [h for h in fitting if all(r in h.images for r in want.refs)]
     candidates = knowing or fitting
@@ -95,5 +101,17 @@ def rank(hosts: list[HostView], want: Wanted, rng: random.Random | None = None) 
     for h in hosts:
         for d, n in h.cached.items():
             sizes.setdefault(d, max(1, n))
-    scored = [(score(h, want, stack, sizes) + rng.uniform(0, JITTER), h) for h in candidates]
+    scored = [(W_LOCAL * locality(h, stack, sizes) + W_FREE * h.free() + rng.uniform(0, JITTER), h)
+              for h in candidates]
+    return sorted(scored, key=lambda x: -x[0])
+
+
+def spread(host: HostView, want: Wanted) -> float:
+    total = sum(want.domain_counts.values())
+    return 1.0 - (want.domain_counts.get(host.domain, 0) / total if total else 0.0)
+
+
+def rank(hosts: list[HostView], want: Wanted, rng: random.Random | None = None) -> list[HostView]:
+    """The hosts that may take the sandbox, best first (empty: none can)."""
+    scored = [(b + W_SPREAD * spread(h, want), h) for b, h in base_scores(hosts, want, rng)]
     return [h for _, h in sorted(scored, key=lambda x: -x[0])]

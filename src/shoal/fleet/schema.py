@@ -37,6 +37,84 @@ CREATE TABLE IF NOT EXISTS fleet_owners(
 CREATE TABLE IF NOT EXISTS fleet_snapshots(
   id TEXT PRIMARY KEY, host TEXT NOT NULL, tenant TEXT NOT NULL, created DOUBLE PRECISION NOT NULL DEFAULT {NOW});
 """
+# reserve (directory.py) in one round trip and one commit: the image ownership check (images another
+# tenant made are not found); under the tenant's row lock, an earlier
+# create with the same key, else the quota check and the placement among the candidates the gateway
+# scored (locality, free room), to which the tenant's spread over failure domains is added here.
+# PL/pgSQL: each statement takes a fresh snapshot (READ COMMITTED), so the sums after the lock see
+# every create that held it before; a single SQL statement (a CTE) would read under its first snapshot.
+RESERVE_FN = """
+CREATE OR REPLACE FUNCTION fleet_reserve(p_tenant TEXT, p_admin BOOLEAN, p_key TEXT, p_cpu DOUBLE PRECISION,
+    p_mem BIGINT, p_disk BIGINT, p_hosts TEXT[], p_domains TEXT[], p_base DOUBLE PRECISION[], p_w_spread
+    DOUBLE PRECISION, p_slot TEXT, p_refs TEXT[])
+  RETURNS TABLE(kind TEXT, r_slot TEXT, r_host TEXT, r_address TEXT, r_state TEXT, r_id TEXT, r_info JSONB,
+                r_reason TEXT, r_order TEXT[])
+  LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+  q JSONB; pr RECORD; u RECORD; ranked TEXT[]; res TEXT; used DOUBLE PRECISION; want DOUBLE PRECISION;
+  cap DOUBLE PRECISION;
+BEGIN
+  IF NOT p_admin THEN  -- images another tenant made are not found (Served.check_image)
+    SELECT o.ref INTO res FROM fleet_owners o WHERE o.kind = 'image' AND o.ref = ANY(p_refs)
+      AND o.tenant <> p_tenant LIMIT 1;
+    IF FOUND THEN
+      RETURN QUERY SELECT 'no_image', NULL, NULL, NULL, NULL, NULL, NULL::JSONB, res, NULL::TEXT[]; RETURN;
+    END IF;
+  END IF;
+  IF NOT p_admin THEN  -- the tenant's row lock serializes its creates: quota checks cannot interleave
+    SELECT t.quotas INTO q FROM fleet_tenants t WHERE t.name = p_tenant FOR UPDATE;
+    IF NOT FOUND THEN
+      RETURN QUERY SELECT 'no_tenant', NULL, NULL, NULL, NULL, NULL, NULL::JSONB, NULL, NULL::TEXT[]; RETURN;
+    END IF;
+  END IF;
+  IF p_key IS NOT NULL THEN
+    SELECT s.slot, s.host, h.address, s.state, s.id, s.info, s.reason INTO pr FROM fleet_sandboxes s
+      LEFT JOIN fleet_hosts h ON h.id = s.host WHERE s.tenant = p_tenant AND s.idem_key = p_key;
+    IF FOUND THEN
+      IF NOT (pr.state IN ('lost', 'dead') AND pr.info IS NULL) THEN
+        RETURN QUERY SELECT 'prior', pr.slot, pr.host, pr.address, pr.state, pr.id, pr.info, pr.reason,
+          NULL::TEXT[];
+        RETURN;
+      END IF;
+      -- its create never answered and its host is gone: the key may place a new one
+      UPDATE fleet_sandboxes SET idem_key = NULL WHERE slot = pr.slot;
+    END IF;
+  END IF;
+  IF q IS NOT NULL THEN
+    SELECT count(*)::DOUBLE PRECISION AS sandboxes, coalesce(sum(s.cpu), 0) AS cpu,
+           coalesce(sum(s.memory_mb), 0)::DOUBLE PRECISION AS memory_mb,
+           coalesce(sum(s.disk_mb), 0)::DOUBLE PRECISION AS disk_mb
+      INTO u FROM fleet_sandboxes s WHERE s.tenant = p_tenant AND s.state IN ('creating', 'running');
+    FOREACH res IN ARRAY ARRAY['sandboxes', 'cpu', 'memory_mb', 'disk_mb'] LOOP
+      used := CASE res WHEN 'sandboxes' THEN u.sandboxes WHEN 'cpu' THEN u.cpu WHEN 'memory_mb' THEN u.memory_mb
+              ELSE u.disk_mb END;
+      want := CASE res WHEN 'sandboxes' THEN 1 WHEN 'cpu' THEN p_cpu WHEN 'memory_mb' THEN p_mem ELSE p_disk END;
+      cap := coalesce((q ->> res)::DOUBLE PRECISION, 0);
+      IF used + want > cap THEN
+        RETURN QUERY SELECT 'quota', NULL, NULL, NULL, NULL, NULL,
+          jsonb_build_object('name', res, 'cap', cap, 'used', used, 'want', want), NULL, NULL::TEXT[];
+        RETURN;
+      END IF;
+    END LOOP;
+  END IF;
+  IF coalesce(array_length(p_hosts, 1), 0) = 0 THEN
+    RETURN QUERY SELECT 'no_host', NULL, NULL, NULL, NULL, NULL, NULL::JSONB, NULL, NULL::TEXT[]; RETURN;
+  END IF;
+  WITH dc AS (SELECT h.domain, count(*)::DOUBLE PRECISION AS n FROM fleet_sandboxes s
+                JOIN fleet_hosts h ON h.id = s.host
+               WHERE s.tenant = p_tenant AND s.state IN ('creating', 'running') GROUP BY h.domain),
+       tot AS (SELECT coalesce(sum(n), 0) AS t FROM dc)
+  SELECT array_agg(c.host ORDER BY c.base + p_w_spread * (CASE WHEN tot.t = 0 THEN 1.0
+                                                          ELSE 1.0 - coalesce(dc.n, 0) / tot.t END) DESC)
+    INTO ranked
+    FROM unnest(p_hosts, p_domains, p_base) AS c(host, domain, base) CROSS JOIN tot
+    LEFT JOIN dc ON dc.domain = c.domain;
+  INSERT INTO fleet_sandboxes(slot, host, tenant, state, idem_key, cpu, memory_mb, disk_mb)
+    VALUES (p_slot, ranked[1], p_tenant, 'creating', p_key, p_cpu, p_mem, p_disk);
+  RETURN QUERY SELECT 'placed', p_slot, ranked[1], NULL, 'creating', NULL, NULL::JSONB, NULL, ranked;
+END
+$fn$;
+"""
 _SCHEMA_LOCK = 0x5348_4F41_4C46  # advisory lock id: concurrent first openers create the schema once
 
 
@@ -46,4 +124,5 @@ def open_db(dsn: str) -> PerThreadPG:
     with pg.transaction() as db:
         db.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
         db.execute(SCHEMA)
+        db.execute(RESERVE_FN)
     return pg

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import secrets
+import threading
 import time
 
 from ..core.errors import InvalidArgument, TenantNotFound, Unauthorized
@@ -21,9 +22,25 @@ except ImportError as e:  # an extra: a single host does not need it
     raise ImportError("fleet tenants need psycopg: pip install 'shoal[fleet]'") from e
 
 
+KEY_CACHE_S = 2.0  # a key a gateway resolved is trusted this long without asking PostgreSQL again
+
+
 class PgTenants:
+    """Keys resolve from a short per-process cache (KEY_CACHE_S): an exec through the gateway does
+    not ask PostgreSQL who its key belongs to. What a cached tenant may do is still decided in the
+    database: a create reads the tenant's quotas under its row lock (a deleted tenant cannot create),
+    and every sandbox's owner is its directory row. A deleted tenant's key, or changed quotas, reach
+    this process's cache at once and other gateways' within KEY_CACHE_S."""
+
     def __init__(self, pg: PerThreadPG, directory: Directory):
         self.pg, self.directory = pg, directory
+        self._keys: dict[str, tuple[Tenant, float]] = {}
+        self._keys_lock = threading.Lock()
+
+    def _forget(self, name: str) -> None:
+        with self._keys_lock:
+            for h in [h for h, (t, _) in self._keys.items() if t.name == name]:
+                del self._keys[h]
 
     # ------------------------------------------------------------------ tenants
     def create_tenant(self, name: str, quotas: Quotas | None = None) -> tuple[Tenant, str]:
@@ -49,19 +66,35 @@ class PgTenants:
                 for r in self.pg.execute("SELECT name, quotas, created FROM fleet_tenants ORDER BY name").fetchall()]
 
     def set_quotas(self, name: str, quotas: Quotas) -> Tenant:
+        self._forget(name)
         if self.pg.execute("UPDATE fleet_tenants SET quotas=%s WHERE name=%s",
                            (Jsonb(quotas.__dict__), name)).rowcount != 1:
             raise TenantNotFound(f"tenant {name} not found")
         return self.get_tenant(name)
 
     def delete_tenant(self, name: str) -> None:
+        self._forget(name)
         if self.pg.execute("DELETE FROM fleet_tenants WHERE name=%s", (name,)).rowcount != 1:
             raise TenantNotFound(f"tenant {name} not found")
 
     def tenant_for_key(self, key: str) -> Tenant | None:
-        row = self.pg.execute("SELECT name, quotas, created FROM fleet_tenants WHERE key_hash=%s",
-                              (hash_key(key),)).fetchone()
-        return Tenant(row[0], Quotas(**row[1]), row[2]) if row else None
+        h = hash_key(key)
+        now = time.monotonic()
+        with self._keys_lock:
+            hit = self._keys.get(h)
+        if hit is not None and now - hit[1] < KEY_CACHE_S:
+            return hit[0]
+        row = self.pg.execute("SELECT name, quotas, created FROM fleet_tenants WHERE key_hash=%s", (h,)).fetchone()
+        if row is None:  # unknown keys are not cached: a tenant made a moment ago must work at once
+            with self._keys_lock:
+                self._keys.pop(h, None)
+            return None
+        t = Tenant(row[0], Quotas(**row[1]), row[2])
+        with self._keys_lock:
+            if len(self._keys) > 100_000:
+                self._keys.clear()
+            self._keys[h] = (t, now)
+        return t
 
     def tenant_for_uid(self, name: str) -> Tenant:
         raise Unauthorized("a fleet gateway has no Unix-socket peers: use an API key")

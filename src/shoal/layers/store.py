@@ -570,13 +570,29 @@ class LayerStore:
         """Mount each layer once per host (idempotent, safe across processes)."""
         digests = list(digests)
         paths = [self.mount_path(d) for d in digests]
-        missing = [(d, p) for d, p in zip(digests, paths) if not os.path.ismount(p) or self._stale(d)]
+        missing = [(d, p) for d, p in zip(digests, paths)
+                   if not os.path.ismount(p) or self._stale(d) or self._promoted(d)]
         if missing:
+            lazy = [d for d, _ in missing if not self.image_path(d).exists() and self.lazy_layer(d) is not None]
+            if len(lazy) > 1:
+                from ..lazy.mount import warm
+
+                warm(self.settings.root, lazy)  # their first chunks at once, before the mounts one by one
             with self._host_lock("mount"):
                 for d, p in missing:
+                    img = self.image_path(d)
+                    if self._promoted(d):
+                        # every chunk of the lazy layer arrived and its daemon assembled the image file:
+                        # mount that on top, atomically for new sandboxes; the running ones keep the
+                        # lazy mount below (their overlays hold it) until they end
+                        from ..lazy.mount import forget
+
+                        p.mkdir(parents=True, exist_ok=True)
+                        erofs.mount_image(img, p)
+                        forget(self.settings.root, d)
+                        continue
                     if os.path.ismount(p) and not self._stale(d):
                         continue
-                    img = self.image_path(d)
                     if not img.exists() and self.lazy_layer(d) is not None:
                         from ..lazy.mount import mount_lazy
 
@@ -597,10 +613,18 @@ class LayerStore:
 
         return self.lazy_layer(digest) is not None and is_stale(self.settings.root, digest)
 
+    def _promoted(self, digest: str) -> bool:
+        """A layer mounted lazily whose image file has since been assembled (shoal.lazy.layer.promote)."""
+        marker = self.settings.root / "lazy" / f"{digest.split(':', 1)[1]}.mounted"
+        return marker.exists() and self.image_path(digest).exists()
+
     def _unmount(self, digest: str) -> bool:
         p = self.mount_path(digest)
         if os.path.ismount(p):
-            erofs.unmount(p)
+            for _ in range(4):  # a promoted layer: the local mount over the lazy one
+                erofs.unmount(p)
+                if not os.path.ismount(p):
+                    break
             try:
                 p.rmdir()
             except OSError:

@@ -19,7 +19,7 @@ import hashlib
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -27,6 +27,7 @@ from ..core.errors import CorruptChunk
 
 DEFAULT_CAP_BYTES = 20 << 30
 _TOUCH_EVERY_S = 60.0
+_FDS = 512
 
 
 def _hash_file(path: Path) -> str:
@@ -52,6 +53,8 @@ class ChunkCache:
         self._bytes: int | None = None
         self.fetches = 0  # chunks this process fetched from an origin (tests, bench)
         self.fetched_bytes = 0
+        self.requests = 0  # origin reads of coalesced runs (get_many)
+        self._fds: dict[str, int] = {}  # open chunk files of the warm path (pread_cached), LRU order
 
     def path(self, sha: str) -> Path:
         return self.dir / sha[:2] / sha
@@ -108,7 +111,133 @@ class ChunkCache:
         finally:
             os.close(fd)  # the lock file stays: unlinking it would let two holders lock two inodes
 
-    def _store(self, sha: str, p: Path, data: bytes) -> None:
+    # ------------------------------------------------------------------ coalesced fetches
+    def get_many(self, items: Sequence[tuple[int, str]],
+                 fetch_run: Callable[[int, int], Sequence[bytes | memoryview]],
+                 max_run: int = 64,
+                 fetch_runs: Callable[[list[tuple[int, int]]], Sequence[Sequence[bytes | memoryview]]] | None = None,
+                 ) -> dict[int, Path | bytes | memoryview]:
+        """Chunks `items` ((chunk number, sha256) of one layer, ascending numbers), fetching the missing
+        ones with ONE `fetch_run(first, last)` per run of consecutive numbers (at most `max_run`
+        chunks): a coalesced Range read that returns the bytes of chunks first..last, one item each.
+
+        Every chunk is still verified on its own (a corrupt chunk in a run is rejected and never
+        kept; its good neighbours are kept), and single-flight still holds per chunk: a chunk another
+        thread is fetching is waited for, one another process holds the lock of is fetched by that
+        process. `fetch_runs`, when given, fetches several runs in one request (a multi-range read).
+        Returns number -> the chunk's path (cached) or its verified bytes (fetched now).
+        Raises (after settling every chunk) the first OriginUnavailable / CorruptChunk it met."""
+        out: dict[int, Path | bytes | memoryview] = {}
+        todo: list[tuple[int, str]] = []
+        for i, sha in items:
+            p = self.path(sha)
+            if sha in self._verified and os.path.exists(p):
+                self._touch(sha, p)
+                out[i] = p
+            else:
+                todo.append((i, sha))
+        if not todo:
+            return out
+        mine: dict[str, Future[Path]] = {}
+        waits: list[tuple[int, Future[Path]]] = []
+        claimed: list[tuple[int, str]] = []
+        with self._lock:
+            for i, sha in todo:
+                if sha in mine:
+                    waits.append((i, mine[sha]))
+                elif sha in self._inflight:
+                    waits.append((i, self._inflight[sha]))
+                else:
+                    fut = mine[sha] = self._inflight[sha] = Future()
+                    claimed.append((i, sha))
+        first_error: BaseException | None = None
+        locks: dict[str, int] = {}
+        blocked: list[tuple[int, str]] = []
+        runs: list[list[tuple[int, str]]] = []
+        try:
+            for i, sha in claimed:
+                fd = os.open(self.dir / ".locks" / sha, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:  # another process fetches it: wait for that one below
+                    os.close(fd)
+                    blocked.append((i, sha))
+                    continue
+                locks[sha] = fd
+                p = self.path(sha)
+                if p.exists():
+                    if _hash_file(p) == sha:
+                        self._verified.add(sha)
+                        self._touch(sha, p, force=True)
+                        out[i] = p
+                        mine[sha].set_result(p)
+                        continue
+                    p.unlink(missing_ok=True)
+                if runs and runs[-1][-1][0] == i - 1 and len(runs[-1]) < max_run:
+                    runs[-1].append((i, sha))
+                else:
+                    runs.append([(i, sha)])
+            fetched: list[Sequence[bytes | memoryview] | BaseException] = []
+            if fetch_runs is not None and len(runs) > 1:
+                try:
+                    fetched = list(fetch_runs([(run[0][0], run[-1][0]) for run in runs]))
+                    self.requests += 1
+                except BaseException as e:
+                    fetched = [e] * len(runs)
+            for n, run in enumerate(runs):
+                try:
+                    got = fetched[n] if fetched else fetch_run(run[0][0], run[-1][0])
+                    if isinstance(got, BaseException):
+                        raise got
+                    parts = got
+                    if not fetched:
+                        self.requests += 1
+                except BaseException as e:
+                    first_error = first_error or e
+                    for _, sha in run:
+                        if not mine[sha].done():
+                            mine[sha].set_exception(e)
+                    continue
+                for k, (i, sha) in enumerate(run):
+                    data = parts[k] if k < len(parts) else b""
+                    if hashlib.sha256(data).hexdigest() != sha:
+                        err = CorruptChunk(f"chunk {sha[:16]}: {len(data)} bytes from the origin do not hash to it")
+                        first_error = first_error or err
+                        mine[sha].set_exception(err)
+                        continue
+                    p = self.path(sha)
+                    self._store(sha, p, data)
+                    self.fetches += 1
+                    self.fetched_bytes += len(data)
+                    out[i] = data
+                    mine[sha].set_result(p)
+        finally:
+            for fd in locks.values():
+                os.close(fd)
+            for i, sha in blocked:  # the other process's fetch: take its lock (blocking), use its chunk
+                try:
+                    path = self._get_locked(sha, lambda i=i: bytes(fetch_run(i, i)[0]))  # type: ignore[misc]  # default arg binds i
+                    out[i] = path
+                    mine[sha].set_result(path)
+                except BaseException as e:
+                    first_error = first_error or e
+                    mine[sha].set_exception(e)
+            with self._lock:
+                for sha, fut in mine.items():
+                    if not fut.done():  # an exception escaped above
+                        fut.set_exception(first_error or OSError("chunk fetch abandoned"))
+                    if self._inflight.get(sha) is fut:
+                        del self._inflight[sha]
+        for i, fut in waits:
+            try:
+                out[i] = fut.result()
+            except BaseException as e:
+                first_error = first_error or e
+        if first_error is not None:
+            raise first_error
+        return out
+
+    def _store(self, sha: str, p: Path, data: bytes | memoryview) -> None:
         p.parent.mkdir(exist_ok=True)
         tmp = self.dir / ".tmp" / f"{sha}.{os.getpid()}.{threading.get_ident()}"
         with open(tmp, "wb") as f:
@@ -131,6 +260,35 @@ class ChunkCache:
                 os.utime(p)
             except OSError:
                 pass
+
+    def pread_cached(self, sha: str, offset: int, length: int) -> bytes | None:
+        """The warm path: bytes of a chunk this process has verified, through an open file descriptor
+        kept for it (no path lookup per read; at most `_FDS` kept, least recently used closed first),
+        None when the chunk is not verified here yet (or was evicted)."""
+        if sha not in self._verified:
+            return None
+        with self._lock:
+            fd = self._fds.pop(sha, None)
+            if fd is not None:
+                self._fds[sha] = fd  # most recently used last
+        if fd is None:
+            try:
+                fd = os.open(self.path(sha), os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                self._verified.discard(sha)
+                return None
+            with self._lock:
+                if sha in self._fds:
+                    os.close(fd)
+                    fd = self._fds[sha]
+                else:
+                    self._fds[sha] = fd
+                    while len(self._fds) > _FDS:
+                        os.close(self._fds.pop(next(iter(self._fds))))
+        try:
+            return os.pread(fd, length, offset)
+        except OSError:  # closed by the LRU meanwhile: the slow path
+            return None
 
     def read(self, sha: str, offset: int, length: int, fetch: Callable[[], bytes]) -> bytes:
         """`length` bytes at `offset` inside chunk `sha`."""
@@ -210,6 +368,10 @@ class ChunkCache:
                 return False
             path.unlink(missing_ok=True)
             self._verified.discard(sha)
+            with self._lock:
+                kept = self._fds.pop(sha, None)
+            if kept is not None:
+                os.close(kept)
             return True
         finally:
             os.close(fd)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from ..core.errors import CorruptChunk, InvalidArgument, OriginUnavailable
@@ -24,6 +25,11 @@ from .origin import Origin
 from .prefetch import Recorder
 
 _FACTORIES: dict[str, Callable[[dict], Origin]] = {}
+# a prefetch read spans gaps of up to this many unlisted bytes between listed chunks (one request
+# instead of two: per-request cost dominates small reads, see docs/lazy-loading.md)
+PREFETCH_GAP_BYTES = int(os.environ.get("SHOAL_LAZY_PREFETCH_GAP_KB", "0")) << 10
+# a prefetch batch's runs in one multi-range GET where the origin answers them (a registry does)
+MULTI_RANGE = os.environ.get("SHOAL_LAZY_MULTI_RANGE", "1") != "0"
 
 
 def register_origin_kind(kind: str, factory: Callable[[dict], Origin]) -> None:
@@ -69,6 +75,8 @@ class LazyLayer:
         self.index, self.origin, self.key, self.cache = index, origin, key, cache
         self.recorder = recorder
         self.reads = 0
+        # a coalesced read fetches at most this many chunks (about 4 MiB)
+        self.max_run = max(1, (4 << 20) // index.chunk_size)
 
     def _fetcher(self, i: int) -> Callable[[], bytes]:
         def fetch() -> bytes:
@@ -77,52 +85,176 @@ class LazyLayer:
 
         return fetch
 
+    def fetch_run(self, first: int, last: int) -> list[memoryview]:
+        """Chunks first..last in ONE range read (coalesced), cut into chunks, unverified (the cache
+        verifies each against its own digest)."""
+        off = self.index.span(first)[0]
+        end = sum(self.index.span(last))
+        data = memoryview(self.origin.read(self.key, off, end - off))
+        out = []
+        for i in range(first, last + 1):
+            a, n = self.index.span(i)
+            out.append(data[a - off:a - off + n])
+        return out
+
+    def fetch_runs(self, runs: list[tuple[int, int]]) -> list[list[memoryview]]:
+        """Several runs (first, last) in ONE multi-range read (an origin that cannot: one read each)."""
+        spans = [(self.index.span(a)[0], sum(self.index.span(b)) - self.index.span(a)[0]) for a, b in runs]
+        datas = self.origin.read_ranges(self.key, spans)
+        out = []
+        for (a, b), (off, _), data in zip(runs, spans, datas):
+            mv = memoryview(data)
+            out.append([mv[self.index.span(i)[0] - off:sum(self.index.span(i)) - off] for i in range(a, b + 1)])
+        return out
+
     def ensure_chunk(self, i: int) -> None:
         """Chunk i in the cache (fetched and verified if needed)."""
         self.cache.get(self.index.chunks[i], self._fetcher(i))
 
+    def ensure_chunks(self, numbers: list[int]) -> int:
+        """Chunks `numbers` (ascending) in the cache, runs of consecutive ones fetched coalesced;
+        returns how many were fetched now."""
+        got = self.cache.get_many([(i, self.index.chunks[i]) for i in numbers], self.fetch_run, self.max_run,
+                                  self.fetch_runs if self.origin.multi_range else None)
+        return sum(1 for v in got.values() if not isinstance(v, Path))
+
     def read(self, offset: int, length: int) -> bytes:
-        """Bytes [offset, offset+length) of the blob (short at its end). Raises OriginUnavailable or
-        CorruptChunk when a chunk it needs cannot be had."""
+        """Bytes [offset, offset+length) of the blob (short at its end). Missing chunks of the range
+        are fetched with one coalesced range read. Raises OriginUnavailable or CorruptChunk when a
+        chunk it needs cannot be had."""
         self.reads += 1
-        parts = []
         end = min(self.index.size, offset + length)
-        for i in self.index.chunks_for(offset, length):
+        numbers = self.index.chunks_for(offset, length)
+        if self.recorder is not None:
+            for i in numbers:
+                self.recorder.saw(i)
+        if len(numbers) == 1:  # the warm path: one verified chunk, read through its open descriptor
+            start = numbers[0] * self.index.chunk_size
+            data = self.cache.pread_cached(self.index.chunks[numbers[0]], offset - start, end - offset)
+            if data is not None and len(data) == end - offset:
+                return data
+        got = self.cache.get_many([(i, self.index.chunks[i]) for i in numbers], self.fetch_run, self.max_run)
+        parts: list[bytes | memoryview] = []
+        for i in numbers:
             start, clen = self.index.span(i)
             lo, hi = max(offset, start) - start, min(end, start + clen) - start
-            if self.recorder is not None:
-                self.recorder.saw(i)
-            parts.append(self.cache.read(self.index.chunks[i], lo, hi - lo, self._fetcher(i)))
-        return b"".join(parts)
+            src = got[i]
+            if isinstance(src, Path):
+                parts.append(self.cache.read(self.index.chunks[i], lo, hi - lo, self._fetcher(i)))
+            else:
+                parts.append(src[lo:hi])
+        return parts[0] if len(parts) == 1 and isinstance(parts[0], bytes) else b"".join(parts)
 
     def cached_chunks(self) -> int:
         return sum(1 for c in set(self.index.chunks) if self.cache.has(c))
 
+    def missing_chunks(self) -> list[int]:
+        return [i for i, c in enumerate(self.index.chunks) if not self.cache.has(c)]
+
+
+def _batches(order: list[int], batch: int, max_run: int, gap: int = 0) -> list[list[int]]:
+    """The prefetch list in batches of `batch` chunks, each sorted and cut into runs (one coalesced
+    read each): the list's order between batches, locality within one. Listed chunks at most `gap`
+    chunks apart share a run, the unlisted ones between them included (fewer requests, more bytes)."""
+    runs: list[list[int]] = []
+    for b in range(0, len(order), batch):
+        run: list[int] = []
+        for i in sorted(set(order[b:b + batch])):
+            if run and (i - run[-1] > gap + 1 or i - run[0] >= max_run):
+                runs.append(run)
+                run = []
+            run.extend(range(run[-1] + 1, i + 1) if run else [i])
+        if run:
+            runs.append(run)
+    return runs
+
 
 def prefetch_chunks(layer: LazyLayer, order: list[int], stop: threading.Event | None = None,
-             on_error: Callable[[int, Exception], None] | None = None) -> int:
-    """Fetch chunks in `order` (the prefetch list) unless cached; returns how many it fetched. Stops at
-    the first origin failure (demand reads still try the origin themselves)."""
+                    on_error: Callable[[int, Exception], None] | None = None, workers: int = 4,
+                    batch: int | None = None) -> int:
+    """Fetch chunks in `order` (the prefetch list) unless cached; returns how many it fetched.
+    Consecutive chunks go in one coalesced read, `workers` reads at once. Stops at the first origin
+    failure (demand reads still try the origin themselves)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    wanted = [i for i in order if 0 <= i < len(layer.index.chunks)]
+    wanted = [i for i in dict.fromkeys(wanted) if not layer.cache.has(layer.index.chunks[i])]
+    failed = threading.Event()
+    lock = threading.Lock()
     fetched = 0
-    for i in order:
-        if stop is not None and stop.is_set():
-            break
-        if not 0 <= i < len(layer.index.chunks) or layer.cache.has(layer.index.chunks[i]):
-            continue
+
+    def one(run: list[int]) -> None:
+        nonlocal fetched
+        if failed.is_set() or (stop is not None and stop.is_set()):
+            return
         try:
-            layer.ensure_chunk(i)
-            fetched += 1
+            n = layer.ensure_chunks(run)
         except (OriginUnavailable, CorruptChunk, OSError) as e:
-            if on_error is not None:
-                on_error(i, e)
-            break
+            if not failed.is_set():
+                failed.set()
+                if on_error is not None:
+                    on_error(run[0], e)
+            return
+        with lock:
+            fetched += n
+
+    # batches of about 16 MiB: sorted within (coalesced reads), the list's order between them
+    gap = PREFETCH_GAP_BYTES // layer.index.chunk_size
+    runs = _batches(wanted, batch or max(1, (16 << 20) // layer.index.chunk_size), layer.max_run, gap)
+    if layer.origin.multi_range and MULTI_RANGE:  # a batch's runs in one multi-range request each
+        size = batch or max(1, (16 << 20) // layer.index.chunk_size)
+        units: list[list[int]] = []
+        for run in runs:
+            if units and len(units[-1]) + len(run) <= size and run[0] > units[-1][-1]:
+                units[-1].extend(run)
+            else:
+                units.append(list(run))
+        runs = units
+    if workers <= 1:
+        for run in runs:
+            one(run)
+    else:
+        with ThreadPoolExecutor(workers, thread_name_prefix="prefetch") as ex:
+            list(ex.map(one, runs))
     return fetched
+
+
+def promote(store: Any, digest: str, layer: LazyLayer) -> Path | None:
+    """Assemble a lazy layer whose chunks are all cached into the store's image file
+    (`store.image_path(digest)`), verified against the layer's blob digest before it is renamed into
+    place. Returns the path, or None when a chunk is missing (nothing is written then)."""
+    import hashlib
+
+    target = Path(store.image_path(digest))
+    if target.exists():
+        return target
+    if layer.missing_chunks():
+        return None
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.promote")
+    whole = hashlib.sha256()
+    try:
+        with open(tmp, "wb") as out:
+            for i, sha in enumerate(layer.index.chunks):
+                try:
+                    with open(layer.cache.path(sha), "rb") as f:
+                        data = f.read()
+                except FileNotFoundError:  # evicted meanwhile
+                    return None
+                if len(data) != layer.index.span(i)[1] or hashlib.sha256(data).hexdigest() != sha:
+                    raise CorruptChunk(f"cached chunk {i} of layer {digest} is damaged")
+                whole.update(data)
+                out.write(data)
+        if f"sha256:{whole.hexdigest()}" != layer.index.blob:
+            raise CorruptChunk(f"the chunks of layer {digest} do not make its blob {layer.index.blob}")
+        os.chmod(tmp, 0o444)
+        os.replace(tmp, target)
+        return target
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def chunk_cache_for(root: os.PathLike | str, cap_bytes: int | None = None,
                     pinned: Callable[[], set[str]] | None = None) -> ChunkCache:
-    from pathlib import Path
-
     from .cache import DEFAULT_CAP_BYTES
 
     env = os.environ.get("SHOAL_CHUNK_CACHE_BYTES")

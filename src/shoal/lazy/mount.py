@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -62,6 +63,47 @@ def daemon_pid(root: Path) -> int | None:
     return pid
 
 
+def _starting_path(root: Path) -> Path:
+    return state_dir(root) / "daemon.starting"
+
+
+def _starting(root: Path) -> bool:
+    """A daemon was spawned less than START_TIMEOUT_S ago and has not answered yet."""
+    try:
+        return time.time() - _starting_path(root).stat().st_mtime < START_TIMEOUT_S
+    except OSError:
+        return False
+
+
+def _spawn(root: Path) -> subprocess.Popen:
+    if _fuse_mounted(lazyfs_dir(root)):  # a dead daemon's mount
+        fuse.unmount(lazyfs_dir(root))
+    pid_path(root).unlink(missing_ok=True)
+    _starting_path(root).write_text(f"{time.time()}\n")
+    src = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)}
+    with open(state_dir(root) / "daemon.log", "ab") as log:
+        return subprocess.Popen([sys.executable, "-m", "shoal.lazy.daemon", "--root", str(root)],
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
+                                start_new_session=True, close_fds=True)
+
+
+def start_daemon(root: Path) -> None:
+    """Start the root's lazy daemon if it does not run, without waiting for it: a lazy pull calls
+    this first, so the daemon's start (a Python process: imports, mount) overlaps the pull and the
+    sandbox's setup; `ensure_daemon` then waits for that start instead of spawning another."""
+    root = Path(root)
+    lock = os.open(state_dir(root) / "daemon.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if daemon_pid(root) is not None or _starting(root):
+            return
+        proc = _spawn(root)
+        threading.Thread(target=proc.wait, daemon=True).start()  # reaps the first process (it forks, exits)
+    finally:
+        os.close(lock)
+
+
 def ensure_daemon(root: Path) -> int:
     """The pid of the root's lazy daemon, started (detached) if it does not run."""
     root = Path(root)
@@ -71,26 +113,43 @@ def ensure_daemon(root: Path) -> int:
         pid = daemon_pid(root)
         if pid is not None:
             return pid
-        if _fuse_mounted(lazyfs_dir(root)):  # a dead daemon's mount
-            fuse.unmount(lazyfs_dir(root))
-        pid_path(root).unlink(missing_ok=True)
-        src = str(Path(__file__).resolve().parents[2])
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)}
-        with open(state_dir(root) / "daemon.log", "ab") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "shoal.lazy.daemon", "--root", str(root)],
-                                    stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
-                                    start_new_session=True, close_fds=True)
-        proc.wait(START_TIMEOUT_S)  # the first process forks the daemon and exits at once
+        if not _starting(root):
+            _spawn(root).wait(START_TIMEOUT_S)  # the first process forks the daemon and exits at once
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             pid = daemon_pid(root)
             if pid is not None:
                 return pid
-            time.sleep(0.01)
+            time.sleep(0.005)
+        _starting_path(root).unlink(missing_ok=True)
         tail = (state_dir(root) / "daemon.log").read_text(errors="replace")[-2000:]
         raise SandboxError(f"the lazy-layer daemon of {root} did not start: {tail}")
     finally:
         os.close(lock)
+
+
+def warm(root: Path, digests: list[str]) -> None:
+    """Read the first block of each lazy layer's file at once (threads): the daemon fetches their
+    first chunks (EROFS superblocks, which each mount reads) concurrently, so mounting the layers one
+    after another does not wait for one origin round trip per layer."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(digest: str) -> None:
+        try:
+            fd = os.open(lazyfs_dir(root) / f"{digest.split(':', 1)[1]}.erofs", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return
+        try:
+            os.pread(fd, 4096, 0)
+        except OSError:
+            pass  # the mount reports it
+        finally:
+            os.close(fd)
+
+    if len(digests) > 1:
+        ensure_daemon(root)
+        with ThreadPoolExecutor(min(8, len(digests))) as ex:
+            list(ex.map(one, digests))
 
 
 def _marker(root: Path, digest: str) -> Path:

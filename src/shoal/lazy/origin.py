@@ -36,6 +36,13 @@ class Origin(abc.ABC):
     def read(self, key: str, offset: int, length: int) -> bytes:
         """Exactly `length` bytes from `offset` (fewer only at the end of the blob)."""
 
+    def read_ranges(self, key: str, ranges: list[tuple[int, int]]) -> list[bytes]:
+        """Several (offset, length) ranges: one request where the origin can (a registry's multi-range
+        GET), else one read each."""
+        return [self.read(key, o, n) for o, n in ranges]
+
+    multi_range = False  # whether read_ranges is one request
+
     @abc.abstractmethod
     def list(self, prefix: str = "") -> list[str]:
         """Keys under `prefix` (an origin that cannot list, such as a registry, lists what it knows)."""

@@ -93,6 +93,16 @@ class RegistryOrigin(Origin):
         repo, digest = split_key(key)
         return self.client.read_blob(repo, digest, offset, length)
 
+    def read_ranges(self, key: str, ranges: list[tuple[int, int]]) -> list[bytes]:
+        if _tag_key(key) is not None:
+            return [self.read(key, o, n) for o, n in ranges]
+        repo, digest = split_key(key)
+        return self.client.read_blob_ranges(repo, digest, ranges)
+
+    @property
+    def multi_range(self) -> bool:  # type: ignore[override]  # a property over the base's class attribute
+        return self.client.multi_range is not False
+
     def _artifact(self, key: str) -> bytes:
         """The one blob of the artifact manifest tagged `<repo>:<tag>` (ImageNotFound if no such tag)."""
         if key not in self._tagged:

@@ -227,7 +227,12 @@ def _pull_shoal_lazy(store: LayerStore, cl: RegistryClient, r: Reference, manife
     if not layers:
         raise RegistryError(f"{where}: a Shoal image without layers")
     result = PullResult(None, where, "shoal")  # type: ignore[arg-type]  # the image is set below
+    if not all(store.has_layer(str((d.get("annotations") or {}).get(ANN_LAYER))) for d in layers):
+        from ..lazy.mount import start_daemon
+
+        start_daemon(store.settings.root)  # its start overlaps the rest of the pull and the sandbox's setup
     digests: list[str] = []
+    warm: list[tuple[str, ChunkIndex, dict]] = []
     for i, desc in enumerate(layers):
         ann = desc.get("annotations") or {}
         layer = ann.get(ANN_LAYER)
@@ -248,9 +253,38 @@ def _pull_shoal_lazy(store: LayerStore, cl: RegistryClient, r: Reference, manife
         result.lazy.append(layer)
         result.fetched.append(idx_digest)
         result.bytes_fetched += int(indexes[idx_digest].get("size", 0))
+        warm.append((layer, idx, spec))
     cfg = config.get("config") if isinstance(config.get("config"), dict) else {}
     result.image = store.create_image(local, digests, config=cfg)
+    if warm:
+        _warm_lazy(store, cl, warm)
     return result
+
+
+def _warm_lazy(store: LayerStore, cl: RegistryClient, layers: list[tuple[str, ChunkIndex, dict]]) -> None:
+    """While the root's lazy daemon starts: each lazily pulled layer's published prefetch list, all at
+    once, kept in `<root>/lazy/` so the daemon starts prefetching the moment it opens the layer (no
+    layer byte is fetched here). Failures are left to the daemon, which asks again."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ..core.errors import ShoalError
+    from ..lazy import prefetch
+    from .origin import RegistryOrigin
+
+    origin = RegistryOrigin(cl)
+
+    def one(item: tuple[str, ChunkIndex, dict]) -> None:
+        digest, _idx, spec = item
+        try:
+            key = spec["prefetch_key"]
+            order = prefetch.parse(origin.read(key, 0, origin.stat(key).size))
+            if order:
+                prefetch.save(store.settings.root, digest, order)
+        except (ShoalError, OSError):
+            pass  # none published (ImageNotFound): the daemon records one
+
+    with ThreadPoolExecutor(min(8, len(layers))) as ex:
+        list(ex.map(one, layers))
 
 
 def _env(lines: Any) -> dict[str, str]:

@@ -22,7 +22,14 @@ from pathlib import Path
 
 from ..core.errors import InvalidArgument, RegistryError
 from ..layers.store import ImageInfo, LayerStore
-from ..lazy.chunks import CHUNK_INDEX_MEDIA_TYPE, CHUNK_SIZE, LAYER_MEDIA_TYPE, ChunkIndex, build_index
+from ..lazy.chunks import (
+    CHUNK_INDEX_MEDIA_TYPE,
+    CHUNK_SIZE,
+    LAYER_MEDIA_TYPE,
+    REGISTRY_CHUNK_SIZE,
+    ChunkIndex,
+    build_index,
+)
 from .client import DEFAULT_CHUNK_SIZE, RegistryClient, UploadResult, sha256_digest
 from .media import ANN_CHUNKS, ANN_LAYER, ANN_LAYER_ENTRIES, ANN_LAYER_SIZE, OCI_MANIFEST, SHOAL_CONFIG_MEDIA_TYPE
 from .reference import parse_reference
@@ -100,10 +107,10 @@ def index_blob(idx: ChunkIndex) -> bytes:
 def push(store: LayerStore, image_ref: str, target: str, *, client: RegistryClient | None = None,
          chunk_size: int = DEFAULT_CHUNK_SIZE, progress: PushProgress | None = None,
          ca: str | None = None, insecure: bool = False, plain_http: bool = False,
-         prefetch_only: bool = False, lazy_chunk_size: int = CHUNK_SIZE) -> PushResult:
+         prefetch_only: bool = False, lazy_chunk_size: int = REGISTRY_CHUNK_SIZE) -> PushResult:
     """Push image `image_ref` of `store` to `target` ("REGISTRY/REPO:TAG"), then the prefetch lists
     recorded for its layers; `prefetch_only`: only those lists. `lazy_chunk_size`: the chunk of the
-    layers' chunk indexes, what a lazy reader fetches at a time (default 1 MiB)."""
+    layers' chunk indexes, what a lazy reader fetches at a time (default 128 KiB)."""
     from .prefetch import publish_prefetch
 
     info = store.get_image(image_ref)
@@ -136,7 +143,7 @@ def _lazy_index(store: LayerStore, digest: str, cl: RegistryClient, repo: str) -
 
 
 def _push_image(store: LayerStore, info: ImageInfo, repo: str, tag: str, cl: RegistryClient, chunk_size: int,
-                progress: PushProgress | None, result: PushResult, lazy_chunk_size: int = CHUNK_SIZE) -> None:
+                progress: PushProgress | None, result: PushResult, lazy_chunk_size: int = REGISTRY_CHUNK_SIZE) -> None:
     sessions = UploadSessions(registry_dir(store) / "uploads")
     descriptors: list[dict] = []
     n = len(info.layers)

@@ -102,6 +102,12 @@ class Served(abc.ABC):
         if owner is not None and not tenant.admin and owner != tenant.name:
             raise E.ImageNotFound(f"image {name}:{tag} not found (see `shoal image ls`)")
 
+    def check_create_images(self, tenant: Tenant, refs: list[str]) -> None:
+        """The images a create names, checked before it (a fleet gateway checks them in the same
+        database round trip as the create's quota and placement, and overrides this)."""
+        for ref in refs:
+            self.check_image(tenant, ref)
+
     def list_sandboxes(self, tenant: Tenant) -> list[SandboxInfo]:
         infos = self.backend.list()
         if tenant.admin:

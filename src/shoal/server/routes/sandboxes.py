@@ -27,11 +27,10 @@ def create(body: CreateRequest, c: Caller = Depends(caller),
     d, t = c.d, c.t
     if body.network == "host" and not t.admin:
         raise E.Unauthorized("network='host' (the host's network, for image builds) is for the admin only")
-    if body.from_snapshot:
-        d.check_image(t, f"snapshots/{body.from_snapshot}:latest")
-    for ref in [body.image] + [x for x in body.layers or [] if ":" in x and not x.startswith("sha256:")]:
-        if ref:
-            d.check_image(t, ref)
+    refs = [f"snapshots/{body.from_snapshot}:latest"] if body.from_snapshot else []
+    refs += [x for x in [body.image] + [x for x in body.layers or [] if ":" in x and not x.startswith("sha256:")]
+             if x]
+    d.check_create_images(t, refs)
     return d.create(t, body, idempotency_key)
 
 

@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""A quick A/B probe for lazy loading (minutes, not bench/lazy.py's quarter hour): one registry,
+the timing images pushed with one chunk size, N fresh-root cold starts per image, each followed by
+the agent sequence. Prints cold start -> first exec, bytes fetched (first exec, agent sequence) and
+blob GETs per sample, and the medians. Used to measure each change in docs/lazy-loading.md.
+
+    python bench/lazy_probe.py [--chunk-kb 1024] [--readahead-kb 1024] [--prefetch] [--full] [-n 2]
+
+`--prefetch`: first a recording run per image in its own fresh root, whose prefetch lists are
+published to the registry (`push --prefetch-only`); the measured roots then find them there.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import lazy as lb  # noqa: E402  (bench/lazy.py: its samples and setup)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--chunk-kb", type=int, default=1024)
+    ap.add_argument("--readahead-kb", type=int, default=None)
+    ap.add_argument("--prefetch", action="store_true")
+    ap.add_argument("--full", action="store_true", help="also full pull + start samples")
+    ap.add_argument("-n", type=int, default=2)
+    ap.add_argument("--images", default=",".join(lb.TIMING_IMAGES))
+    ap.add_argument("--src-root", default="/var/lib/shoal-bench")
+    ap.add_argument("--registry-addr", default=None, help="use this registry (host:port, plain HTTP) instead of "
+                    "starting one; its access log: --registry-log")
+    ap.add_argument("--registry-log", default=None)
+    args = ap.parse_args()
+    if args.readahead_kb:
+        os.environ["SHOAL_LAZY_READAHEAD_KB"] = str(args.readahead_kb)
+
+    from registryctl import RegistryServer
+
+    from shoal import Host
+    from shoal.registry import push
+
+    if os.environ.get("SHOAL_LAZY_TRACE") == "1":  # keep each root's daemon log (its per-read lines)
+        drop = lb.Roots.drop
+
+        def keep_log(self, h) -> None:
+            log = Path(h.settings.root) / "lazy" / "daemon.log"
+            if log.exists():
+                Path(f"/tmp/lazy-trace-{time.time():.0f}.log").write_bytes(log.read_bytes())
+            drop(self, h)
+
+        lb.Roots.drop = keep_log  # type: ignore[method-assign]
+    src = Host.get(args.src_root)
+    images = {x["name"]: x for x in lb.prepare_images(src)}
+    names = args.images.split(",")
+    reg = RegistryServer(tls=False, auth=False, workdir=Path("/var/tmp"))
+    roots = lb.Roots()
+    try:
+        sizes = {}
+        for n in names:
+            res = push(src.store, images[n]["ref"], f"{reg.addr}/bench/ws:{n}", plain_http=True,
+                       lazy_chunk_size=args.chunk_kb << 10)
+            sizes[n] = sum(x.size for x in res.layers)
+        if args.prefetch:
+            for i, n in enumerate(names):
+                record(roots, reg, images[n], 900 + i)
+        rows = []
+        k = 0
+        for _ in range(args.n):
+            for n in names:
+                mark = reg.mark()
+                s = lb.lazy_sample(roots, reg, images[n], k, "agent")
+                k += 1
+                gets = sum(1 for m, p, _st in reg.requests(mark) if m == "GET" and "/blobs/" in p)
+                s.update(first_frac=s["first_exec_bytes"] / sizes[n], agent_frac=s["bytes"] / sizes[n], gets=gets)
+                rows.append(s)
+                traces = sorted(Path("/tmp").glob("lazy-trace-*.log"), key=lambda q: q.stat().st_mtime)
+                if os.environ.get("SHOAL_LAZY_TRACE") == "1" and traces:
+                    timeline(traces[-1], s)
+                print(f"{n:6s} lazy pull {s['pull_s']:.3f} create {s['create_s']:.3f} "
+                      f"first exec {s['first_exec_s']:.3f} s  bytes first {s['first_frac']:.1%} "
+                      f"agent {s['agent_frac']:.1%}  GETs {gets}  seq {s['sequence_s']:.2f} s", flush=True)
+                if args.full:
+                    f = lb.full_sample(roots, reg, images[n], k)
+                    k += 1
+                    rows.append({"full": f["first_exec_s"]})
+                    print(f"{n:6s} full pull+start {f['first_exec_s']:.3f} s", flush=True)
+        lz = [r for r in rows if "first_exec_s" in r]
+        print(f"MEDIAN chunk {args.chunk_kb} KiB ra {os.environ.get('SHOAL_LAZY_READAHEAD_KB', '1024')} "
+              f"prefetch {args.prefetch}: first exec {statistics.median(r['first_exec_s'] for r in lz):.3f} s "
+              f"[{min(r['first_exec_s'] for r in lz):.3f}-{max(r['first_exec_s'] for r in lz):.3f}], "
+              f"first bytes {statistics.median(r['first_frac'] for r in lz):.1%}, "
+              f"agent bytes {statistics.median(r['agent_frac'] for r in lz):.1%} "
+              f"(max {max(r['agent_frac'] for r in lz):.1%}), "
+              f"GETs {statistics.median(r['gets'] for r in lz)}"
+              + (f"; full {statistics.median(r['full'] for r in rows if 'full' in r):.3f} s" if args.full else "")
+              + f"; load {os.getloadavg()[0]:.1f}")
+    finally:
+        roots.close()
+        reg.close()
+
+
+def timeline(path: Path, s: dict) -> None:
+    """Daemon events relative to the sample's start (t0): when it served, opened layers, read."""
+    import datetime
+
+    t0 = s["t0_epoch"]
+    print(f"   t0; pull done +{s['pull_s']:.3f}; create done +{s['create_s']:.3f}; exec done +{s['first_exec_s']:.3f}")
+    for line in path.read_text().splitlines():
+        try:
+            ts = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        except ValueError:
+            continue
+        if "serving" in line or "prefetched" in line or " layer " in line:
+            print(f"   +{ts - t0:.3f} {line[29:140]}")
+
+
+def record(roots, reg, img: dict, i: int) -> None:
+    """A first run somewhere else: lazy pull, first exec + agent sequence, publish its prefetch lists."""
+    from shoal import Sandbox
+    from shoal.registry import pull, push
+
+    h = roots.new()
+    try:
+        task = lb.task_layer(h, i)
+        ref = f"{reg.addr}/bench/ws:{img['name']}"
+        pull(h.store, ref, plain_http=True, lazy=True)
+        with Sandbox.create(f"bench/ws:{img['name']}", layers=[task], root=h.settings.root, memory_mb=1024) as sb:
+            sb.commands.run(lb.FIRST_EXEC)
+            sb.commands.run(img["agent"], timeout=600)
+        time.sleep(0.2)
+        push(h.store, f"bench/ws:{img['name']}", ref, plain_http=True, prefetch_only=True)
+    finally:
+        roots.drop(h)
+
+
+if __name__ == "__main__":
+    main()
