@@ -102,6 +102,21 @@ class EpisodeQueue(abc.ABC):
         return None
 
 
+COUNTS_SQL = "SELECT status, COUNT(*), COALESCE(SUM(reward), 0) FROM episodes GROUP BY status"
+
+
+def tally(rows: list) -> dict:
+    """`counts()` from COUNTS_SQL's rows (status, episodes, reward sum)."""
+    out: dict[str, float] = {s: 0 for s in STATES}
+    reward = 0.0
+    for status, n, r in rows:
+        out[status] = n
+        reward += r
+    out["reward"] = reward
+    out["total"] = sum(out[s] for s in STATES)
+    return out
+
+
 def open_queue(where: str | os.PathLike, max_attempts: int = 3) -> EpisodeQueue:
     """A `postgresql://` URL: the PostgreSQL queue; anything else: an SQLite file at that path."""
     if is_postgres_url(where):
@@ -142,16 +157,7 @@ class SQLiteEpisodeQueue(EpisodeQueue):
         return ids
 
     def counts(self) -> dict:
-        q = "SELECT status, COUNT(*), COALESCE(SUM(reward), 0) FROM episodes"
-        rows = self._db.execute(q + " GROUP BY status").fetchall()
-        out: dict[str, float] = {s: 0 for s in STATES}
-        reward = 0.0
-        for status, n, r in rows:
-            out[status] = n
-            reward += r
-        out["reward"] = reward
-        out["total"] = sum(out[s] for s in STATES)
-        return out
+        return tally(self._db.execute(COUNTS_SQL).fetchall())
 
     def get(self, eid: str) -> dict | None:
         row = self._db.execute("SELECT id, task_id, status, worker, node, attempts, error, reward, started, finished "

@@ -11,7 +11,7 @@ import uuid
 
 from ..core.errors import InvalidArgument
 from ..core.postgres import PerThreadPG
-from .queue import DONE, FAILED, PAUSED, QUEUED, RUNNING, STATES, Claim, EpisodeQueue
+from .queue import COUNTS_SQL, DONE, FAILED, PAUSED, QUEUED, RUNNING, Claim, EpisodeQueue, tally
 
 try:
     from psycopg.types.json import Jsonb
@@ -59,16 +59,7 @@ class PgEpisodeQueue(EpisodeQueue):
         return [r[0] for r in rows]
 
     def counts(self) -> dict:
-        rows = self._pg.execute("SELECT status, COUNT(*), COALESCE(SUM(reward), 0) FROM episodes "
-                                "GROUP BY status").fetchall()
-        out: dict[str, float] = {s: 0 for s in STATES}
-        reward = 0.0
-        for status, n, r in rows:
-            out[status] = n
-            reward += r
-        out["reward"] = reward
-        out["total"] = sum(out[s] for s in STATES)
-        return out
+        return tally(self._pg.execute(COUNTS_SQL).fetchall())
 
     def get(self, eid: str) -> dict | None:
         keys = ("id", "task_id", "status", "worker", "node", "attempts", "error", "reward", "started", "finished")

@@ -225,25 +225,36 @@ class SQLiteLogStore(LogStore):
         return _entry(row) if row else None
 
     def entries(self, stream=None, *, episode=None, sandbox=None, kind=None, since=None, until=None, limit=None):
-        where, args = [], []
-        for col, val in (("stream", stream), ("episode", episode), ("sandbox", sandbox), ("kind", kind)):
-            if val is not None:
-                where.append(f"{col}=?")
-                args.append(val)
-        if since is not None:
-            where.append("started>=?")
-            args.append(since)
-        if until is not None:
-            where.append("started<?")
-            args.append(until)
-        q = f"SELECT {_COLS} FROM entries" + (" WHERE " + " AND ".join(where) if where else "")
-        q += " ORDER BY started, stream, seq" if stream is None else " ORDER BY seq"
-        if limit is not None:
-            q += f" LIMIT {int(limit)}"
+        q, args = entries_query("entries", "?", stream, episode=episode, sandbox=sandbox, kind=kind, since=since,
+                                until=until, limit=limit)
         return [_entry(r) for r in self._db.execute(q, args)]
 
     def close(self) -> None:
         self._conn.close()
+
+
+def entries_query(table: str, mark: str, stream: str | None = None, *, episode: str | None = None,
+                  sandbox: str | None = None, kind: str | None = None, since: float | None = None,
+                  until: float | None = None, limit: int | None = None) -> tuple[str, list[object]]:
+    """The SELECT behind `LogStore.entries` for an entries table, with `mark` as the placeholder
+    (`?` for SQLite, `%s` for PostgreSQL); values travel as parameters, never in the text."""
+    where: list[str] = []
+    args: list[object] = []
+    for col, val in (("stream", stream), ("episode", episode), ("sandbox", sandbox), ("kind", kind)):
+        if val is not None:
+            where.append(f"{col}={mark}")
+            args.append(val)
+    if since is not None:
+        where.append(f"started>={mark}")
+        args.append(since)
+    if until is not None:
+        where.append(f"started<{mark}")
+        args.append(until)
+    q = f"SELECT {_COLS} FROM {table}" + (" WHERE " + " AND ".join(where) if where else "")
+    q += " ORDER BY started, stream, seq" if stream is None else " ORDER BY seq"
+    if limit is not None:
+        q += f" LIMIT {int(limit)}"
+    return q, args
 
 
 def _entry(r) -> Entry:

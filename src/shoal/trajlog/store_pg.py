@@ -15,7 +15,7 @@ import json
 import time
 
 from ..core.postgres import PerThreadPG
-from .store import _COLS, DONE, PENDING, UNKNOWN, Entry, LogStore, StreamInfo, _entry, result_json
+from .store import _COLS, DONE, PENDING, UNKNOWN, Entry, LogStore, StreamInfo, _entry, entries_query, result_json
 
 try:
     from psycopg.types.json import Jsonb
@@ -99,21 +99,8 @@ class PgLogStore(LogStore):
         return _entry(row) if row else None
 
     def entries(self, stream=None, *, episode=None, sandbox=None, kind=None, since=None, until=None, limit=None):
-        where, args = [], []
-        for col, val in (("stream", stream), ("episode", episode), ("sandbox", sandbox), ("kind", kind)):
-            if val is not None:
-                where.append(f"{col}=%s")
-                args.append(val)
-        if since is not None:
-            where.append("started>=%s")
-            args.append(since)
-        if until is not None:
-            where.append("started<%s")
-            args.append(until)
-        q = f"SELECT {_COLS} FROM log_entries" + (" WHERE " + " AND ".join(where) if where else "")
-        q += " ORDER BY started, stream, seq" if stream is None else " ORDER BY seq"
-        if limit is not None:
-            q += f" LIMIT {int(limit)}"
+        q, args = entries_query("log_entries", "%s", stream, episode=episode, sandbox=sandbox, kind=kind,
+                                since=since, until=until, limit=limit)
         return [_entry(r) for r in self._pg.execute(q, args)]
 
     def close(self) -> None:
