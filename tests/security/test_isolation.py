@@ -148,10 +148,16 @@ def _sys_file_writable_on_the_host() -> str:
     pytest.fail("no writable /sys file on this host to try")
 
 
+# The host's /dev/null as it was before any test made a sandbox (test modules are imported at
+# collection, before any test runs): creating a sandbox must not change it either.
+_DEV_NULL = os.stat("/dev/null")
+
+
 def test_masked_proc_entries_do_not_reach_the_hosts_dev_null(probed):
-    """A masked /proc file must not be the host's /dev/null inode: the sandbox's root would chmod or
-    chown it through /proc/keys and break every program on the host that opens /dev/null."""
-    before = os.stat("/dev/null")
+    """Neither the sandbox's start nor its root may change the host's /dev/null: a masked /proc file
+    that is the host's inode would let root chmod/chown it through /proc/keys, and runsc chowns the
+    stdio it is handed to the sandbox user. Either breaks every host program that opens /dev/null."""
+    before = _DEV_NULL
     try:
         r = probed.commands.run("for f in /proc/keys /proc/timer_list /proc/kcore /proc/sched_debug; do "
                                 "chmod 000 $f; chown 65534:65534 $f; done 2>&1; echo done")

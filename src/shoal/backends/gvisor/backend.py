@@ -276,12 +276,20 @@ class GvisorBackend(LocalBackend):
         stderr is a pipe we read only until create exits: a host file there would let the sandbox
         fill the host's disk through /proc/1/fd/2; once we close our end, its writes fail (EPIPE)."""
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        # stdin and stdout are pipes too, never the host's /dev/null: runsc chowns the stdio it hands
+        # the sandbox to the sandbox's user (nobody), and that would be the host's /dev/null inode
+        in_r, in_w = os.pipe2(os.O_CLOEXEC)
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        os.close(in_w)  # pid 1 reads EOF
         try:
             proc = subprocess.Popen([*runsc, "create", "--bundle", str(d / "bundle"), "--pid-file",
-                                     str(d / "sandbox.pid"), sandbox_id], stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.DEVNULL, stderr=err_w, env={})
+                                     str(d / "sandbox.pid"), sandbox_id], stdin=in_r,
+                                    stdout=out_w, stderr=err_w, env={})
         finally:
             os.close(err_w)
+            os.close(in_r)
+            os.close(out_w)
+            os.close(out_r)  # its writes fail (EPIPE) rather than land anywhere on the host
         try:
             rc = proc.wait(timeout=RUNSC_TIMEOUT_S)
             os.set_blocking(err_r, False)
@@ -579,11 +587,14 @@ class _Exec:
         try:
             self.proc = subprocess.Popen(
                 [*meta["runsc"], "exec", "--process", str(self.spec_path), "--internal-pid-file", str(self.pid_path),
-                 self.sid], stdin=subprocess.PIPE if stdin else subprocess.DEVNULL, stdout=subprocess.PIPE,
+                 self.sid], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, env={}, start_new_session=True)
         except OSError as e:
             self.spec_path.unlink(missing_ok=True)
             raise SandboxError(f"sandbox {self.sid}: cannot run runsc exec: {e}") from e
+        if not stdin and self.proc.stdin is not None:
+            # no input: EOF at once. A pipe, not the host's /dev/null, which runsc would chown
+            self.proc.stdin.close()
         self._pid: int | None = None
 
     @property
