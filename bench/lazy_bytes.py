@@ -182,6 +182,8 @@ def main() -> None:
     ap.add_argument("--chunk-kb", type=int, default=128)
     ap.add_argument("--relayout", action="store_true")
     ap.add_argument("--record-images", default=",".join(lb.TIMING_IMAGES))
+    ap.add_argument("--record-readahead-kb", type=int, default=None, help="the recording root's FUSE read-ahead "
+                    "(default: the daemon's)")
     ap.add_argument("--src-root", default="/var/lib/shoal-bench")
     ap.add_argument("--top", type=int, default=12)
     ap.add_argument("--out", default=str(lb.RESULTS / "lazy-bytes.json"))
@@ -203,10 +205,17 @@ def main() -> None:
         blob_layer: dict[str, str] = {}
         push_kw: dict = {"plain_http": True, "lazy_chunk_size": args.chunk_kb << 10}
         if args.relayout:
-            push_kw["relayout"] = record_order(roots, reg, src, images, args.record_images.split(","), push_kw)
+            for n in names:
+                push(src.store, images[n]["ref"], f"{reg.addr}/bench/ws:{n}", **push_kw)
+            t = time.perf_counter()
+            record(roots, reg, images, args.record_images.split(","), args.record_readahead_kb)
+            print(f"recorded in {time.perf_counter() - t:.1f} s", flush=True)
+            push_kw["relayout"] = True
         for n in names:
             res = push(src.store, images[n]["ref"], f"{reg.addr}/bench/ws:{n}", **push_kw)
             sizes[n] = sum(x.size for x in res.layers)
+            if res.relaid:
+                print(f"{n}: relaid {len(res.relaid)} layers, hot {sum(res.relaid.values()) / sizes[n]:.1%}", flush=True)
             blob_layer.update({x.blob.split(":")[1]: x.layer for x in res.layers})
         k = 0
         for n in names:
@@ -259,8 +268,29 @@ def main() -> None:
         reg.close()
 
 
-def record_order(roots, reg, src, images: dict, names: list[str], push_kw: dict) -> dict[str, list[int]]:
-    raise NotImplementedError
+def record(roots, reg, images: dict, names: list[str], readahead_kb: int | None) -> None:
+    """One root, another host's first runs: each of `names` pulled lazily, first exec + agent + tests
+    sequence; then its recorded lists (chunks and byte ranges) published beside the blobs."""
+    from shoal import Sandbox
+    from shoal.registry import pull, push
+
+    if readahead_kb is not None:
+        os.environ["SHOAL_LAZY_READAHEAD_KB"] = str(readahead_kb)
+    h = roots.new()
+    try:
+        for i, n in enumerate(names):
+            pull(h.store, f"{reg.addr}/bench/ws:{n}", plain_http=True, lazy=True)
+            with Sandbox.create(f"bench/ws:{n}", layers=[lb.task_layer(h, 20_000 + i)], root=h.settings.root,
+                                memory_mb=1024) as sb:
+                sb.commands.run(lb.FIRST_EXEC)
+                sb.commands.run(images[n]["agent"], timeout=600)
+                sb.commands.run(images[n]["tests"], timeout=600)
+        time.sleep(0.6)  # the recorder's last ranges
+        for n in names:
+            push(h.store, f"bench/ws:{n}", f"{reg.addr}/bench/ws:{n}", plain_http=True, prefetch_only=True)
+    finally:
+        os.environ.pop("SHOAL_LAZY_READAHEAD_KB", None)
+        roots.drop(h)
 
 
 if __name__ == "__main__":

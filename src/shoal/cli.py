@@ -216,6 +216,11 @@ def push(image: str = typer.Argument(..., help="local image name[:tag]"),
          chunk_mb: int = typer.Option(16, "--chunk-mb", help="upload chunk (the most a resumed push re-sends)"),
          prefetch_only: bool = typer.Option(False, "--prefetch-only", help="publish only the prefetch lists this "
                                             "root recorded for the image's layers (after a lazy pull and a run)"),
+         relayout: bool = typer.Option(False, "--relayout", help="push layers with a recorded access list laid out "
+                                       "in first-read order (same tree and digest, new blob): fewer bytes for lazy "
+                                       "readers"),
+         access_from: str | None = typer.Option(None, "--access-from", help="REPO on the same registry where "
+                                                "published access lists are looked up (default: the target's)"),
          as_json: bool = typer.Option(False, "--json"), root: str | None = RootOpt):
     """Push an image to an OCI registry: each layer as its EROFS blob plus a chunk index; blobs the
     registry has are skipped, interrupted uploads resume; then the prefetch lists recorded here for
@@ -227,13 +232,15 @@ def push(image: str = typer.Argument(..., help="local image name[:tag]"),
     with _progress() as p:
         res = push_image(host.store, image, target, chunk_size=chunk_mb << 20, progress=_transfer_bar(p, "pushing"),
                          ca=str(ca) if ca else None, insecure=insecure, plain_http=plain_http,
-                         prefetch_only=prefetch_only)
+                         prefetch_only=prefetch_only, relayout=relayout, access_from=access_from)
     if as_json:
         console.print_json(json.dumps({"target": res.target, "manifest": res.manifest, "bytes_sent": res.bytes_sent,
                                        "layers": [x.__dict__ for x in res.layers],
-                                       "prefetch_lists": res.prefetch_lists}))
+                                       "prefetch_lists": res.prefetch_lists, "relaid": res.relaid}))
         return
     lists = f"; {len(res.prefetch_lists)} prefetch lists published" if res.prefetch_lists else ""
+    if res.relaid:
+        lists += f"; {len(res.relaid)} layers laid out in first-read order"
     if prefetch_only:
         console.print(f"{image} -> {res.target}: {len(res.prefetch_lists)} prefetch lists published")
         return

@@ -248,6 +248,11 @@ class LayerStore:
                        (digest, size, image_bytes, entries, time.time(), source))
         return self.get(digest)
 
+    def verify_image(self, image: str | os.PathLike, digest: str) -> tuple[int, int]:
+        """(size, entries) if the EROFS image `image` holds tree `digest`; BadDigest otherwise (a
+        private mount: root)."""
+        return self._verify_erofs(Path(image), digest)
+
     def _verify_erofs(self, image: Path, digest: str) -> tuple[int, int]:
         """Mount `image` privately, recompute its tree digest; (size, entries) if it is `digest`."""
         with self._scratch() as d:

@@ -74,6 +74,8 @@ class LazyLayer:
                  recorder: Recorder | None = None):
         self.index, self.origin, self.key, self.cache = index, origin, key, cache
         self.recorder = recorder
+        if recorder is not None and recorder.blob is None:  # its byte ranges refer to this blob
+            recorder.blob = index.blob
         self.reads = 0
         # a coalesced read fetches at most this many chunks (about 4 MiB)
         self.max_run = max(1, (4 << 20) // index.chunk_size)
@@ -126,6 +128,7 @@ class LazyLayer:
         end = min(self.index.size, offset + length)
         numbers = self.index.chunks_for(offset, length)
         if self.recorder is not None:
+            self.recorder.saw_range(offset, end - offset)
             for i in numbers:
                 self.recorder.saw(i)
         if len(numbers) == 1:  # the warm path: one verified chunk, read through its open descriptor

@@ -30,9 +30,14 @@ def load(root: Path, digest: str) -> list[int] | None:
     return [int(i) for i in chunks] if isinstance(chunks, list) else None
 
 
-def dumps(digest: str, chunks: list[int]) -> bytes:
-    """The prefetch list as the blob a push publishes beside the layer."""
-    return json.dumps({"layer": digest, "chunks": chunks}).encode()
+def dumps(digest: str, chunks: list[int], ranges: list[list[int]] | None = None, blob: str | None = None) -> bytes:
+    """The prefetch list as the blob a push publishes beside the layer. `ranges`: the byte ranges
+    ([offset, length], first-read order) behind the chunk numbers, and `blob` the EROFS blob they
+    refer to: what `shoal push --relayout` orders a layer's image by (shoal.layers.relayout)."""
+    body: dict = {"layer": digest, "chunks": chunks}
+    if ranges:
+        body.update(ranges=ranges, blob=blob)
+    return json.dumps(body).encode()
 
 
 def parse(blob: bytes) -> list[int] | None:
@@ -43,23 +48,51 @@ def parse(blob: bytes) -> list[int] | None:
         return None
 
 
-def save(root: Path, digest: str, chunks: list[int]) -> None:
+def parse_ranges(blob: bytes) -> tuple[str, list[tuple[int, int]]] | None:
+    """(blob digest, byte ranges in first-read order) of a list that has them, else None."""
+    try:
+        data = json.loads(blob)
+        ranges = [(int(a), int(n)) for a, n in data["ranges"]]
+        return str(data["blob"]), ranges
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def load_ranges(root: Path, digest: str) -> tuple[str, list[tuple[int, int]]] | None:
+    try:
+        return parse_ranges(prefetch_path(root, digest).read_bytes())
+    except OSError:
+        return None
+
+
+def save(root: Path, digest: str, chunks: list[int], ranges: list[list[int]] | None = None,
+         blob: str | None = None) -> None:
     p = prefetch_path(root, digest)
     p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_bytes(dumps(digest, chunks))
+    tmp = p.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_bytes(dumps(digest, chunks, ranges, blob))
     os.replace(tmp, p)
 
 
 class Recorder:
-    """Records the first access of each chunk while the window is open, saving as it goes."""
+    """Records the first access of each chunk while the window is open, saving as it goes; and the
+    byte ranges read (page-granular, first read order) when `blob` names the blob they refer to."""
 
-    def __init__(self, root: Path, digest: str, window_s: float = RECORD_WINDOW_S):
-        self.root, self.digest = Path(root), digest
+    FLUSH_S = 0.5  # ranges that touch no new chunk are saved at most this late
+
+    def __init__(self, root: Path, digest: str, window_s: float = RECORD_WINDOW_S, blob: str | None = None):
+        self.root, self.digest, self.blob = Path(root), digest, blob
         self.deadline = time.monotonic() + window_s
         self.order: list[int] = []
+        self.ranges: list[list[int]] = []
         self._seen: set[int] = set()
+        self._pages: set[int] = set()
         self._lock = threading.Lock()
+        self._flush: threading.Timer | None = None
+
+    def _save(self) -> None:
+        save(self.root, self.digest, list(self.order), [list(r) for r in self.ranges] if self.blob else None,
+             self.blob)
 
     def saw(self, i: int) -> None:
         if i in self._seen or time.monotonic() > self.deadline:
@@ -69,4 +102,28 @@ class Recorder:
                 return
             self._seen.add(i)
             self.order.append(i)
-            save(self.root, self.digest, list(self.order))
+            self._save()
+
+    def saw_range(self, offset: int, length: int) -> None:
+        """A read of [offset, offset+length): kept if it reads a page no earlier read did."""
+        if self.blob is None or length <= 0 or time.monotonic() > self.deadline:
+            return
+        pages = range(offset // 4096, (offset + length - 1) // 4096 + 1)
+        with self._lock:
+            if all(p in self._pages for p in pages):
+                return
+            self._pages.update(pages)
+            last = self.ranges[-1] if self.ranges else None
+            if last is not None and last[0] + last[1] == offset:
+                last[1] += length
+            else:
+                self.ranges.append([offset, length])
+            if self._flush is None:  # saved by the next new chunk, or by this timer
+                self._flush = threading.Timer(self.FLUSH_S, self._flushed)
+                self._flush.daemon = True
+                self._flush.start()
+
+    def _flushed(self) -> None:
+        with self._lock:
+            self._flush = None
+            self._save()

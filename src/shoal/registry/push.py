@@ -9,7 +9,14 @@ A layer that is lazy on this host (pulled with `--lazy`, not downloaded) can be 
 target repository already has its blob (the common case: pushing back where it came from, or a
 new tag); otherwise the push says to pull it fully first. After the manifest, the prefetch lists
 this root recorded for the image's layers are published (shoal.registry.prefetch);
-`prefetch_only=True` publishes only those."""
+`prefetch_only=True` publishes only those.
+
+`relayout=True` pushes each layer that has a recorded access list (byte ranges of its blob, first
+read order: this root's own, or one published in the `access_from` repository, by default the
+target) laid out again so that what was read is adjacent (shoal.layers.relayout): the same tree,
+so the same Shoal digest in the `io.shoal.layer.digest` annotation, in a new blob with its own
+digest and chunk index. The new image is mounted and its tree digest checked before it is sent; a
+pull checks blob digest, chunk index and tree digest as for any layer."""
 from __future__ import annotations
 
 import json
@@ -54,6 +61,7 @@ class PushResult:
     manifest: str  # digest of the manifest pushed ("" with prefetch_only)
     layers: list[LayerPush] = field(default_factory=list)
     prefetch_lists: dict[str, int] = field(default_factory=dict)  # layer -> chunks in its published list
+    relaid: dict[str, int] = field(default_factory=dict)  # layer -> bytes of the items its access list named
 
     @property
     def bytes_sent(self) -> int:
@@ -80,10 +88,16 @@ def registry_dir(store: LayerStore) -> Path:
 def chunk_index(store: LayerStore, digest: str, chunk_size: int = CHUNK_SIZE) -> ChunkIndex:
     """The chunk index of a local layer's EROFS image, cached beside the root (layers are immutable:
     the cache is keyed by the image file's size and mtime, so a replaced file is indexed again)."""
-    path = store.image_path(digest)
+    return file_index(store, digest, store.image_path(digest), chunk_size)
+
+
+def file_index(store: LayerStore, digest: str, path: Path, chunk_size: int = CHUNK_SIZE) -> ChunkIndex:
+    """The chunk index of `path`, an EROFS image of layer `digest` (the store's, or one laid out
+    again), cached like `chunk_index`."""
     st = path.stat()
     suffix = "" if chunk_size == CHUNK_SIZE else f".{chunk_size}"
-    cache = registry_dir(store) / "chunks" / f"{digest.split(':', 1)[1]}{suffix}.json"
+    name = digest.split(":", 1)[1] if path == store.image_path(digest) else path.stem
+    cache = registry_dir(store) / "chunks" / f"{name}{suffix}.json"
     stamp = f"{st.st_size}:{st.st_mtime_ns}"
     try:
         data = json.loads(cache.read_text())
@@ -107,10 +121,14 @@ def index_blob(idx: ChunkIndex) -> bytes:
 def push(store: LayerStore, image_ref: str, target: str, *, client: RegistryClient | None = None,
          chunk_size: int = DEFAULT_CHUNK_SIZE, progress: PushProgress | None = None,
          ca: str | None = None, insecure: bool = False, plain_http: bool = False,
-         prefetch_only: bool = False, lazy_chunk_size: int = REGISTRY_CHUNK_SIZE) -> PushResult:
+         prefetch_only: bool = False, lazy_chunk_size: int = REGISTRY_CHUNK_SIZE, relayout: bool = False,
+         access_from: str | None = None) -> PushResult:
     """Push image `image_ref` of `store` to `target` ("REGISTRY/REPO:TAG"), then the prefetch lists
     recorded for its layers; `prefetch_only`: only those lists. `lazy_chunk_size`: the chunk of the
-    layers' chunk indexes, what a lazy reader fetches at a time (default 128 KiB)."""
+    layers' chunk indexes, what a lazy reader fetches at a time (default 128 KiB). `relayout`: each
+    layer with a recorded access list goes up laid out in first-read order (module docstring);
+    `access_from` ("REPO" on the same registry) is where published lists are looked up (default:
+    the target's repository)."""
     from .prefetch import publish_prefetch
 
     info = store.get_image(image_ref)
@@ -122,8 +140,9 @@ def push(store: LayerStore, image_ref: str, target: str, *, client: RegistryClie
     try:
         result = PushResult(str(ref), "")
         if not prefetch_only:
+            layouts = _relayouts(store, info, cl, access_from or ref.repository) if relayout else {}
             _push_image(store, info, ref.repository, ref.reference, cl, chunk_size, progress, result,
-                        lazy_chunk_size)
+                        lazy_chunk_size, layouts)
         result.prefetch_lists = publish_prefetch(store, image_ref, target, client=cl).published
         return result
     finally:
@@ -142,15 +161,93 @@ def _lazy_index(store: LayerStore, digest: str, cl: RegistryClient, repo: str) -
     return rec[0]
 
 
+def access_list(store: LayerStore, digest: str, blob: str, cl: RegistryClient | None = None,
+                repo: str | None = None) -> list[tuple[int, int]] | None:
+    """Byte ranges of `blob` (layer `digest`'s EROFS image) in first-read order: this root's own
+    recorded list, else the one published beside the blob in `repo`; None if neither refers to it."""
+    from ..core.errors import ShoalError
+    from ..lazy import prefetch as lazy_prefetch
+    from .origin import RegistryOrigin
+    from .prefetch import prefetch_tag
+
+    own = lazy_prefetch.load_ranges(store.settings.root, digest)
+    if own is not None and own[0] == blob:
+        return own[1]
+    if cl is None or repo is None:
+        return None
+    key = f"{repo}:{prefetch_tag(blob)}"
+    try:
+        origin = RegistryOrigin(cl)
+        got = lazy_prefetch.parse_ranges(origin.read(key, 0, origin.stat(key).size))
+    except ShoalError:
+        return None
+    return got[1] if got is not None and got[0] == blob else None
+
+
+def relaid_image(store: LayerStore, digest: str, accesses: list[tuple[int, int]]) -> tuple[Path, int] | None:
+    """Layer `digest`'s image laid out for `accesses` (cached under `<root>/registry/relayout/`, keyed
+    by the list), its tree checked against `digest` (a mount: root); (path, hot bytes), or None when
+    the image cannot be rewritten (compressed, chunk-based: it goes up as it is)."""
+    import hashlib
+
+    from ..layers.relayout import Unsupported, relayout_image
+
+    key = hashlib.sha256(json.dumps(accesses).encode()).hexdigest()[:16]
+    out = registry_dir(store) / "relayout" / f"{digest.split(':', 1)[1]}.{key}.erofs"
+    meta = out.with_suffix(".json")
+    try:
+        if out.exists():
+            return out, int(json.loads(meta.read_text())["hot_bytes"])
+    except (OSError, ValueError, KeyError):
+        pass
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(f".{os.getpid()}.tmp")
+    try:
+        try:
+            r = relayout_image(store.image_path(digest), tmp, accesses)
+        except Unsupported:
+            return None
+        store.verify_image(tmp, digest)  # BadDigest: never pushed
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    meta.write_text(json.dumps({"layer": digest, "hot_bytes": r.hot_bytes, "hot_items": r.hot_items}))
+    return out, r.hot_bytes
+
+
+def _relayouts(store: LayerStore, info: ImageInfo, cl: RegistryClient, repo: str) -> dict[str, tuple[Path, int]]:
+    """layer -> (relaid image, hot bytes) for each local layer of `info` with an access list."""
+    out = {}
+    for digest in info.layers:
+        if not store.image_path(digest).exists():
+            continue  # lazy here: pushed by reference, as it is
+        blob = chunk_index(store, digest).blob
+        accesses = access_list(store, digest, blob, cl, repo)
+        if accesses:
+            got = relaid_image(store, digest, accesses)
+            if got is not None:
+                out[digest] = got
+    return out
+
+
 def _push_image(store: LayerStore, info: ImageInfo, repo: str, tag: str, cl: RegistryClient, chunk_size: int,
-                progress: PushProgress | None, result: PushResult, lazy_chunk_size: int = REGISTRY_CHUNK_SIZE) -> None:
+                progress: PushProgress | None, result: PushResult, lazy_chunk_size: int = REGISTRY_CHUNK_SIZE,
+                layouts: dict[str, tuple[Path, int]] | None = None) -> None:
     sessions = UploadSessions(registry_dir(store) / "uploads")
     descriptors: list[dict] = []
     n = len(info.layers)
     for i, digest in enumerate(info.layers):
         layer = store.get(digest)
         lazy_idx = _lazy_index(store, digest, cl, repo)
-        idx = lazy_idx or chunk_index(store, digest, lazy_chunk_size)
+        relaid = (layouts or {}).get(digest)
+        path = store.image_path(digest) if relaid is None else relaid[0]
+        if lazy_idx is not None:
+            idx = lazy_idx
+        elif relaid is not None:
+            idx = file_index(store, digest, relaid[0], lazy_chunk_size)
+            result.relaid[digest] = relaid[1]
+        else:
+            idx = chunk_index(store, digest, lazy_chunk_size)
         label = f"layer {i + 1}/{n} {layer.short}"
 
         def on_bytes(done: int, total: int, label: str = label) -> None:
@@ -160,7 +257,7 @@ def _push_image(store: LayerStore, info: ImageInfo, repo: str, tag: str, cl: Reg
         if lazy_idx is not None:  # the registry has it (checked): nothing to send
             up = UploadResult(idx.blob, idx.size, 0, 0, existed=True)
         else:
-            up = cl.upload_blob(repo, idx.blob, path=store.image_path(digest), chunk_size=chunk_size,
+            up = cl.upload_blob(repo, idx.blob, path=path, chunk_size=chunk_size,
                                 sessions=sessions, progress=on_bytes)
         on_bytes(idx.size, idx.size)
         body = index_blob(idx)
