@@ -215,7 +215,8 @@ def main() -> None:
             res = push(src.store, images[n]["ref"], f"{reg.addr}/bench/ws:{n}", **push_kw)
             sizes[n] = sum(x.size for x in res.layers)
             if res.relaid:
-                print(f"{n}: relaid {len(res.relaid)} layers, hot {sum(res.relaid.values()) / sizes[n]:.1%}", flush=True)
+                hot = sum(res.relaid.values()) / sizes[n]
+                print(f"{n}: relaid {len(res.relaid)} layers, hot {hot:.1%}", flush=True)
             blob_layer.update({x.blob.split(":")[1]: x.layer for x in res.layers})
         k = 0
         for n in names:
