@@ -270,6 +270,34 @@ def record_prefetch(roots: Roots, reg, img: dict, i: int, repo: str) -> None:
         roots.drop(h)
 
 
+def record_access(roots: Roots, reg, src, images: list[dict], chunk_kb: int) -> None:
+    """For `--relayout`: every image as built in bench/ws-rec; ONE other root's first run of the timing
+    images (first exec + agent + tests sequence, one after another) records what it read, and
+    publishes it there. The 7 other images' own layers get no list (they go up as built); their base
+    layers get the timing images' order: a held-out check."""
+    from shoal import Sandbox
+    from shoal.registry import pull, push
+
+    for img in images:
+        push(src.store, img["ref"], f"{reg.addr}/bench/ws-rec:{img['name']}", plain_http=True,
+             lazy_chunk_size=chunk_kb << 10)
+    h = roots.new()
+    try:
+        for n, name in enumerate(TIMING_IMAGES):
+            img = next(x for x in images if x["name"] == name)
+            pull(h.store, f"{reg.addr}/bench/ws-rec:{name}", plain_http=True, lazy=True)
+            with Sandbox.create(f"bench/ws-rec:{name}", layers=[task_layer(h, 30_000 + n)], root=h.settings.root,
+                                memory_mb=1024) as sb:
+                for cmd in (FIRST_EXEC, img["agent"], img["tests"]):
+                    sb.commands.run(cmd, timeout=600)
+        time.sleep(1)  # the recorder's last byte ranges reach its files
+        for name in TIMING_IMAGES:
+            push(h.store, f"bench/ws-rec:{name}", f"{reg.addr}/bench/ws-rec:{name}", plain_http=True,
+                 prefetch_only=True)
+    finally:
+        roots.drop(h)
+
+
 def fanout_sample(roots: Roots, reg, images: list[dict], n: int, m: int, chunk: int = 128 << 10) -> dict:
     """n sandboxes on m never-seen images at once, in one fresh root, every registry read through a
     counting proxy: how often each (blob, range) was requested."""
@@ -654,6 +682,8 @@ def main() -> None:
                     "(bench/netlink.py) of this rate; 0: not")
     ap.add_argument("--link-rtt-ms", type=float, default=1.0)
     ap.add_argument("--quick", action="store_true", help="a smoke test: the timing images only")
+    ap.add_argument("--relayout", type=int, default=1, help="1: push layers laid out in first-read order (a "
+                    "recorded first run of the timing images, `push --relayout`); 0: as mkfs.erofs built them")
     ap.add_argument("--out", default=str(RESULTS / "lazy.json"))
     ap.add_argument("--refanout", action="store_true", help="only re-measure the fan-out rows of --out (its "
                     "samples replaced, the rest kept; the JSON says when and at what load)")
@@ -691,16 +721,20 @@ def main() -> None:
     try:
         log(f"registry at {reg.addr}; pushing {len(images)} images to bench/ws:<name>")
         image_bytes = {}
+        lay: dict = {}
+        if args.relayout:  # layers laid out in the order a first run elsewhere read them (push --relayout)
+            record_access(roots, reg, src, images, args.chunk_kb)
+            lay = {"relayout": True, "access_from": "bench/ws-rec"}
         for img in images:
             res = push(src.store, img["ref"], f"{reg.addr}/bench/ws:{img['name']}", plain_http=True,
-                       lazy_chunk_size=args.chunk_kb << 10)
+                       lazy_chunk_size=args.chunk_kb << 10, **lay)
             image_bytes[img["name"]] = sum(x.size for x in res.layers)
         for name in TIMING_IMAGES:  # a repository of their own, where prefetch lists get published
             push(src.store, by_name[name]["ref"], f"{reg.addr}/bench/ws-pf:{name}", plain_http=True,
-                 lazy_chunk_size=args.chunk_kb << 10)
+                 lazy_chunk_size=args.chunk_kb << 10, **lay)
             if args.alt_chunk_kb:
                 push(src.store, by_name[name]["ref"], f"{reg.addr}/bench/ws-alt:{name}", plain_http=True,
-                     lazy_chunk_size=args.alt_chunk_kb << 10)
+                     lazy_chunk_size=args.alt_chunk_kb << 10, **lay)
         log("prefetch lists: a first run of each timing image, published to bench/ws-pf")
         for n, name in enumerate(TIMING_IMAGES):
             record_prefetch(roots, reg, by_name[name], 10_000 + n, "bench/ws-pf")
@@ -786,7 +820,7 @@ def main() -> None:
                      "uptime_after": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()},
             "config": {"runs": args.runs, "fanout": args.fanout, "fanout_images": args.fanout_images,
                        "timing_images": list(TIMING_IMAGES), "chunk_kb": args.chunk_kb,
-                       "alt_chunk_kb": args.alt_chunk_kb,
+                       "alt_chunk_kb": args.alt_chunk_kb, "relayout": bool(args.relayout),
                        "readahead_kb": int(os.environ.get("SHOAL_LAZY_READAHEAD_KB", "1024")),
                        "first_exec": FIRST_EXEC, "read_all": READ_ALL,
                        "registry": "docker-registry (distribution 2.8, Debian), loopback, plain HTTP, no auth",
