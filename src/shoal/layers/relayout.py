@@ -142,9 +142,9 @@ class _Image:
 
     def dir_blocks(self, ino: _Inode) -> list[tuple[int, int]]:
         """(byte offset, length) of each directory block, the inline tail last."""
-        out = [((ino.blkaddr + k) * 4096, 4096) for k in range(ino.nblocks)]
+        out = [((ino.blkaddr + k) * 4096, min(4096, ino.size - k * 4096)) for k in range(ino.nblocks)]
         tail = ino.size - ino.nblocks * 4096
-        if tail:
+        if ino.layout == _FLAT_INLINE and tail > 0:  # FLAT_PLAIN: the last block may be partly used
             out.append((ino.tail_pos, tail))
         return out
 
