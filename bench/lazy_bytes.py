@@ -231,8 +231,8 @@ def main() -> None:
                     chunk = args.chunk_kb << 10
                     s["requested_chunks_bytes"] = sum(
                         len({pg * PAGE // chunk for pg in v}) * chunk for v in pages.values())
-                    if mode == "touched":
-                        kinds: Counter = Counter()
+                    kinds: Counter = Counter()
+                    if mode == "touched" and not args.relayout:  # (attributed through the image as built)
                         dirs: Counter = Counter()
                         files: Counter = Counter()
                         for layer in images[n]["layers"]:
@@ -250,7 +250,7 @@ def main() -> None:
                           f"requested {s['requested_total'] / sizes[n]:6.1%} (as {args.chunk_kb} KiB chunks "
                           f"{s['requested_chunks_bytes'] / sizes[n]:6.1%})"
                           + (f"  kinds {', '.join(f'{a} {b / 2**20:.1f}' for a, b in kinds.most_common())} MiB"
-                             if mode == "touched" else ""), flush=True)
+                             if kinds else ""), flush=True)
         summary = {}
         for seq in args.seqs.split(","):
             for mode in args.modes.split(","):
