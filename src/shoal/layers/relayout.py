@@ -174,24 +174,22 @@ class _Image:
                         todo.append(child)
 
 
-def _items(img: _Image) -> tuple[list[tuple[int, int]], dict[int, int]]:
-    """The image cut into (first block, blocks) items, sorted; and file nid -> item number."""
+def _items(img: _Image) -> list[tuple[int, int]]:
+    """The image cut into (first block, blocks) items, sorted."""
     files = sorted((ino.blkaddr, ino.nblocks, ino.nid) for ino in img.inodes.values()
                    if stat.S_ISREG(ino.mode) and ino.nblocks)
     items: list[tuple[int, int]] = []
-    owner: dict[int, int] = {}
     at = 0
     for start, n, nid in files:
         if start < at or start + n > img.blocks:
             raise Unsupported(f"file data of inode {nid} overlaps other data or the end")
         if start > at:
             items.append((at, start - at))  # a run of metadata blocks
-        owner[nid] = len(items)
         items.append((start, n))
         at = start + n
     if at < img.blocks:
         items.append((at, img.blocks - at))
-    return items, owner
+    return items
 
 
 def relayout_image(src: str | os.PathLike, dst: str | os.PathLike, accesses: Sequence[tuple[int, int]]) -> Relayout:
@@ -200,7 +198,7 @@ def relayout_image(src: str | os.PathLike, dst: str | os.PathLike, accesses: Seq
     `Unsupported` for an image it cannot rewrite (then nothing is written)."""
     data = Path(src).read_bytes()
     img = _Image(data)
-    items, _owner = _items(img)
+    items = _items(img)
     starts = [a for a, _ in items]
 
     def item_of(block: int) -> int:
