@@ -65,6 +65,9 @@ def test_a_relaid_layer_is_the_same_tree_and_fetches_less(registry, host, base_i
     # the annotation still names the tree: content addresses hold
     descs = [x for x in manifest["layers"] if x["digest"] == relaid[layer]]
     assert descs and descs[0]["annotations"][ANN_LAYER] == layer
+    with registry.client() as cl:  # the same list gives the same blob: nothing sent again
+        again = push(host.store, "rl:1", f"{src}-again", client=cl, relayout=True, access_from="shoal/rl")
+    assert {x.layer: x.blob for x in again.layers} == relaid and again.bytes_sent == 0
 
     after, md5_after = _lazy_read(registry, make_root, src)
     assert md5_after == md5
