@@ -25,6 +25,7 @@ from pathlib import Path
 from ..config import load_settings
 from ..core.errors import ShoalError
 from ..layers.store import LayerStore
+from . import layer as layer_mod
 from . import prefetch
 from .cache import ChunkCache
 from .fuse import FuseServer
@@ -178,10 +179,14 @@ def _raise_readahead(mountpoint: Path, kb: int = 1024) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m shoal.lazy.daemon")
     ap.add_argument("--root", required=True)
-    ap.add_argument("--threads", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=int(os.environ.get("SHOAL_LAZY_THREADS", "16")))
     ap.add_argument("--foreground", action="store_true", help="do not detach (by default the process forks once "
                     "more so the daemon is nobody's child: no zombie once it exits)")
     args = ap.parse_args(argv)
+    global _TRACE, PREFETCH_WORKERS
+    _TRACE = os.environ.get("SHOAL_LAZY_TRACE") == "1"  # again: a zygote's child got its environment late
+    PREFETCH_WORKERS = int(os.environ.get("SHOAL_LAZY_PREFETCH_WORKERS", "4"))
+    layer_mod.reload_env()
     if not args.foreground and os.fork() != 0:
         os._exit(0)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
