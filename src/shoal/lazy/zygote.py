@@ -9,8 +9,10 @@ forked child is an ordinary per-root daemon (own pid, own log, exits when its mo
 nothing about a daemon's life, faults or `shoal gc` changes.
 
 - Listens on `<SHOAL_LAZY_ZYGOTE_DIR or /run/shoal/lazy>/zygote-<version>.sock` (directory 0700,
-  peers must be root). `<version>` hashes the interpreter, the source directory and the mtimes of
-  shoal's modules: a changed checkout or another worktree gets its own zygote, never stale code.
+  peers must be root). `<version>` hashes the interpreter, the source directory, the mtimes of
+  shoal's modules and the caller's mount and network namespaces: a changed checkout or another
+  worktree gets its own zygote, never stale code, and a daemon always mounts and fetches where its
+  requester would have.
 - A request is one JSON line `{"root": ..., "env": {...}}`: the child takes the requester's
   environment (daemon settings, registry credentials named by origin specs) before it runs.
 - Single-threaded (forking a threaded process is unsafe); exits after `IDLE_S` without a request.
@@ -37,10 +39,23 @@ def enabled() -> bool:
     return os.environ.get("SHOAL_LAZY_ZYGOTE", "1") != "0" and os.geteuid() == 0
 
 
+def _namespaces() -> str:
+    """The mount and network namespaces of this process: a daemon must mount where its requester
+    looks and reach the origin the requester reaches (a fleet host in its own namespaces gets its
+    own zygote, started from inside them)."""
+    out = []
+    for ns in ("mnt", "net"):
+        try:
+            out.append(os.readlink(f"/proc/self/ns/{ns}"))
+        except OSError:
+            out.append(f"{ns}:?")
+    return ",".join(out)
+
+
 def _version() -> str:
     global _version_cache
     if _version_cache is None:
-        h = hashlib.sha256(f"{sys.executable}\0{_PKG}\0".encode())
+        h = hashlib.sha256(f"{sys.executable}\0{_PKG}\0{_namespaces()}\0".encode())
         for p in sorted(_PKG.rglob("*.py")):
             try:
                 h.update(f"{p}\0{p.stat().st_mtime_ns}\0".encode())
