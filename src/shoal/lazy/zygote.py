@@ -70,21 +70,24 @@ def socket_path() -> Path:
     return d / f"zygote-{_version()}.sock"
 
 
-def request(root: Path, timeout_s: float = 2.0) -> int | None:
-    """Ask the host's zygote to fork a daemon for `root`; its pid, or None when no zygote answers
-    (the caller then starts the daemon itself)."""
+def request(root: Path, timeout_s: float = 5.0) -> int | None:
+    """Ask the host's zygote to fork a daemon for `root`: its pid; 0 when the request went out but
+    no answer came (the fork may still happen: the caller waits for the daemon, it must not start a
+    second one); None when no zygote took the request (the caller starts the daemon itself)."""
     if not enabled():
         return None
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     s.settimeout(timeout_s)
     try:
-        s.connect(str(socket_path()))
-        s.sendall(json.dumps({"root": str(Path(root).absolute()), "env": dict(os.environ)}).encode() + b"\n")
-        reply = s.makefile("rb").readline()
-        pid = int(json.loads(reply)["pid"])
-        return pid if pid > 0 else None
-    except (OSError, ValueError, KeyError):
-        return None
+        try:
+            s.connect(str(socket_path()))
+            s.sendall(json.dumps({"root": str(Path(root).absolute()), "env": dict(os.environ)}).encode() + b"\n")
+        except OSError:
+            return None
+        try:
+            return max(0, int(json.loads(s.makefile("rb").readline())["pid"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return 0
     finally:
         s.close()
 
