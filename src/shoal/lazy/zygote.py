@@ -109,6 +109,7 @@ def _serve_child(conn: socket.socket, listener: socket.socket, req: dict) -> Non
     code = 1
     try:
         listener.close()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # until the daemon sets its own
         root = Path(req["root"])
         os.environ.clear()
         os.environ.update({str(k): str(v) for k, v in dict(req.get("env") or {}).items()})
@@ -166,6 +167,7 @@ def main() -> int:
     lst.listen(64)
     lst.settimeout(IDLE_S)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # through `finally`: the socket goes too
     try:
         while True:
             try:
