@@ -11,6 +11,7 @@ STAMP := $(VENV)/.installed
 # editable install builds it only if a compiler was already there, so it is built here, explicitly.
 setup: $(STAMP)
 	$(PY) -m shoal.backends.container.native build
+	$(PY) -m shoal.lazy.fastread build
 
 system-deps:
 	@missing=""; \

@@ -15,10 +15,11 @@ from setuptools.command.build_py import build_py
 
 HERE = Path(__file__).resolve().parent
 NATIVE = HERE / "src" / "shoal" / "backends" / "container" / "native.py"
+FASTREAD = HERE / "src" / "shoal" / "lazy" / "fastread.py"
 
 
-def _native():
-    spec = importlib.util.spec_from_file_location("_shoal_native_build", NATIVE)
+def _native(path: Path = NATIVE):
+    spec = importlib.util.spec_from_file_location(f"_shoal_build_{path.stem}", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -41,6 +42,14 @@ class BuildPyWithHelper(build_py):
             self.warn(f"shoal-init not built: {e}")
             return
         self.announce(f"built {exe}", level=2)
+        # the lazy daemon's C fast path (optional: without it warm reads are served in Python)
+        fast = _native(FASTREAD)
+        fdest = fast.BUILD_DIR if getattr(self, "editable_mode", False) else \
+            Path(self.build_lib) / "shoal" / "lazy" / "native" / "build"
+        try:
+            self.announce(f"built {fast.build(fdest)}", level=2)
+        except RuntimeError as e:
+            self.warn(f"lazy fast path not built: {e}")
 
 
 class BinaryDistribution(Distribution):

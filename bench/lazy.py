@@ -489,6 +489,18 @@ def summarize(res: dict) -> dict:
     return out
 
 
+def _zygote_on() -> bool:
+    from shoal.lazy import zygote
+
+    return zygote.enabled()
+
+
+def _fast_built() -> bool:
+    from shoal.lazy import fastread
+
+    return os.environ.get("SHOAL_LAZY_FAST", "1") != "0" and (fastread.BUILD_DIR / fastread.library_name()).is_file()
+
+
 def goal(ok: bool, text: str) -> str:
     return f"{text}: {'met' if ok else 'not met'}"
 
@@ -701,7 +713,8 @@ def main() -> None:
         os.environ["SHOAL_LAZY_READAHEAD_KB"] = str(args.readahead_kb)
     else:
         os.environ.pop("SHOAL_LAZY_READAHEAD_KB", None)
-    for var in ("SHOAL_LAZY_COMPLETE", "SHOAL_LAZY_PREFETCH_GAP_KB", "SHOAL_LAZY_TRACE"):
+    for var in ("SHOAL_LAZY_COMPLETE", "SHOAL_LAZY_PREFETCH_GAP_KB", "SHOAL_LAZY_TRACE", "SHOAL_LAZY_FAST",
+                "SHOAL_LAZY_ZYGOTE", "SHOAL_LAZY_THREADS"):
         os.environ.pop(var, None)  # the defaults are what is measured (the promotion row sets COMPLETE itself)
     t_start = time.time()
     load_before = os.getloadavg()[0]
@@ -823,6 +836,8 @@ def main() -> None:
                        "alt_chunk_kb": args.alt_chunk_kb, "relayout": bool(args.relayout),
                        "readahead_kb": int(os.environ.get("SHOAL_LAZY_READAHEAD_KB", "1024")),
                        "first_exec": FIRST_EXEC, "read_all": READ_ALL,
+                       "daemon_start": "forked by the host's lazy zygote" if _zygote_on() else "a new process per root",
+                       "warm_path": "C fast path" if _fast_built() else "Python",
                        "registry": "docker-registry (distribution 2.8, Debian), loopback, plain HTTP, no auth",
                        "shaped_link": link.describe() if link is not None else None,
                        "link_mbit": args.link_mbit, "link_rtt_ms": args.link_rtt_ms},

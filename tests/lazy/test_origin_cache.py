@@ -262,8 +262,20 @@ def test_prefetch_coalesces_the_list(blob, tmp_path):
     index, data = blob["index"], blob["data"]
     o = _MemOrigin(data)
     layer = LazyLayer(index, o, "blob", ChunkCache(tmp_path / "chunks"))
-    assert prefetch_chunks(layer, [4, 0, 1, 5, 3], workers=2) == 5
+    assert prefetch_chunks(layer, [4, 0, 1, 5, 3], workers=2, first_batch=16) == 5
     assert sorted(o.reads) == [(0, 2 << 20), (3 << 20, len(data) - (3 << 20))]
+
+
+def test_prefetch_batches_start_small_and_grow():
+    """The list's first chunks go in a small first batch (what a mount and a first exec wait for
+    arrives without waiting for a 16 MiB batch), later batches double up to the cap."""
+    from shoal.lazy.layer import _batch_sizes, _batches
+
+    assert _batch_sizes(100, 32, 4) == [4, 8, 16, 32, 32, 8]
+    assert _batch_sizes(3, 32, 4) == [3]
+    order = [9, 8, 0, 1, 2, 3, 4, 5, 6, 7]
+    got = _batches(order, batch=8, max_run=64, first=2)
+    assert got == [[[8, 9]], [[0, 1, 2, 3]], [[4, 5, 6, 7]]]  # list order between batches, sorted runs within
 
 
 def test_promotion_assembles_a_verified_image(blob, tmp_path):

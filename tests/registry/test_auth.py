@@ -66,3 +66,30 @@ def test_tls_needs_the_private_ca(registry, monkeypatch):
     monkeypatch.delenv("SSL_CERT_FILE")
     with RegistryClient(registry.addr, username=USER, password=PASSWORD, insecure=True) as cl:
         cl.ping()
+
+
+def test_threads_racing_on_a_fresh_client_all_authenticate(registry, lazy_pushed):
+    """Many threads start on a client that has not authenticated yet (the lazy daemon's first reads of
+    every layer, and its prefetch, do): each gets a 401 for sending no header, and each must then
+    retry with the credentials, not take another thread's answer for its own failed one."""
+    import threading
+
+    blob = lazy_pushed["push"].layers[0].blob
+    errors: list[BaseException] = []
+    for _ in range(3):  # a race: a few fresh clients
+        barrier = threading.Barrier(16)
+        with registry.client() as cl:
+            def one(barrier: threading.Barrier = barrier, cl: RegistryClient = cl) -> None:
+                try:
+                    barrier.wait()
+                    cl.request("GET", f"/v2/shoal/lazy/blobs/{blob}", repo="shoal/lazy", ok=(200, 206),
+                               headers={"Range": "bytes=0-15"}).close()
+                except BaseException as e:  # noqa: BLE001  collected, asserted below
+                    errors.append(e)
+
+            threads = [threading.Thread(target=one) for _ in range(16)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+    assert not errors, errors[:3]

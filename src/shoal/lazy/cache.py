@@ -261,6 +261,10 @@ class ChunkCache:
             except OSError:
                 pass
 
+    def verified(self, sha: str) -> bool:
+        """Whether this process has verified chunk `sha` (fetched it, or hashed its file)."""
+        return sha in self._verified
+
     def pread_cached(self, sha: str, offset: int, length: int) -> bytes | None:
         """The warm path: bytes of a chunk this process has verified, through an open file descriptor
         kept for it (no path lookup per read; at most `_FDS` kept, least recently used closed first),

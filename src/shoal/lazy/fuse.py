@@ -21,7 +21,10 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from .fastread import FastPath
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +68,17 @@ class FileSource(Protocol):
         """Bytes of the file; raise OSError(EIO, ...) when they cannot be had."""
 
 
+class FastSource(FileSource, Protocol):
+    """A source whose files the C fast path (shoal.lazy.fastread) may serve once their chunks are here."""
+
+    def chunk_size(self, name: str) -> int | None:
+        """The file's chunk size (None: never served in C)."""
+
+    def chunk_fds(self, name: str, offset: int, size: int) -> list[tuple[int, int]]:
+        """(chunk number, open descriptor) of the verified chunks a read just served spans; each
+        descriptor stays open and its bytes unchanged for the server's life."""
+
+
 @dataclass
 class _Node:
     name: str
@@ -76,10 +90,12 @@ class FuseServer:
 
     `open_flags` go into every OPEN reply (FOPEN_KEEP_CACHE by default: the files never change).
     `backing`: name -> local path to serve by FUSE passthrough (the kernel reads that file itself;
-    measurement only, see docs/lazy-loading.md)."""
+    measurement only, see docs/lazy-loading.md). `fast`: the C fast path (shoal.lazy.fastread),
+    which answers READs of registered chunks of a `FastSource` without Python."""
 
     def __init__(self, mountpoint: Path, source: FileSource, threads: int = 4, open_flags: int = FOPEN_KEEP_CACHE,
-                 backing: Callable[[str], str | None] | None = None, fsname: str = "shoal-lazy"):
+                 backing: Callable[[str], str | None] | None = None, fsname: str = "shoal-lazy",
+                 fast: FastPath | None = None):
         self.mountpoint, self.source, self.threads = Path(mountpoint), source, threads
         self.open_flags, self.backing, self.fsname = open_flags, backing, fsname
         self.fd = -1
@@ -88,6 +104,7 @@ class FuseServer:
         self._lock = threading.Lock()
         self._workers: list[threading.Thread] = []
         self._passthrough = False
+        self.fast = fast if fast is not None and hasattr(source, "chunk_fds") else None
 
     # ------------------------------------------------------------------ lifecycle
     def mount(self) -> None:
@@ -119,6 +136,10 @@ class FuseServer:
                 ino = len(self._inos) + 2
                 self._inos[name] = ino
                 self._nodes[ino] = _Node(name, size)
+                if self.fast is not None:
+                    cs = self.source.chunk_size(name)  # type: ignore[attr-defined]  # a FastSource (checked above)
+                    if cs:
+                        self.fast.node(ino, size, cs)
             return ino
 
     @staticmethod
@@ -131,10 +152,20 @@ class FuseServer:
         return struct.pack("<QQQQII", ino, 0, TTL_S, TTL_S, 0, 0) + self._attr(ino, size, False)
 
     # ------------------------------------------------------------------ the loop
+    def _next(self, cbuf: ctypes.Array | None) -> bytes:
+        """The next request Python answers (the fast path, if any, answers cached READs before)."""
+        if self.fast is None or cbuf is None:
+            return os.read(self.fd, _BUF)
+        n = self.fast.serve(self.fd, cbuf)
+        if n < 0:
+            raise OSError(-n, os.strerror(-n))
+        return ctypes.string_at(ctypes.addressof(cbuf), n)
+
     def _loop(self) -> None:
+        cbuf = (ctypes.c_char * _BUF)() if self.fast is not None else None
         while True:
             try:
-                req = os.read(self.fd, _BUF)
+                req = self._next(cbuf)
             except OSError as e:
                 if e.errno in (errno.EINTR, errno.EAGAIN, errno.ENOENT):
                     continue  # ENOENT: the request was interrupted before we read it
@@ -173,7 +204,11 @@ class FuseServer:
                 raise OSError(errno.EBADF, "stale node")
             if offset >= node.size:
                 return b""
-            return self.source.read(node.name, offset, min(size, node.size - offset))
+            data = self.source.read(node.name, offset, min(size, node.size - offset))
+            if self.fast is not None:  # the next reads of these chunks are answered in C
+                for idx, fd in self.source.chunk_fds(node.name, offset, len(data)):  # type: ignore[attr-defined]
+                    self.fast.chunk(nodeid, idx, fd)
+            return data
         if opcode == LOOKUP:
             name = bytes(body).split(b"\0", 1)[0].decode(errors="replace")
             size = self.source.lookup(name) if nodeid == ROOT_INO else None

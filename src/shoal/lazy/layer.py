@@ -32,6 +32,13 @@ PREFETCH_GAP_BYTES = int(os.environ.get("SHOAL_LAZY_PREFETCH_GAP_KB", "0")) << 1
 MULTI_RANGE = os.environ.get("SHOAL_LAZY_MULTI_RANGE", "1") != "0"
 
 
+def reload_env() -> None:
+    """Re-read the settings above (a daemon forked by the zygote takes its requester's environment)."""
+    global PREFETCH_GAP_BYTES, MULTI_RANGE
+    PREFETCH_GAP_BYTES = int(os.environ.get("SHOAL_LAZY_PREFETCH_GAP_KB", "0")) << 10
+    MULTI_RANGE = os.environ.get("SHOAL_LAZY_MULTI_RANGE", "1") != "0"
+
+
 def register_origin_kind(kind: str, factory: Callable[[dict], Origin]) -> None:
     """Let origin specs of `kind` be opened by `factory(spec)` (e.g. the registry package)."""
     _FACTORIES[kind] = factory
@@ -155,29 +162,48 @@ class LazyLayer:
         return [i for i, c in enumerate(self.index.chunks) if not self.cache.has(c)]
 
 
-def _batches(order: list[int], batch: int, max_run: int, gap: int = 0) -> list[list[int]]:
-    """The prefetch list in batches of `batch` chunks, each sorted and cut into runs (one coalesced
-    read each): the list's order between batches, locality within one. Listed chunks at most `gap`
-    chunks apart share a run, the unlisted ones between them included (fewer requests, more bytes)."""
-    runs: list[list[int]] = []
-    for b in range(0, len(order), batch):
+def _batch_sizes(n: int, batch: int, first: int) -> list[int]:
+    """Batch sizes covering n chunks: `first`, doubling up to `batch`, then `batch` each."""
+    out, size, left = [], max(1, min(first, batch)), n
+    while left > 0:
+        out.append(min(size, left))
+        left -= size
+        size = min(batch, size * 2)
+    return out
+
+
+def _batches(order: list[int], batch: int, max_run: int, gap: int = 0,
+             first: int | None = None) -> list[list[list[int]]]:
+    """The prefetch list in batches (`first` chunks, doubling up to `batch`), each sorted and cut
+    into runs (one coalesced read each): the list's order between batches, locality within one.
+    Listed chunks at most `gap` chunks apart share a run, the unlisted ones between them included
+    (fewer requests, more bytes). Small first batches: what the mount and the first exec read first
+    arrives first (a read waiting for a chunk of a batch in flight waits for its whole batch)."""
+    out: list[list[list[int]]] = []
+    b = 0
+    for size in _batch_sizes(len(order), batch, first or batch):
+        runs: list[list[int]] = []
         run: list[int] = []
-        for i in sorted(set(order[b:b + batch])):
+        for i in sorted(set(order[b:b + size])):
             if run and (i - run[-1] > gap + 1 or i - run[0] >= max_run):
                 runs.append(run)
                 run = []
             run.extend(range(run[-1] + 1, i + 1) if run else [i])
         if run:
             runs.append(run)
-    return runs
+        out.append(runs)
+        b += size
+    return out
 
 
 def prefetch_chunks(layer: LazyLayer, order: list[int], stop: threading.Event | None = None,
                     on_error: Callable[[int, Exception], None] | None = None, workers: int = 4,
-                    batch: int | None = None) -> int:
+                    batch: int | None = None, first_batch: int | None = None) -> int:
     """Fetch chunks in `order` (the prefetch list) unless cached; returns how many it fetched.
-    Consecutive chunks go in one coalesced read, `workers` reads at once. Stops at the first origin
-    failure (demand reads still try the origin themselves)."""
+    Consecutive chunks go in one coalesced read, `workers` reads at once; from an origin that
+    answers multi-range reads, each batch's runs in one request. Batches grow from `first_batch`
+    chunks (default ~1 MiB) to `batch` (default ~16 MiB). Stops at the first origin failure (demand
+    reads still try the origin themselves)."""
     from concurrent.futures import ThreadPoolExecutor
 
     wanted = [i for i in order if 0 <= i < len(layer.index.chunks)]
@@ -201,18 +227,14 @@ def prefetch_chunks(layer: LazyLayer, order: list[int], stop: threading.Event | 
         with lock:
             fetched += n
 
-    # batches of about 16 MiB: sorted within (coalesced reads), the list's order between them
     gap = PREFETCH_GAP_BYTES // layer.index.chunk_size
-    runs = _batches(wanted, batch or max(1, (16 << 20) // layer.index.chunk_size), layer.max_run, gap)
-    if layer.origin.multi_range and MULTI_RANGE:  # a batch's runs in one multi-range request each
-        size = batch or max(1, (16 << 20) // layer.index.chunk_size)
-        units: list[list[int]] = []
-        for run in runs:
-            if units and len(units[-1]) + len(run) <= size and run[0] > units[-1][-1]:
-                units[-1].extend(run)
-            else:
-                units.append(list(run))
-        runs = units
+    size = batch or max(1, (16 << 20) // layer.index.chunk_size)
+    first = first_batch or (size if batch else max(1, (1 << 20) // layer.index.chunk_size))
+    batches = _batches(wanted, size, layer.max_run, gap, first)
+    if layer.origin.multi_range and MULTI_RANGE:  # a batch's runs in one multi-range request
+        runs = [[i for run in b for i in run] for b in batches if b]
+    else:
+        runs = [run for b in batches for run in b]
     if workers <= 1:
         for run in runs:
             one(run)

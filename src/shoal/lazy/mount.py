@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..core.errors import SandboxError
 from ..layers import erofs
-from . import fuse
+from . import fuse, zygote
 
 START_TIMEOUT_S = 15.0
 
@@ -75,23 +75,30 @@ def _starting(root: Path) -> bool:
         return False
 
 
-def _spawn(root: Path) -> subprocess.Popen:
+def _spawn(root: Path) -> subprocess.Popen | None:
+    """Start the root's daemon: forked by the host's zygote when one runs (no interpreter start, no
+    imports: milliseconds), else as a new process, and then the zygote is started for the next root.
+    Returns the process to reap, None when the zygote forked it."""
     if _fuse_mounted(lazyfs_dir(root)):  # a dead daemon's mount
         fuse.unmount(lazyfs_dir(root))
     pid_path(root).unlink(missing_ok=True)
     _starting_path(root).write_text(f"{time.time()}\n")
+    if zygote.request(root) is not None:
+        return None
     src = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)}
     with open(state_dir(root) / "daemon.log", "ab") as log:
-        return subprocess.Popen([sys.executable, "-m", "shoal.lazy.daemon", "--root", str(root)],
+        proc = subprocess.Popen([sys.executable, "-m", "shoal.lazy.daemon", "--root", str(root)],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
                                 start_new_session=True, close_fds=True)
+    zygote.spawn()
+    return proc
 
 
 def start_daemon(root: Path) -> None:
     """Start the root's lazy daemon if it does not run, without waiting for it: a lazy pull calls
-    this first, so the daemon's start (a Python process: imports, mount) overlaps the pull and the
-    sandbox's setup; `ensure_daemon` then waits for that start instead of spawning another."""
+    this first, so the daemon's start overlaps the pull and the sandbox's setup; `ensure_daemon`
+    then waits for that start instead of spawning another."""
     root = Path(root)
     lock = os.open(state_dir(root) / "daemon.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
@@ -99,7 +106,8 @@ def start_daemon(root: Path) -> None:
         if daemon_pid(root) is not None or _starting(root):
             return
         proc = _spawn(root)
-        threading.Thread(target=proc.wait, daemon=True).start()  # reaps the first process (it forks, exits)
+        if proc is not None:
+            threading.Thread(target=proc.wait, daemon=True).start()  # reaps the first process (it forks, exits)
     finally:
         os.close(lock)
 
@@ -113,8 +121,8 @@ def ensure_daemon(root: Path) -> int:
         pid = daemon_pid(root)
         if pid is not None:
             return pid
-        if not _starting(root):
-            _spawn(root).wait(START_TIMEOUT_S)  # the first process forks the daemon and exits at once
+        if not _starting(root) and (proc := _spawn(root)) is not None:
+            proc.wait(START_TIMEOUT_S)  # the first process forks the daemon and exits at once
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             pid = daemon_pid(root)

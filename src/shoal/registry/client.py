@@ -158,8 +158,10 @@ class RegistryClient:
         return OriginUnavailable(f"registry {self.registry}: {what} failed ({type(e).__name__}: "
                                  f"{_no_secrets(str(e))})")
 
-    def _authorize(self, response: httpx.Response, repo: str) -> bool:
-        """Answer a 401's challenge; False when there is nothing more to try."""
+    def _authorize(self, response: httpx.Response, repo: str, sent: str | None = None) -> bool:
+        """Answer a 401's challenge; False when there is nothing more to try. `sent`: the Authorization
+        the refused request carried (threads racing on a fresh client all get a 401 for no header at
+        all: only the one that sent this very answer has seen it fail)."""
         challenge = parse_challenge(response.headers.get("WWW-Authenticate", ""))
         if challenge is None:
             return False
@@ -172,7 +174,7 @@ class RegistryClient:
             header = self._token(challenge.params, repo)
         else:
             raise RegistryError(f"registry {self.registry}: unsupported auth scheme {challenge.scheme!r}")
-        if self._auth.get(repo) == header:
+        if header == sent:
             return False  # the same answer failed already
         self._auth[repo] = header
         return True
@@ -195,7 +197,7 @@ class RegistryClient:
                 raise self._transport_error(e, what) from None
             if r.status_code == 401:
                 r.close()
-                if not self._authorize(r, repo):
+                if not self._authorize(r, repo, auth):
                     raise RegistryError(f"registry {self.registry}: authentication failed {self._who()} ({what})")
                 continue
             if r.status_code in ok:
