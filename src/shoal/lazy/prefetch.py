@@ -123,6 +123,14 @@ class Recorder:
                 self._flush.daemon = True
                 self._flush.start()
 
+    def covers(self, offset: int, length: int) -> bool:
+        """Whether nothing in [offset, offset+length) is left to record: every page read already, or
+        the window closed. Until then reads there must come through Python (the C warm path records
+        nothing), else a first run's list misses the pages of chunks a neighbour already fetched."""
+        if self.blob is None or time.monotonic() > self.deadline:
+            return True
+        return all(p in self._pages for p in range(offset // 4096, (offset + length - 1) // 4096 + 1))
+
     def _flushed(self) -> None:
         with self._lock:
             self._flush = None
