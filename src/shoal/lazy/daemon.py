@@ -151,7 +151,10 @@ class LayerFiles:
         if layer is None or size <= 0:
             return []
         out = []
+        rec = layer.recorder
         for i in layer.index.chunks_for(offset, size):
+            if rec is not None and not rec.covers(*layer.index.span(i)):
+                continue  # pages of it not read yet: their first reads are recorded in Python
             sha = layer.index.chunks[i]
             fd = self._fast_fds.get(sha)
             if fd is None:
