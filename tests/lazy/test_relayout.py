@@ -155,3 +155,47 @@ def test_the_recorder_keeps_byte_ranges_of_new_pages(tmp_path):
     rec2.saw_range(0, 4096)
     rec2.saw(3)
     assert prefetch.load_ranges(tmp_path / "b", "sha256:" + "ab" * 32) is None
+
+
+def test_a_first_run_records_pages_of_a_chunk_a_neighbour_fetched(host, base_image, make_root, range_server,
+                                                                  origin_dir, tmp_path, monkeypatch):
+    """The C warm path records nothing: while a layer records, a chunk is served there only once each
+    of its pages was read (through Python, recorded), so the list holds every file the run read."""
+    from shoal import Sandbox
+    from shoal.lazy.publish import publish_to_dir, register_http_layer
+
+    tree = tmp_path / "t"
+    for i in range(8):  # a, a filler never read, z: in name order, so on disk
+        d = tree / f"d{i}"
+        d.mkdir(parents=True)
+        (d / "a.bin").write_bytes(os.urandom(8 * KiB))
+        (d / "m-filler.bin").write_bytes(os.urandom(40 * KiB))
+        (d / "z.bin").write_bytes(os.urandom(8 * KiB))
+    (tree / "zz-cold.bin").write_bytes(os.urandom(3 << 20))  # never read: the layer is never complete
+    monkeypatch.setenv("SHOAL_LAZY_PROMOTE", "0")  # nor promoted to a local image under the sandbox
+    layer = host.store.build_from_dir(tree, source="test:record-pages").digest
+    index = publish_to_dir(host.store, layer, origin_dir)
+    publish_to_dir(host.store, host.store.resolve("busybox"), origin_dir)
+    mnt = tmp_path / "m"
+    mnt.mkdir()
+    erofs.mount_image(host.store.image_path(layer), mnt)
+    try:
+        where = {i: (_physical(mnt / f"d{i}/a.bin"), _physical(mnt / f"d{i}/z.bin")) for i in range(8)}
+    finally:
+        erofs.unmount(mnt)
+    same = [i for i, (a, z) in where.items() if a // index.chunk_size == z // index.chunk_size]
+    assert same, where  # 56 KiB spans: some triple lies within one chunk
+
+    h = make_root()
+    for d in (host.store.resolve("busybox"), layer):
+        register_http_layer(h.store, range_server.url, d)
+    h.store.create_image("rec:1", [host.store.resolve("busybox"), layer])
+    with Sandbox.create("rec:1", root=h.settings.root) as sb:
+        for i in same:  # a first (its chunk is fetched), then z from the same chunk
+            assert sb.commands.run(f"cat /d{i}/a.bin > /dev/null && cat /d{i}/z.bin > /dev/null").exit_code == 0
+    time.sleep(1)  # the recorder's last ranges reach its file
+    got = prefetch.load_ranges(h.settings.root, layer)
+    assert got is not None and got[0] == index.blob
+    for i in same:
+        z = where[i][1]
+        assert any(off <= z < off + n for off, n in got[1]), f"z.bin of d{i} at {z} not recorded"
