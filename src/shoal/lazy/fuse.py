@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 if TYPE_CHECKING:
     from .fastread import FastPath
@@ -104,7 +104,9 @@ class FuseServer:
         self._lock = threading.Lock()
         self._workers: list[threading.Thread] = []
         self._passthrough = False
-        self.fast = fast if fast is not None and hasattr(source, "chunk_fds") else None
+        # the C path needs a source that hands out its verified chunks' descriptors (a FastSource)
+        self._fast_source = cast(FastSource, source) if fast is not None and hasattr(source, "chunk_fds") else None
+        self.fast = fast if self._fast_source is not None else None
 
     # ------------------------------------------------------------------ lifecycle
     def mount(self) -> None:
@@ -136,8 +138,8 @@ class FuseServer:
                 ino = len(self._inos) + 2
                 self._inos[name] = ino
                 self._nodes[ino] = _Node(name, size)
-                if self.fast is not None:
-                    cs = self.source.chunk_size(name)  # type: ignore[attr-defined]  # a FastSource (checked above)
+                if self.fast is not None and self._fast_source is not None:
+                    cs = self._fast_source.chunk_size(name)
                     if cs:
                         self.fast.node(ino, size, cs)
             return ino
@@ -205,8 +207,8 @@ class FuseServer:
             if offset >= node.size:
                 return b""
             data = self.source.read(node.name, offset, min(size, node.size - offset))
-            if self.fast is not None:  # the next reads of these chunks are answered in C
-                for idx, fd in self.source.chunk_fds(node.name, offset, len(data)):  # type: ignore[attr-defined]
+            if self.fast is not None and self._fast_source is not None:  # the next reads are answered in C
+                for idx, fd in self._fast_source.chunk_fds(node.name, offset, len(data)):
                     self.fast.chunk(nodeid, idx, fd)
             return data
         if opcode == LOOKUP:
