@@ -5,6 +5,11 @@ A create is two short transactions around the host's own create:
      else check the tenant's quota against its live sandboxes, score the live hosts (placement.py)
      and insert the sandbox as `creating` on the best one: quota and placement commit together;
   2. confirm: the host answered, the row becomes `running` with the host's sandbox id and info.
+     Off the create's path: the gateway answers the client at once and a background thread
+     (`Confirmer`) confirms what it made, many rows per statement. Quota is already held by the
+     `creating` row, so admission does not depend on it. Until it lands, a gateway that does not
+     know the id waits for it (`FleetBackend.entry`); if the gateway died first, the host confirms
+     the row itself at its next heartbeat (agent.py: it knows which sandbox it made under the slot).
 The host is asked with the slot id as its own idempotency key, so whichever gateway completes a
 create (the first, or the one a client retried on) gets the same sandbox.
 
@@ -16,6 +21,7 @@ could renew, and a database restart must not declare the whole fleet lost.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 import uuid
@@ -37,9 +43,13 @@ try:
 except ImportError as e:  # an extra: a single host does not need it
     raise ImportError("the fleet directory needs psycopg: pip install 'shoal[fleet]'") from e
 
+log = logging.getLogger("shoal.fleet")
 TERMINAL_KEEP_S = 24 * 3600.0  # dead and lost rows answer (404 with a reason, 410) this long, then go
 CREATING_STALE_S = 600.0  # a `creating` row no gateway confirmed in this long is settled by its host
 HOST_VIEWS_S = 0.5  # a gateway re-reads the hosts' capacity, load and inventory at most this often
+CONFIRM_LATE_S = 2.0  # a `creating` row its host made a sandbox for is confirmed by the host after this long
+CONFIRM_BATCH = 500  # confirms per statement
+CONFIRM_RETRY_S = 0.2  # a batch that failed (the database restarting) is sent again after this long
 
 
 @dataclass(frozen=True)
@@ -75,9 +85,71 @@ def _limits_row(limits: Limits) -> tuple[float, int, int]:
     return limits.cpu, limits.memory_mb, limits.disk_mb
 
 
+class Confirmer:
+    """Confirms the sandboxes this process made, off the create's path: a thread sends every
+    confirm queued meanwhile in one statement (`Directory.confirm_many`), and sends a failed batch
+    again (the confirm only moves `creating` rows, so a repeat changes nothing). Confirms queued
+    here die with the process; the hosts settle those rows (agent.py)."""
+
+    def __init__(self, directory: Directory):
+        self.directory = directory
+        self._pending: dict[str, tuple[str, SandboxInfo]] = {}  # sandbox id -> (slot, info), in order
+        self._cv = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self.held = False  # tests: a gateway that dies before its confirms land
+
+    def submit(self, slot: str, info: SandboxInfo) -> None:
+        with self._cv:
+            self._pending[info.id] = (slot, info)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="fleet-confirm", daemon=True)
+                self._thread.start()
+            self._cv.notify_all()
+
+    def pending(self, sandbox_id: str) -> bool:
+        with self._cv:
+            return sandbox_id in self._pending
+
+    def wait(self, sandbox_id: str, timeout: float = 10.0) -> bool:
+        """Wait until this process's confirm of `sandbox_id` landed; False if there was none."""
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            if sandbox_id not in self._pending:
+                return False
+            while sandbox_id in self._pending and time.monotonic() < deadline:
+                self._cv.wait(deadline - time.monotonic())
+        return True
+
+    def flush(self, timeout: float = 10.0) -> None:
+        """Wait until every confirm queued so far landed."""
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            while self._pending and time.monotonic() < deadline:
+                self._cv.wait(deadline - time.monotonic())
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._pending or self.held:
+                    self._cv.wait(1.0)
+                batch = list(self._pending.items())[:CONFIRM_BATCH]
+            try:
+                self.directory.confirm_many([(slot, info) for _, (slot, info) in batch])
+            except Exception as e:  # the database restarting: the same batch again shortly
+                log.warning("confirming %d sandboxes: %s", len(batch), e)
+                time.sleep(CONFIRM_RETRY_S)
+                continue
+            with self._cv:
+                for sid, item in batch:
+                    if self._pending.get(sid) is item:
+                        del self._pending[sid]
+                self._cv.notify_all()
+
+
 class Directory:
     def __init__(self, pg: PerThreadPG):
         self.pg = pg
+        self.confirms = Confirmer(self)
         self._inventories: dict[str, tuple[str, dict[str, list[str]], dict[str, int]]] = {}
         self._inv_lock = threading.Lock()
         self._views: tuple[list[placement.HostView] | None, float] = (None, 0.0)
@@ -297,6 +369,42 @@ class Directory:
         raise E.SandboxError(f"the directory lost track of sandbox {info.id} while it was created (slot {slot}); "
                              "its host removes it")
 
+    def confirm_many(self, items: list[tuple[str, SandboxInfo]]) -> None:
+        """Many confirms in one statement (`Confirmer`). A row no longer `creating` keeps its state:
+        running (its host or another gateway confirmed it), lost (it records the id, so calls on it
+        answer 410 and the host kills it when it comes back), gone (logged: its host removes it)."""
+        slots = [s for s, _ in items]
+        ids = [i.id for _, i in items]
+        infos = [i.model_dump_json() for _, i in items]
+        done = {r[0] for r in self.pg.execute(
+            f"/* write */ UPDATE fleet_sandboxes s SET id=v.id, state=%s, info=v.info::jsonb, updated={NOW} "
+            "FROM unnest(%s::text[], %s::text[], %s::text[]) AS v(slot, id, info) "
+            "WHERE s.slot = v.slot AND s.state = %s RETURNING s.slot",
+            (RUNNING, slots, ids, infos, CREATING)).fetchall()}
+        rest = [(s, i) for s, i in items if s not in done]
+        if not rest:
+            return
+        rows = {r[0]: r[1:] for r in self.pg.execute("SELECT slot, state, id FROM fleet_sandboxes WHERE slot = ANY(%s)",
+                                                     ([s for s, _ in rest],)).fetchall()}
+        for slot, info in rest:
+            state, sid = rows.get(slot, (None, None))
+            if state == LOST and sid is None:
+                self.pg.execute("UPDATE fleet_sandboxes SET id=%s, info=%s WHERE slot=%s AND id IS NULL",
+                                (info.id, Jsonb(info.model_dump(mode="json")), slot))
+            elif not (state == RUNNING and sid == info.id):
+                log.warning("the directory lost track of sandbox %s while it was created (slot %s, now %s)",
+                            info.id, slot, state)
+
+    def unconfirmed(self, host: str, tenant: str | None) -> int:
+        """How many sandboxes placed on `host` (for `tenant`, or anyone's) wait for their confirm."""
+        sql = "SELECT count(*) FROM fleet_sandboxes WHERE host=%s AND state=%s AND id IS NULL"
+        args: list[Any] = [host, CREATING]
+        if tenant is not None:
+            sql += " AND tenant=%s"
+            args.append(tenant)
+        row = self.pg.execute(sql, args).fetchone()
+        return int(row[0]) if row else 0
+
     def locate(self, sandbox_id: str) -> Entry | None:
         row = self.pg.execute(
             f"SELECT s.id, s.slot, s.host, s.tenant, s.state, s.reason, h.address, "
@@ -309,6 +417,7 @@ class Directory:
         return Entry(row[0], row[1], row[2], row[3], row[4], row[5], row[6], bool(row[7]), info)
 
     def end(self, sandbox_id: str, reason: str, state: str = DEAD) -> None:
+        self.confirms.wait(sandbox_id)  # a confirm landing after this would revive the row
         self.pg.execute(f"UPDATE fleet_sandboxes SET state=%s, reason=%s, updated={NOW} "
                         "WHERE id=%s AND state = ANY(%s)", (state, reason, sandbox_id, list(LIVE)))
 
