@@ -418,3 +418,61 @@ def test_image_of_another_tenant_is_checked_before_quota(gw, made):
             be.create(CreateRequest(image=IMAGE, memory_mb=64, disk_mb=32))
     finally:
         be.close()
+
+
+def _row(fleet, slot_or_id: str) -> tuple | None:
+    import psycopg
+
+    with psycopg.connect(fleet.dsn, autocommit=True) as c:
+        return c.execute("SELECT state, id, host FROM fleet_sandboxes WHERE slot=%s OR id=%s",
+                         (slot_or_id, slot_or_id)).fetchone()
+
+
+def test_create_answers_before_its_confirm_and_any_gateway_routes_it(gw, tenant_key, made):
+    """The confirm is off the create's path (Directory.confirms): a sandbox made through one gateway
+    is served at once by the other, whether or not the confirm has landed (the other waits for it)."""
+    g1, g2 = (HttpBackend(g.url, tenant_key) for g in gw.gateways)
+    try:
+        for _ in range(8):
+            info = g1.create(CreateRequest(image=IMAGE, memory_mb=64, disk_mb=32))
+            made.append(Sandbox.connect(info.id, url=gw.url, api_key=tenant_key))
+            assert g2.exec(info.id, ExecRequest(argv=["true"])).exit_code == 0
+            assert g2.info(info.id).id == info.id
+        assert _row(gw, info.id)[:2] == ("running", info.id)
+    finally:
+        g1.close()
+        g2.close()
+
+
+def test_lost_confirm_is_settled_by_the_host(gw, tenant_key, made):
+    """A gateway that answered a create and died before its background confirm landed: the row stays
+    `creating`. Another tenant gets its 404 at once; the owner's calls through a live gateway wait
+    (or get a retryable 503) until the host confirms the row itself at a heartbeat, and then work."""
+    from shoal.fleet.backend import FleetBackend
+    from shoal.fleet.directory import Directory
+    from shoal.fleet.pki import gateway_client_context
+    from shoal.fleet.schema import open_db
+    from shoal.fleet.tenants import PgTenants
+
+    d = Directory(open_db(gw.dsn))
+    dying = FleetBackend(d, gateway_client_context(gw.fleet_dir))  # a third gateway, in this process
+    d.confirms.held = True  # its confirms never land: as if it died right after answering
+    tenant = PgTenants(d.pg, d).tenant_for_key(tenant_key)
+    assert tenant is not None
+    other = HttpBackend(gw.gateways[1].url, gw.tenant(f"o-{uuid.uuid4().hex[:6]}"))
+    owner = HttpBackend(gw.gateways[1].url, tenant_key)
+    try:
+        info = dying.create_as(tenant, CreateRequest(image=IMAGE, memory_mb=64, disk_mb=32), uuid.uuid4().hex)
+        state, sid, _ = _row(gw, d.confirms._pending[info.id][0])
+        assert (state, sid) == ("creating", None)
+        with pytest.raises(E.SandboxNotFound) as ei:  # not this tenant's: no wait, no 503
+            other.info(info.id)
+        assert not isinstance(ei.value, E.SandboxLost)
+        assert retrying(lambda: owner.exec(info.id, ExecRequest(argv=["true"]))).exit_code == 0
+        made.append(Sandbox.connect(info.id, url=gw.url, api_key=tenant_key))
+        assert _row(gw, info.id)[:2] == ("running", info.id)
+        assert d.confirms.pending(info.id)  # still held here: the host confirmed it
+    finally:
+        other.close()
+        owner.close()
+        dying.close()

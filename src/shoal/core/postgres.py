@@ -128,3 +128,66 @@ class PerThreadPG:
 
     def close(self) -> None:
         self._drop()
+
+
+class AsyncPG:
+    """Autocommitted async connections for an event loop's hot path (a fleet gateway's create):
+    idle ones are reused, as many as ran at once, up to `max_idle`. Same rules as PerThreadPG: a
+    broken connection is replaced (waiting up to RECONNECT_S for the server), and a statement
+    cut off by the break is never re-sent here (it raises DatabaseUnavailable). Bound to the loop
+    that first used it."""
+
+    def __init__(self, dsn: str, max_idle: int = 64):
+        if not is_dsn(dsn):
+            raise InvalidArgument(f"not a PostgreSQL URL: {redact(dsn)!r}")
+        self.dsn, self.max_idle = dsn, max_idle
+        self._idle: list[psycopg.AsyncConnection] = []
+
+    async def _connect(self) -> psycopg.AsyncConnection:
+        import asyncio
+
+        deadline = time.monotonic() + RECONNECT_S
+        while True:
+            try:
+                return await psycopg.AsyncConnection.connect(self.dsn, autocommit=True, connect_timeout=5)
+            except psycopg.OperationalError as e:
+                if time.monotonic() > deadline:
+                    raise DatabaseUnavailable(f"PostgreSQL at {redact(self.dsn)} does not answer: "
+                                              f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+                await asyncio.sleep(0.2)
+
+    async def fetchone(self, sql: str, args: Any = None) -> tuple[Any, ...] | None:
+        """One autocommitted statement's first row."""
+        conn = None
+        while self._idle and conn is None:
+            c = self._idle.pop()
+            if not (c.closed or c.broken):
+                conn = c
+        if conn is None:
+            conn = await self._connect()
+        try:
+            cur = await conn.execute(sql, args)
+            row = await cur.fetchone()
+        except psycopg.OperationalError as e:
+            with contextlib.suppress(Exception):
+                await conn.close()
+            first = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise DatabaseUnavailable(f"lost PostgreSQL at {redact(self.dsn)} mid-statement: {first}") from None
+        except psycopg.Error:  # the statement failed, the connection is fine (autocommit: nothing left open)
+            self._idle.append(conn)
+            raise
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await conn.close()  # its state is unknown (cancelled mid-statement): not reused
+            raise
+        if len(self._idle) < self.max_idle:
+            self._idle.append(conn)
+        else:
+            await conn.close()
+        return row
+
+    async def close(self) -> None:
+        idle, self._idle = self._idle, []
+        for c in idle:
+            with contextlib.suppress(Exception):
+                await c.close()

@@ -16,11 +16,14 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
+import httpx
+
 from ..backends.http import HttpBackend
-from ..backends.http.backend import HttpProcessHandle, HttpSessionHandle
+from ..backends.http.backend import DEFAULT_TIMEOUT, HttpProcessHandle, HttpSessionHandle, dead_peer_options
 from ..config import Settings
 from ..core import errors as E
 from ..core.contract import (
+    API_PREFIX,
     DEFAULT_DOWNLOAD_MAX,
     DEFAULT_READ_MAX,
     CreateRequest,
@@ -46,12 +49,12 @@ from ..core.contract import (
     StartRequest,
     TimeoutRequest,
 )
-from ..core.postgres import redact
+from ..core.postgres import AsyncPG, redact
 from ..layers.store import split_ref
 from ..server.quotas import limits_of
 from ..server.state import ADMIN, Tenant
 from . import placement
-from .directory import Directory, Entry
+from .directory import Directory, Entry, Slot
 from .schema import CREATING, DEAD, LOST, RUNNING, UP
 
 log = logging.getLogger("shoal.fleet")
@@ -73,6 +76,8 @@ class FleetBackend(SandboxBackend):
         self._clients: dict[str, HttpBackend] = {}
         self._lock = threading.Lock()
         self._routes: dict[str, tuple[Entry, float]] = {}  # sandbox id -> (entry, when read), running ones
+        self._aclients: dict[str, httpx.AsyncClient] = {}  # the event loop's own (acreate_as)
+        self._apg: AsyncPG | None = None
 
     def __repr__(self) -> str:
         return f"FleetBackend({redact(self.directory.pg.dsn)})"
@@ -202,19 +207,35 @@ class FleetBackend(SandboxBackend):
             pin = self.directory.snapshot_host(req.from_snapshot)
         return placement.Wanted(refs=tuple(refs), digests=tuple(digests), pin=pin)
 
-    def create_as(self, tenant: Tenant, req: CreateRequest, idempotency_key: str | None = None) -> SandboxInfo:
-        """Reserve (quota + placement, one transaction), create on the host with the slot as its
-        idempotency key, confirm. A host that refuses for capacity hands the slot to the next best."""
-        limits = limits_of(req, self.defaults)
-        want = self.wanted(req)
-        images = [] if tenant.admin else ["{}:{}".format(*split_ref(r)) for r in want.refs]
-        slot = self.directory.reserve(tenant, limits, want, idempotency_key, images=images)
+    def _slot_answer(self, slot: Slot) -> SandboxInfo | None:
+        """A reservation that answers an earlier create with the same key: its sandbox, or why not."""
         if slot.state == RUNNING and slot.info is not None:
             return slot.info  # a retry of a create that completed
         if slot.state == LOST:
             raise E.SandboxLost(f"sandbox {slot.sandbox_id or slot.slot} is lost: {slot.reason}")
         if slot.state == DEAD:
             raise E.SandboxNotFound(f"sandbox {slot.sandbox_id}, created under this idempotency key, has ended")
+        return None
+
+    def _made(self, tenant: Tenant, slot: Slot, host: str, address: str, info: SandboxInfo) -> SandboxInfo:
+        # routed from here at once; confirmed in the directory in the background (Directory's doc)
+        self.remember(Entry(info.id, slot.slot, host, tenant.name, RUNNING, None, address, False, info))
+        self.directory.confirms.submit(slot.slot, info)
+        return info
+
+    def _images(self, tenant: Tenant, want: placement.Wanted) -> list[str]:
+        return [] if tenant.admin else ["{}:{}".format(*split_ref(r)) for r in want.refs]
+
+    def create_as(self, tenant: Tenant, req: CreateRequest, idempotency_key: str | None = None) -> SandboxInfo:
+        """Reserve (quota + placement, one transaction), create on the host with the slot as its
+        idempotency key, confirm (in the background). A host that refuses for capacity hands the
+        slot to the next best."""
+        limits = limits_of(req, self.defaults)
+        want = self.wanted(req)
+        slot = self.directory.reserve(tenant, limits, want, idempotency_key, images=self._images(tenant, want))
+        done = self._slot_answer(slot)
+        if done is not None:
+            return done
         host, address, others = slot.host, slot.address, list(slot.alternatives)
         while True:
             try:
@@ -235,10 +256,71 @@ class FleetBackend(SandboxBackend):
             except E.ShoalError:
                 self.directory.release(slot.slot)
                 raise
-        # routed from here at once; confirmed in the directory in the background (Directory's doc)
-        self.remember(Entry(info.id, slot.slot, host, tenant.name, RUNNING, None, address, False, info))
-        self.directory.confirms.submit(slot.slot, info)
-        return info
+        return self._made(tenant, slot, host, address, info)
+
+    # ---------------------------------------------------------------- the create on the event loop
+    def aclient(self, address: str) -> httpx.AsyncClient:
+        """The async client of one host for the gateway's event loop (one pool of keep-alive mTLS
+        connections each, the same TLS settings and dead-peer limits as `client`)."""
+        c = self._aclients.get(address)
+        if c is None:
+            verify: ssl.SSLContext | bool = self.tls if self.tls is not None else True
+            c = self._aclients[address] = httpx.AsyncClient(
+                base_url=address, verify=verify, timeout=httpx.Timeout(DEFAULT_TIMEOUT, connect=DEAD_PEER_S),
+                transport=httpx.AsyncHTTPTransport(verify=verify, socket_options=dead_peer_options(DEAD_PEER_S)),
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+        return c
+
+    async def _ahost_create(self, address: str, req: CreateRequest, key: str) -> SandboxInfo:
+        try:
+            resp = await self.aclient(address).post(API_PREFIX + "/sandboxes", content=req.model_dump_json(),
+                                                    headers={"content-type": "application/json",
+                                                             "idempotency-key": key})
+        except httpx.TransportError as e:
+            err = E.SandboxError(f"shoald at {address} is unreachable: {e}")
+            err.retryable = True
+            raise err from e
+        HttpBackend.raise_for(resp)
+        return SandboxInfo.model_validate_json(resp.content)
+
+    async def acreate_as(self, tenant: Tenant, req: CreateRequest, idempotency_key: str | None = None
+                         ) -> SandboxInfo:
+        """`create_as` on the event loop (the gateway's create route): the reservation over an async
+        PostgreSQL connection and the host's create over an async HTTP client, so a create never
+        waits for a worker thread. Same steps, same answers; the rare paths (a host refusing, a
+        failed create) run their directory writes in a worker thread."""
+        from starlette.concurrency import run_in_threadpool
+
+        if self._apg is None:
+            self._apg = AsyncPG(self.directory.pg.dsn)
+        limits = limits_of(req, self.defaults)
+        want = self.wanted(req) if not req.from_snapshot else await run_in_threadpool(self.wanted, req)
+        slot = await self.directory.areserve(self._apg, tenant, limits, want, idempotency_key,
+                                             self._images(tenant, want))
+        done = self._slot_answer(slot)
+        if done is not None:
+            return done
+        host, address, others = slot.host, slot.address, list(slot.alternatives)
+        while True:
+            try:
+                info = await self._ahost_create(address, req, slot.slot)
+                break
+            except E.QuotaExceeded:  # this host's admission refused (full, or too many starting)
+                if not others:
+                    await run_in_threadpool(self.directory.release, slot.slot)
+                    raise
+                host, address = others.pop(0)
+                await run_in_threadpool(self.directory.move, slot.slot, host)
+            except E.SandboxError as err:
+                if err.retryable and type(err) is E.SandboxError:  # unreachable: it may have made it, or not
+                    raise E.HostUnavailable(f"host {host} did not answer a create ({err}); retry with the same "
+                                            "idempotency key") from None
+                await run_in_threadpool(self.directory.release, slot.slot)
+                raise
+            except E.ShoalError:
+                await run_in_threadpool(self.directory.release, slot.slot)
+                raise
+        return self._made(tenant, slot, host, address, info)
 
     def info(self, sandbox_id: str) -> SandboxInfo:
         try:

@@ -31,7 +31,7 @@ from typing import Any
 
 from ..core import errors as E
 from ..core.contract import Limits, SandboxInfo
-from ..core.postgres import PerThreadPG
+from ..core.postgres import AsyncPG, PerThreadPG
 from ..server.quotas import RESOURCES
 from ..server.state import Tenant
 from . import placement
@@ -300,27 +300,26 @@ class Directory:
                     v.sandboxes += 1
                     v.used_memory_mb += memory_mb
 
-    def _reserve(self, tenant: Tenant, limits: Limits, want: placement.Wanted, key: str | None,
-                 avoid: set[str], images: list[str]) -> Slot:
-        views = [v for v in self.views() if v.id not in avoid]
-        if not placement.knows_all(views, want) or (want.pin is not None and all(v.id != want.pin for v in views)):
-            views = [v for v in self.views(fresh=True) if v.id not in avoid]  # a host may report it by now
+    _RESERVE_SQL = "/* write */ SELECT * FROM fleet_reserve(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+
+    def _reserve_call(self, views: list[placement.HostView], tenant: Tenant, limits: Limits, want: placement.Wanted,
+                      key: str | None, images: list[str]) -> tuple[tuple[Any, ...], dict[str, placement.HostView]]:
+        """fleet_reserve's arguments over the scored hosts, and the hosts by id."""
         scored = placement.base_scores(views, placement.Wanted(refs=want.refs, digests=want.digests,
                                                                memory_mb=limits.memory_mb, pin=want.pin))
-        by_id = {h.id: h for _, h in scored}
         cpu, mem, disk = _limits_row(limits)
         slot = "sl-" + uuid.uuid4().hex
         args = (tenant.name, tenant.admin, key, cpu, mem, disk, [h.id for _, h in scored],
                 [h.domain for _, h in scored], [b for b, _ in scored], placement.W_SPREAD, slot, images)
-        # one statement, autocommitted: one round trip and one commit (schema.RESERVE_FN). Not a
-        # read: never sent again by PerThreadPG (it may have committed); with a key it may be, below.
-        sql = "/* write */ SELECT * FROM fleet_reserve(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
-        try:
-            row = self.pg.execute(sql, args).fetchone()
-        except E.DatabaseUnavailable:
-            if key is None:
-                raise
-            row = self.pg.execute(sql, args).fetchone()  # the key makes a repeat answer the first's slot
+        return args, {h.id: h for _, h in scored}
+
+    def _needs_fresh(self, views: list[placement.HostView], want: placement.Wanted) -> bool:
+        """No cached host knows the image, or the pinned host: a host may report it by now."""
+        return not placement.knows_all(views, want) or (want.pin is not None and all(v.id != want.pin for v in views))
+
+    def _reserved(self, row: tuple[Any, ...] | None, args: tuple[Any, ...], by_id: dict[str, placement.HostView],
+                  tenant: Tenant, limits: Limits, want: placement.Wanted) -> Slot:
+        """fleet_reserve's answer as a Slot, or its refusal as an error."""
         assert row is not None
         kind, r_slot, r_host, r_address, r_state, r_id, r_info, r_reason, order = row
         if kind == "no_tenant":
@@ -337,11 +336,60 @@ class Directory:
         if kind == "no_host":
             where = f"host {want.pin}" if want.pin else "no live host"
             raise E.QuotaExceeded(f"{where} can take a sandbox of {limits.memory_mb} MiB now "
-                                  f"({len(views)} live hosts); retry later")
+                                  f"({len(by_id)} live hosts); retry later")
         best = by_id[r_host]
-        self._placed(best.id, mem)
-        return Slot(slot, best.id, best.address, CREATING,
+        self._placed(best.id, limits.memory_mb)
+        return Slot(args[10], best.id, best.address, CREATING,
                     alternatives=tuple((by_id[h].id, by_id[h].address) for h in order[1:3]))
+
+    def _reserve(self, tenant: Tenant, limits: Limits, want: placement.Wanted, key: str | None,
+                 avoid: set[str], images: list[str]) -> Slot:
+        views = [v for v in self.views() if v.id not in avoid]
+        if self._needs_fresh(views, want):
+            views = [v for v in self.views(fresh=True) if v.id not in avoid]
+        args, by_id = self._reserve_call(views, tenant, limits, want, key, images)
+        # one statement, autocommitted: one round trip and one commit (schema.RESERVE_FN). Not a
+        # read: never sent again by PerThreadPG (it may have committed); with a key it may be, below.
+        try:
+            row = self.pg.execute(self._RESERVE_SQL, args).fetchone()
+        except E.DatabaseUnavailable:
+            if key is None:
+                raise
+            row = self.pg.execute(self._RESERVE_SQL, args).fetchone()  # the key makes a repeat answer the first's slot
+        return self._reserved(row, args, by_id, tenant, limits, want)
+
+    def cached_views(self) -> list[placement.HostView] | None:
+        """The host views if this process read them within HOST_VIEWS_S (no I/O)."""
+        with self._views_lock:
+            got, at = self._views
+        return got if got is not None and time.monotonic() - at < HOST_VIEWS_S else None
+
+    async def areserve(self, apg: AsyncPG, tenant: Tenant, limits: Limits, want: placement.Wanted, key: str | None,
+                       images: list[str]) -> Slot:
+        """`reserve` on the event loop (a gateway's create): the same call and answer, over an async
+        connection; host views are re-read in a worker thread when stale (twice a second at most)."""
+        from starlette.concurrency import run_in_threadpool
+
+        for attempt in range(3):
+            views = self.cached_views()
+            if views is None:
+                views = await run_in_threadpool(self.views)
+            if self._needs_fresh(views, want):
+                views = await run_in_threadpool(self.views, True)
+            args, by_id = self._reserve_call(views, tenant, limits, want, key, images)
+            try:
+                try:
+                    row = await apg.fetchone(self._RESERVE_SQL, args)
+                except E.DatabaseUnavailable:
+                    if key is None:
+                        raise
+                    row = await apg.fetchone(self._RESERVE_SQL, args)  # keyed: a repeat answers the first's slot
+            except psycopg.errors.UniqueViolation:  # a concurrent create with the same key won: read its slot
+                if attempt == 2:
+                    raise
+                continue
+            return self._reserved(row, args, by_id, tenant, limits, want)
+        raise AssertionError("unreachable")
 
     def move(self, slot: str, host: str) -> None:
         """The chosen host refused (full): the reservation goes to another."""
