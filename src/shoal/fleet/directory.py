@@ -250,8 +250,7 @@ class Directory:
         rows = db.execute(f"SELECT id, address, domain, capacity, load, inventory_rev FROM fleet_hosts "
                           f"WHERE state=%s AND lease_until > {NOW}", (UP,)).fetchall()
         placed = {h: (n, mem) for h, n, mem in db.execute(
-            "SELECT host, count(*), coalesce(sum(memory_mb), 0) FROM fleet_sandboxes WHERE state = ANY(%s) "
-            "GROUP BY host", (list(LIVE),)).fetchall()}
+            "SELECT host, sum(sandboxes), sum(memory_mb) FROM fleet_usage GROUP BY host").fetchall()}
         inv = self._inventory(db, [(r[0], r[5]) for r in rows])
         views = []
         for hid, address, domain, cap, load, _ in rows:
@@ -486,11 +485,26 @@ class Directory:
                 for r in self.pg.execute(sql + " ORDER BY s.created", args).fetchall()]
 
     def _usage(self, db: psycopg.Connection, tenant: str) -> dict[str, float]:
-        row = db.execute("SELECT count(*), coalesce(sum(cpu), 0), coalesce(sum(memory_mb), 0), "
-                         "coalesce(sum(disk_mb), 0) FROM fleet_sandboxes WHERE tenant=%s AND state = ANY(%s)",
-                         (tenant, list(LIVE))).fetchone()
+        row = db.execute("SELECT coalesce(sum(sandboxes), 0), coalesce(sum(cpu), 0), coalesce(sum(memory_mb), 0), "
+                         "coalesce(sum(disk_mb), 0) FROM fleet_usage WHERE tenant=%s", (tenant,)).fetchone()
         assert row is not None
         return dict(zip(RESOURCES, (float(x) for x in row)))
+
+    def usage_drift(self) -> list[tuple[Any, ...]]:
+        """(tenant, host, counters, sums of the live rows) wherever the usage counters differ from
+        the rows they count: empty, always (tests, operators' checks)."""
+        return [tuple(r) for r in self.pg.execute(
+            """SELECT coalesce(c.tenant, s.tenant), coalesce(c.host, s.host),
+                 ARRAY[coalesce(c.sandboxes, 0), coalesce(c.cpu, 0), coalesce(c.memory_mb, 0), coalesce(c.disk_mb, 0)],
+                 ARRAY[coalesce(s.n, 0), coalesce(s.cpu, 0), coalesce(s.mem, 0), coalesce(s.disk, 0)]
+               FROM fleet_usage c FULL JOIN
+                 (SELECT tenant, host, count(*) AS n, sum(cpu) AS cpu, sum(memory_mb) AS mem, sum(disk_mb) AS disk
+                    FROM fleet_sandboxes WHERE state = ANY(%s) GROUP BY tenant, host) s
+                 ON s.tenant = c.tenant AND s.host = c.host
+               WHERE coalesce(c.sandboxes, 0) <> coalesce(s.n, 0)
+                  OR abs(coalesce(c.cpu, 0) - coalesce(s.cpu, 0)) > 1e-6
+                  OR coalesce(c.memory_mb, 0) <> coalesce(s.mem, 0) OR coalesce(c.disk_mb, 0) <> coalesce(s.disk, 0)""",
+            (list(LIVE),)).fetchall()]
 
     def usage(self, tenant: str) -> dict[str, float]:
         with self.pg.transaction() as db:
