@@ -217,7 +217,7 @@ def placements(pg, seconds: float, runs: int, procs: int, threads: int, gateways
                                                   "hosts": round((c1[2] - c0[2]) / max(n, 1) * 1000, 3)},
                          "load_after": load()})
             console.print(f"  placements run {r + 1}: {rows[-1]}")
-        direct = directory_rate(fleet.dsn, seconds=min(seconds, 5.0), threads=8)
+        direct = directory_rate(fleet.dsn, seconds=min(seconds, 5.0), threads=8, pg=pg)
         with __import__("psycopg").connect(fleet.dsn, autocommit=True) as c:
             live_rows = c.execute("SELECT count(*) FROM fleet_sandboxes").fetchone()[0]
     finally:
@@ -232,10 +232,11 @@ def placements(pg, seconds: float, runs: int, procs: int, threads: int, gateways
             "directory_rows_at_end": live_rows, "runs": rows, "directory_only": direct}
 
 
-def directory_rate(dsn: str, seconds: float, threads: int) -> dict:
+def directory_rate(dsn: str, seconds: float, threads: int, pg=None) -> dict:
     """reserve + confirm straight on the Directory (what a gateway does in PostgreSQL per create;
-    confirms batched in the background, as a gateway sends them),
-    from `threads` threads with their own connections, one tenant each (no tenant lock contention)."""
+    confirms batched in the background, as a gateway sends them), from `threads` threads with their
+    own connections, one tenant each (no tenant lock contention). With `pg`, then PostgreSQL's CPU
+    per placement split between the reserves (confirms held back) and their batched confirms."""
     from shoal.core.contract import Limits, SandboxInfo, SandboxState
     from shoal.fleet import placement
     from shoal.fleet.directory import Directory
@@ -253,32 +254,49 @@ def directory_rate(dsn: str, seconds: float, threads: int) -> dict:
                                                  Jsonb({"sandboxes": 1e9, "cpu": 1e9, "memory_mb": 1e12,
                                                         "disk_mb": 1e12})))
     lim = Limits(cpu=0.01, memory_mb=16, disk_mb=16)
-    stop = time.monotonic() + seconds
-    counts = [0] * threads
     errors: list[str] = []
 
-    def one(i: int) -> None:
-        t = Tenant(name=f"dir-{i}")
-        want = placement.Wanted(refs=(IMAGE,), memory_mb=lim.memory_mb)
-        while time.monotonic() < stop:
-            try:
-                slot = d.reserve(t, lim, want, None)
-                d.confirms.submit(slot.slot, SandboxInfo(id=f"sb-x-{uuid.uuid4().hex[:12]}", image=IMAGE, layers=[],
-                                                         limits=lim, state=SandboxState.RUNNING, created=time.time()))
-                counts[i] += 1
-            except Exception as e:  # noqa: BLE001 - counted, shown
-                errors.append(f"{type(e).__name__}: {e}"[:200])
-                if len(errors) > 20:
-                    return
+    def run(for_s: float) -> int:
+        stop = time.monotonic() + for_s
+        counts = [0] * threads
 
-    t0 = time.monotonic()
-    with ThreadPoolExecutor(threads) as pool:
+        def one(i: int) -> None:
+            t = Tenant(name=f"dir-{i}")
+            want = placement.Wanted(refs=(IMAGE,), memory_mb=lim.memory_mb)
+            while time.monotonic() < stop:
+                try:
+                    slot = d.reserve(t, lim, want, None)
+                    d.confirms.submit(slot.slot, SandboxInfo(id=f"sb-x-{uuid.uuid4().hex[:12]}", image=IMAGE,
+                                                             layers=[], limits=lim, state=SandboxState.RUNNING,
+                                                             created=time.time()))
+                    counts[i] += 1
+                except Exception as e:  # noqa: BLE001 - counted, shown
+                    errors.append(f"{type(e).__name__}: {e}"[:200])
+                    if len(errors) > 20:
+                        return
+
         list(pool.map(one, range(threads)))
-    d.confirms.flush(60)  # every confirm landed (batched in the background, as in a gateway)
-    wall = time.monotonic() - t0
-    n = sum(counts)
+        return sum(counts)
+
+    with ThreadPoolExecutor(threads) as pool:  # one pool: its threads' connections live through both parts
+        t0 = time.monotonic()
+        n = run(seconds)
+        d.confirms.flush(60)  # every confirm landed (batched in the background, as in a gateway)
+        wall = time.monotonic() - t0
+        split = None
+        if pg is not None:
+            d.confirms.held = True
+            c0 = pg_cpu(pg)
+            nb = run(2.0)
+            c1 = pg_cpu(pg)
+            d.confirms.held = False
+            d.confirms.flush(60)
+            c2 = pg_cpu(pg)
+            split = {"placements": nb, "reserve_cpu_ms": round((c1 - c0) / max(nb, 1) * 1000, 3),
+                     "confirm_cpu_ms_batched": round((c2 - c1) / max(nb, 1) * 1000, 3)}
     return {"threads": threads, "seconds": round(wall, 2), "placed": n, "per_s": round(n / wall, 1),
-            "confirms": "batched in the background (Directory.confirms), as a gateway does", "errors": errors[:5]}
+            "confirms": "batched in the background (Directory.confirms), as a gateway does",
+            "postgres_cpu_split": split, "errors": errors[:5]}
 
 
 # ------------------------------------------------------------------------------------- 3. dead host

@@ -50,6 +50,7 @@ HOST_VIEWS_S = 0.5  # a gateway re-reads the hosts' capacity, load and inventory
 CONFIRM_LATE_S = 2.0  # a `creating` row its host made a sandbox for is confirmed by the host after this long
 CONFIRM_BATCH = 500  # confirms per statement
 CONFIRM_RETRY_S = 0.2  # a batch that failed (the database restarting) is sent again after this long
+CONFIRM_LINGER_S = 0.002  # the confirm thread waits this long once woken: the reply goes out first, batches grow
 
 
 @dataclass(frozen=True)
@@ -132,6 +133,8 @@ class Confirmer:
             with self._cv:
                 while not self._pending or self.held:
                     self._cv.wait(1.0)
+            time.sleep(CONFIRM_LINGER_S)
+            with self._cv:
                 batch = list(self._pending.items())[:CONFIRM_BATCH]
             try:
                 self.directory.confirm_many([(slot, info) for _, (slot, info) in batch])
