@@ -169,8 +169,10 @@ class AsyncPG:
             cur = await conn.execute(sql, args)
             row = await cur.fetchone()
         except psycopg.OperationalError as e:
-            with contextlib.suppress(Exception):
-                await conn.close()
+            idle, self._idle = self._idle, []  # made before the break too (a server restart): all go
+            for c in [conn, *idle]:
+                with contextlib.suppress(Exception):
+                    await c.close()
             first = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise DatabaseUnavailable(f"lost PostgreSQL at {redact(self.dsn)} mid-statement: {first}") from None
         except psycopg.Error:  # the statement failed, the connection is fine (autocommit: nothing left open)
