@@ -16,14 +16,11 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-import httpx
-
 from ..backends.http import HttpBackend
-from ..backends.http.backend import DEFAULT_TIMEOUT, HttpProcessHandle, HttpSessionHandle, dead_peer_options
+from ..backends.http.backend import HttpProcessHandle, HttpSessionHandle
 from ..config import Settings
 from ..core import errors as E
 from ..core.contract import (
-    API_PREFIX,
     DEFAULT_DOWNLOAD_MAX,
     DEFAULT_READ_MAX,
     CreateRequest,
@@ -49,7 +46,7 @@ from ..core.contract import (
     StartRequest,
     TimeoutRequest,
 )
-from ..core.postgres import AsyncPG, redact
+from ..core.postgres import redact
 from ..layers.store import split_ref
 from ..server.quotas import limits_of
 from ..server.state import ADMIN, Tenant
@@ -76,8 +73,6 @@ class FleetBackend(SandboxBackend):
         self._clients: dict[str, HttpBackend] = {}
         self._lock = threading.Lock()
         self._routes: dict[str, tuple[Entry, float]] = {}  # sandbox id -> (entry, when read), running ones
-        self._aclients: dict[str, httpx.AsyncClient] = {}  # the event loop's own (acreate_as)
-        self._apg: AsyncPG | None = None
 
     def __repr__(self) -> str:
         return f"FleetBackend({redact(self.directory.pg.dsn)})"
@@ -255,70 +250,6 @@ class FleetBackend(SandboxBackend):
                 raise
             except E.ShoalError:
                 self.directory.release(slot.slot)
-                raise
-        return self._made(tenant, slot, host, address, info)
-
-    # ---------------------------------------------------------------- the create on the event loop
-    def aclient(self, address: str) -> httpx.AsyncClient:
-        """The async client of one host for the gateway's event loop (one pool of keep-alive mTLS
-        connections each, the same TLS settings and dead-peer limits as `client`)."""
-        c = self._aclients.get(address)
-        if c is None:
-            verify: ssl.SSLContext | bool = self.tls if self.tls is not None else True
-            c = self._aclients[address] = httpx.AsyncClient(
-                base_url=address, verify=verify, timeout=httpx.Timeout(DEFAULT_TIMEOUT, connect=DEAD_PEER_S),
-                transport=httpx.AsyncHTTPTransport(verify=verify, socket_options=dead_peer_options(DEAD_PEER_S)),
-                limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
-        return c
-
-    async def _ahost_create(self, address: str, req: CreateRequest, key: str) -> SandboxInfo:
-        try:
-            resp = await self.aclient(address).post(API_PREFIX + "/sandboxes", content=req.model_dump_json(),
-                                                    headers={"content-type": "application/json",
-                                                             "idempotency-key": key})
-        except httpx.TransportError as e:
-            err = E.SandboxError(f"shoald at {address} is unreachable: {e}")
-            err.retryable = True
-            raise err from e
-        HttpBackend.raise_for(resp)
-        return SandboxInfo.model_validate_json(resp.content)
-
-    async def acreate_as(self, tenant: Tenant, req: CreateRequest, idempotency_key: str | None = None
-                         ) -> SandboxInfo:
-        """`create_as` on the event loop (the gateway's create route): the reservation over an async
-        PostgreSQL connection and the host's create over an async HTTP client, so a create never
-        waits for a worker thread. Same steps, same answers; the rare paths (a host refusing, a
-        failed create) run their directory writes in a worker thread."""
-        from starlette.concurrency import run_in_threadpool
-
-        if self._apg is None:
-            self._apg = AsyncPG(self.directory.pg.dsn)
-        limits = limits_of(req, self.defaults)
-        want = self.wanted(req) if not req.from_snapshot else await run_in_threadpool(self.wanted, req)
-        slot = await self.directory.areserve(self._apg, tenant, limits, want, idempotency_key,
-                                             self._images(tenant, want))
-        done = self._slot_answer(slot)
-        if done is not None:
-            return done
-        host, address, others = slot.host, slot.address, list(slot.alternatives)
-        while True:
-            try:
-                info = await self._ahost_create(address, req, slot.slot)
-                break
-            except E.QuotaExceeded:  # this host's admission refused (full, or too many starting)
-                if not others:
-                    await run_in_threadpool(self.directory.release, slot.slot)
-                    raise
-                host, address = others.pop(0)
-                await run_in_threadpool(self.directory.move, slot.slot, host)
-            except E.SandboxError as err:
-                if err.retryable and type(err) is E.SandboxError:  # unreachable: it may have made it, or not
-                    raise E.HostUnavailable(f"host {host} did not answer a create ({err}); retry with the same "
-                                            "idempotency key") from None
-                await run_in_threadpool(self.directory.release, slot.slot)
-                raise
-            except E.ShoalError:
-                await run_in_threadpool(self.directory.release, slot.slot)
                 raise
         return self._made(tenant, slot, host, address, info)
 

@@ -31,7 +31,7 @@ from typing import Any
 
 from ..core import errors as E
 from ..core.contract import Limits, SandboxInfo
-from ..core.postgres import AsyncPG, PerThreadPG
+from ..core.postgres import PerThreadPG
 from ..server.quotas import RESOURCES
 from ..server.state import Tenant
 from . import placement
@@ -359,39 +359,6 @@ class Directory:
                 raise
             row = self.pg.execute(self._RESERVE_SQL, args).fetchone()  # the key makes a repeat answer the first's slot
         return self._reserved(row, args, by_id, tenant, limits, want)
-
-    def cached_views(self) -> list[placement.HostView] | None:
-        """The host views if this process read them within HOST_VIEWS_S (no I/O)."""
-        with self._views_lock:
-            got, at = self._views
-        return got if got is not None and time.monotonic() - at < HOST_VIEWS_S else None
-
-    async def areserve(self, apg: AsyncPG, tenant: Tenant, limits: Limits, want: placement.Wanted, key: str | None,
-                       images: list[str]) -> Slot:
-        """`reserve` on the event loop (a gateway's create): the same call and answer, over an async
-        connection; host views are re-read in a worker thread when stale (twice a second at most)."""
-        from starlette.concurrency import run_in_threadpool
-
-        for attempt in range(3):
-            views = self.cached_views()
-            if views is None:
-                views = await run_in_threadpool(self.views)
-            if self._needs_fresh(views, want):
-                views = await run_in_threadpool(self.views, True)
-            args, by_id = self._reserve_call(views, tenant, limits, want, key, images)
-            try:
-                try:
-                    row = await apg.fetchone(self._RESERVE_SQL, args)
-                except E.DatabaseUnavailable:
-                    if key is None:
-                        raise
-                    row = await apg.fetchone(self._RESERVE_SQL, args)  # keyed: a repeat answers the first's slot
-            except psycopg.errors.UniqueViolation:  # a concurrent create with the same key won: read its slot
-                if attempt == 2:
-                    raise
-                continue
-            return self._reserved(row, args, by_id, tenant, limits, want)
-        raise AssertionError("unreachable")
 
     def move(self, slot: str, host: str) -> None:
         """The chosen host refused (full): the reservation goes to another."""

@@ -110,13 +110,6 @@ class Gateway(Served):
         self.counters["creates"] += 1
         return info
 
-    async def acreate(self, tenant: Tenant, req: CreateRequest, refs: list[str],
-                      idempotency_key: str | None = None) -> SandboxInfo:
-        # images are checked in the reservation; the whole create runs on the event loop
-        info = await self.backend.acreate_as(tenant, req, idempotency_key)
-        self.counters["creates"] += 1
-        return info
-
     def check_create_images(self, tenant: Tenant, refs: list[str]) -> None:
         return None  # checked in the create's reservation (Directory.reserve), in the same round trip
 

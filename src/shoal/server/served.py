@@ -125,18 +125,6 @@ class Served(abc.ABC):
         """A new sandbox owned by `tenant`, within its quotas. With an idempotency key, a repeated
         call (a client's retry, maybe through another replica) answers the same sandbox."""
 
-    async def acreate(self, tenant: Tenant, req: CreateRequest, refs: list[str],
-                      idempotency_key: str | None = None) -> SandboxInfo:
-        """The create route's call: `check_create_images(refs)` then `create`, in a worker thread
-        (a host's create blocks); a fleet gateway overrides it with a create on the event loop."""
-        from starlette.concurrency import run_in_threadpool
-
-        def run() -> SandboxInfo:
-            self.check_create_images(tenant, refs)
-            return self.create(tenant, req, idempotency_key)
-
-        return await run_in_threadpool(run)
-
     @abc.abstractmethod
     def fork(self, tenant: Tenant, sandbox_id: str, req: ForkRequest) -> ForkReply: ...
 

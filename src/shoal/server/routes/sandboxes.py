@@ -19,7 +19,7 @@ router = APIRouter(prefix=API_PREFIX + "/sandboxes", tags=["sandboxes"])
 
 
 @router.post("", status_code=201)
-async def create(body: CreateRequest, c: Caller = Depends(caller),
+def create(body: CreateRequest, c: Caller = Depends(caller),
            idempotency_key: str | None = Header(None, max_length=200, pattern=r"^[\x21-\x7e]+$",
                                                 description="a retried create with the same key (by the same "
                                                             "tenant) answers the sandbox the first one made")
@@ -30,7 +30,8 @@ async def create(body: CreateRequest, c: Caller = Depends(caller),
     refs = [f"snapshots/{body.from_snapshot}:latest"] if body.from_snapshot else []
     refs += [x for x in [body.image] + [x for x in body.layers or [] if ":" in x and not x.startswith("sha256:")]
              if x]
-    return await d.acreate(t, body, refs, idempotency_key)
+    d.check_create_images(t, refs)
+    return d.create(t, body, idempotency_key)
 
 
 @router.get("")
