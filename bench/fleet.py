@@ -108,15 +108,18 @@ def overhead(fleet, key: str, runs: int, n_exec: int, n_create: int) -> dict:
             direct.exec(sb.id, ex)
             via.exec(sb.id, ex)
         for _ in range(runs):
+            # the order alternates (direct first, then gateway first): a kill returns before its host
+            # has torn the sandbox down, so whichever create follows a kill shares the host with that
+            # teardown; each path follows each kind of kill equally often
             d, g = [], []
-            for _ in range(n_exec):
-                for be, acc in ((direct, d), (via, g)):
+            for i in range(n_exec):
+                for be, acc in ((direct, d), (via, g))[::1 if i % 2 == 0 else -1]:
                     t = time.perf_counter()
                     be.exec(sb.id, ex)
                     acc.append(time.perf_counter() - t)
             dc, gc = [], []
-            for _ in range(n_create):
-                for be, acc in ((direct, dc), (via, gc)):
+            for i in range(n_create):
+                for be, acc in ((direct, dc), (via, gc))[::1 if i % 2 == 0 else -1]:
                     t = time.perf_counter()  # a fresh key on both paths, as the SDK sends (the host records it)
                     info = be.create(cr, idempotency_key=uuid.uuid4().hex)
                     acc.append(time.perf_counter() - t)
@@ -133,7 +136,9 @@ def overhead(fleet, key: str, runs: int, n_exec: int, n_create: int) -> dict:
         direct.close()
         via.close()
     res = {"n_exec_per_run": n_exec, "n_create_per_run": n_create, "runs": runs,
-           "create_keys": "a fresh Idempotency-Key on both paths (as the SDK sends)"}
+           "create_keys": "a fresh Idempotency-Key on both paths (as the SDK sends)",
+           "order": "alternating call by call: direct then gateway, gateway then direct (before 2026-12-01 "
+                    "direct always went first, so every gateway create followed a direct kill's teardown)"}
     for kind in ("exec", "create"):
         res[kind] = {k: spread(v) for k, v in out[kind].items()}
         res[kind]["per_run_added_p50_ms"] = [round(x, 3) for x in out[kind]["added"]]
@@ -217,7 +222,7 @@ def placements(pg, seconds: float, runs: int, procs: int, threads: int, gateways
                                                   "hosts": round((c1[2] - c0[2]) / max(n, 1) * 1000, 3)},
                          "load_after": load()})
             console.print(f"  placements run {r + 1}: {rows[-1]}")
-        direct = directory_rate(fleet.dsn, seconds=min(seconds, 5.0), threads=8)
+        direct = directory_rate(fleet.dsn, seconds=min(seconds, 5.0), threads=8, pg=pg)
         with __import__("psycopg").connect(fleet.dsn, autocommit=True) as c:
             live_rows = c.execute("SELECT count(*) FROM fleet_sandboxes").fetchone()[0]
     finally:
@@ -232,9 +237,11 @@ def placements(pg, seconds: float, runs: int, procs: int, threads: int, gateways
             "directory_rows_at_end": live_rows, "runs": rows, "directory_only": direct}
 
 
-def directory_rate(dsn: str, seconds: float, threads: int) -> dict:
-    """reserve + confirm straight on the Directory (what a gateway does in PostgreSQL per create),
-    from `threads` threads with their own connections, one tenant each (no tenant lock contention)."""
+def directory_rate(dsn: str, seconds: float, threads: int, pg=None) -> dict:
+    """reserve + confirm straight on the Directory (what a gateway does in PostgreSQL per create;
+    confirms batched in the background, as a gateway sends them), from `threads` threads with their
+    own connections, one tenant each (no tenant lock contention). With `pg`, then PostgreSQL's CPU
+    per placement split between the reserves (confirms held back) and their batched confirms."""
     from shoal.core.contract import Limits, SandboxInfo, SandboxState
     from shoal.fleet import placement
     from shoal.fleet.directory import Directory
@@ -251,30 +258,62 @@ def directory_rate(dsn: str, seconds: float, threads: int) -> dict:
                       "ON CONFLICT DO NOTHING", (f"dir-{i}", uuid.uuid4().hex,
                                                  Jsonb({"sandboxes": 1e9, "cpu": 1e9, "memory_mb": 1e12,
                                                         "disk_mb": 1e12})))
+    # its own hosts, registered in the directory only, under a long lease: the fleet's hosts would
+    # end these rows (their sandboxes do not exist there), and their agents' work would be measured
+    real = d.up_hosts()
+    inv = {"images": [{"ref": IMAGE, "layers": [], "created": 0.0}], "cached": {}}
+    for k in range(3):
+        d.register(f"dirh{k}", f"https://dirh{k}.invalid", f"dom{k}", 3600.0, {"sandboxes": 10**9, "memory_mb": 10**12},
+                   {}, inv, f"dirh-inv-{k}")
     lim = Limits(cpu=0.01, memory_mb=16, disk_mb=16)
-    stop = time.monotonic() + seconds
-    counts = [0] * threads
     errors: list[str] = []
 
-    def one(i: int) -> None:
-        t = Tenant(name=f"dir-{i}")
-        want = placement.Wanted(refs=(IMAGE,), memory_mb=lim.memory_mb)
-        while time.monotonic() < stop:
-            try:
-                slot = d.reserve(t, lim, want, None)
-                d.confirm(slot.slot, SandboxInfo(id=f"sb-x-{uuid.uuid4().hex[:12]}", image=IMAGE, layers=[],
-                                                 limits=lim, state=SandboxState.RUNNING, created=time.time()))
-                counts[i] += 1
-            except Exception as e:  # noqa: BLE001 - counted, shown
-                errors.append(f"{type(e).__name__}: {e}"[:200])
-                if len(errors) > 20:
-                    return
+    def run(for_s: float) -> int:
+        stop = time.monotonic() + for_s
+        counts = [0] * threads
 
-    with ThreadPoolExecutor(threads) as pool:
+        def one(i: int) -> None:
+            t = Tenant(name=f"dir-{i}")
+            want = placement.Wanted(refs=(IMAGE,), memory_mb=lim.memory_mb)
+            while time.monotonic() < stop:
+                try:
+                    slot = d.reserve(t, lim, want, None, avoid=real)
+                    info = SandboxInfo(id=f"sb-x-{uuid.uuid4().hex[:12]}", image=IMAGE, layers=[], limits=lim,
+                                       state=SandboxState.RUNNING, created=time.time())
+                    if confirms is None:  # the code before background confirms (before/after runs)
+                        d.confirm(slot.slot, info)
+                    else:
+                        confirms.submit(slot.slot, info)
+                    counts[i] += 1
+                except Exception as e:  # noqa: BLE001 - counted, shown
+                    errors.append(f"{type(e).__name__}: {e}"[:200])
+                    if len(errors) > 20:
+                        return
+
         list(pool.map(one, range(threads)))
-    n = sum(counts)
-    return {"threads": threads, "seconds": seconds, "placed": n, "per_s": round(n / seconds, 1),
-            "errors": errors[:5]}
+        return sum(counts)
+
+    confirms = getattr(d, "confirms", None)
+    with ThreadPoolExecutor(threads) as pool:  # one pool: its threads' connections live through both parts
+        t0 = time.monotonic()
+        n = run(seconds)
+        if confirms is not None:
+            confirms.flush(60)  # every confirm landed (batched in the background, as in a gateway)
+        wall = time.monotonic() - t0
+        split = None
+        if pg is not None and confirms is not None:
+            confirms.held = True
+            c0 = pg_cpu(pg)
+            nb = run(2.0)
+            c1 = pg_cpu(pg)
+            confirms.held = False
+            confirms.flush(60)
+            c2 = pg_cpu(pg)
+            split = {"placements": nb, "reserve_cpu_ms": round((c1 - c0) / max(nb, 1) * 1000, 3),
+                     "confirm_cpu_ms_batched": round((c2 - c1) / max(nb, 1) * 1000, 3)}
+    return {"threads": threads, "seconds": round(wall, 2), "placed": n, "per_s": round(n / wall, 1),
+            "confirms": "batched in the background (Directory.confirms), as a gateway does",
+            "postgres_cpu_split": split, "errors": errors[:5]}
 
 
 # ------------------------------------------------------------------------------------- 3. dead host

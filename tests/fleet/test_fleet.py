@@ -26,6 +26,19 @@ def create(fleet, key: str, image: str = IMAGE, **kw) -> Sandbox:
     return Sandbox.create(image, url=fleet.url, api_key=key, memory_mb=64, disk_mb=32, **kw)
 
 
+def usage_drift(fleet) -> list:
+    """Where the directory's usage counters differ from the live rows they count (Directory.usage_drift),
+    once every gateway's background confirms had time to land."""
+    from shoal.fleet.directory import Directory
+    from shoal.fleet.schema import open_db
+
+    pg = open_db(fleet.dsn)
+    try:
+        return Directory(pg).usage_drift()
+    finally:
+        pg.close()
+
+
 def retrying(fn, timeout: float = 20.0):
     """fn() until it stops raising retryable errors (a database or host coming back)."""
     deadline = time.monotonic() + timeout
@@ -264,6 +277,7 @@ def test_killed_host_is_lost_then_reconciles(gw, tenant_key, made):
         mine[0].info()  # and stays lost for its owner
     for sb in mine:
         made.remove(sb)
+    assert usage_drift(gw) == []  # the lost sandboxes left the tenant's and the host's usage counters
 
 
 def test_cut_host_is_lost_then_reconciles(gw, tenant_key, made):
@@ -335,6 +349,7 @@ def test_postgres_restart(gw, tenant_key, made):
             assert c.execute("SELECT count(*) FROM fleet_sandboxes WHERE state='lost' AND tenant=("
                              "SELECT tenant FROM fleet_sandboxes WHERE id=%s)", (sb.id,)).fetchone()[0] == 0
             assert c.execute("SELECT count(*) FROM fleet_hosts WHERE state='up'").fetchone()[0] == len(gw.hosts)
+        assert usage_drift(gw) == []  # creates cut by the restart left the counters as they left the rows
     finally:
         be.close()
 
@@ -416,5 +431,88 @@ def test_image_of_another_tenant_is_checked_before_quota(gw, made):
             be.create(CreateRequest(image=ref, memory_mb=64, disk_mb=32))
         with pytest.raises(E.QuotaExceeded):
             be.create(CreateRequest(image=IMAGE, memory_mb=64, disk_mb=32))
+    finally:
+        be.close()
+
+
+def _row(fleet, slot_or_id: str) -> tuple | None:
+    import psycopg
+
+    with psycopg.connect(fleet.dsn, autocommit=True) as c:
+        return c.execute("SELECT state, id, host FROM fleet_sandboxes WHERE slot=%s OR id=%s",
+                         (slot_or_id, slot_or_id)).fetchone()
+
+
+def test_create_answers_before_its_confirm_and_any_gateway_routes_it(gw, tenant_key, made):
+    """The confirm is off the create's path (Directory.confirms): a sandbox made through one gateway
+    is served at once by the other, whether or not the confirm has landed (the other waits for it)."""
+    g1, g2 = (HttpBackend(g.url, tenant_key) for g in gw.gateways)
+    try:
+        for _ in range(8):
+            info = g1.create(CreateRequest(image=IMAGE, memory_mb=64, disk_mb=32))
+            made.append(Sandbox.connect(info.id, url=gw.url, api_key=tenant_key))
+            assert g2.exec(info.id, ExecRequest(argv=["true"])).exit_code == 0
+            assert g2.info(info.id).id == info.id
+        assert _row(gw, info.id)[:2] == ("running", info.id)
+    finally:
+        g1.close()
+        g2.close()
+
+
+def test_lost_confirm_is_settled_by_the_host(gw, tenant_key, made):
+    """A gateway that answered a create and died before its background confirm landed: the row stays
+    `creating`. Another tenant gets its 404 at once; the owner's calls through a live gateway wait
+    (or get a retryable 503) until the host confirms the row itself at a heartbeat, and then work."""
+    from shoal.fleet.backend import FleetBackend
+    from shoal.fleet.directory import Directory
+    from shoal.fleet.pki import gateway_client_context
+    from shoal.fleet.schema import open_db
+    from shoal.fleet.tenants import PgTenants
+
+    d = Directory(open_db(gw.dsn))
+    dying = FleetBackend(d, gateway_client_context(gw.fleet_dir))  # a third gateway, in this process
+    d.confirms.held = True  # its confirms never land: as if it died right after answering
+    tenant = PgTenants(d.pg, d).tenant_for_key(tenant_key)
+    assert tenant is not None
+    other = HttpBackend(gw.gateways[1].url, gw.tenant(f"o-{uuid.uuid4().hex[:6]}"))
+    owner = HttpBackend(gw.gateways[1].url, tenant_key)
+    try:
+        info = dying.create_as(tenant, CreateRequest(image=IMAGE, memory_mb=64, disk_mb=32), uuid.uuid4().hex)
+        state, sid, _ = _row(gw, d.confirms._pending[info.id][0])
+        assert (state, sid) == ("creating", None)
+        with pytest.raises(E.SandboxNotFound) as ei:  # not this tenant's: no wait, no 503
+            other.info(info.id)
+        assert not isinstance(ei.value, E.SandboxLost)
+        assert retrying(lambda: owner.exec(info.id, ExecRequest(argv=["true"]))).exit_code == 0
+        made.append(Sandbox.connect(info.id, url=gw.url, api_key=tenant_key))
+        assert _row(gw, info.id)[:2] == ("running", info.id)
+        assert d.confirms.pending(info.id)  # still held here: the host confirmed it
+    finally:
+        other.close()
+        owner.close()
+        dying.close()
+
+
+def test_usage_counters_follow_every_change_of_the_rows(gw, tenant_key, made):
+    """Admission reads per-tenant, per-host usage counters kept by a trigger, not sums of the live
+    rows: create, kill, a host refusing (the slot moves), a create that fails (released), quota
+    refusals; after each, the counters equal the rows and the tenant's usage what it runs."""
+    be = HttpBackend(gw.url, tenant_key)
+    try:
+        infos = [be.create(CreateRequest(image=IMAGE, memory_mb=64, disk_mb=32, cpu=0.5)) for _ in range(3)]
+        made.extend(Sandbox.connect(i.id, url=gw.url, api_key=tenant_key) for i in infos)
+        with pytest.raises(E.ImageNotFound):
+            be.create(CreateRequest(image="no-such-image:1", memory_mb=64, disk_mb=32))
+        with pytest.raises(E.QuotaExceeded):
+            be.create(CreateRequest(image=IMAGE, memory_mb=8192, disk_mb=32))
+        be.kill(infos[0].id)
+        assert usage_drift(gw) == []
+        import psycopg
+
+        with psycopg.connect(gw.dsn, autocommit=True) as c:
+            tenant = c.execute("SELECT tenant FROM fleet_sandboxes WHERE id=%s", (infos[1].id,)).fetchone()[0]
+            row = c.execute("SELECT sum(sandboxes), sum(cpu), sum(memory_mb), sum(disk_mb) FROM fleet_usage "
+                            "WHERE tenant=%s", (tenant,)).fetchone()
+        assert (int(row[0]), float(row[1]), int(row[2]), int(row[3])) == (2, 1.0, 128, 64)
     finally:
         be.close()

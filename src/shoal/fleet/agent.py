@@ -5,7 +5,9 @@ killed here (the fleet already told their owners they are gone; they must not co
 registers under a lease and heartbeats every lease/3 with its load and, when they change, its
 images and the layers it holds (for placement by locality). Each heartbeat also settles its rows:
 sandboxes that ended here on their own (TTL, OOM) end in the directory, lost ones still running
-here are killed, and `creating` rows no gateway confirmed in time are confirmed or dropped.
+here are killed, and `creating` rows no gateway confirmed are confirmed once this host made their
+sandbox (CONFIRM_LATE_S: the gateway that made it died before its background confirm landed) or
+dropped when long stale.
 
 A heartbeat that finds its registration gone (the host was cut off longer than its lease and was
 declared down) reconciles again and registers anew, so a host that comes back is clean before it
@@ -23,7 +25,7 @@ from urllib.parse import urlsplit
 
 from ..core import errors as E
 from ..server.state import ADMIN
-from .directory import CREATING_STALE_S, Directory, inventory_rev
+from .directory import CONFIRM_LATE_S, CREATING_STALE_S, Directory, inventory_rev
 from .schema import CREATING, LOST, RUNNING, open_db
 
 if TYPE_CHECKING:
@@ -175,7 +177,9 @@ class HostAgent:
                     self.reconciled += 1
             elif state == RUNNING and sid and sid not in live and age > 5:
                 self.directory.end(sid, "ended on its host (ttl, idle ttl, or its processes died)")
-            elif state == CREATING and age > CREATING_STALE_S:
+            elif state == CREATING and age > CONFIRM_LATE_S:
+                # the gateway that made it did not confirm it (it died after the host answered):
+                # confirmed here once this host made the sandbox; dropped only when long stale
                 local = self._local_id(slot, None)
                 info = None
                 if local and local in live:
@@ -183,4 +187,5 @@ class HostAgent:
                         info = self.host.info(local)
                     except E.SandboxNotFound:
                         info = None
-                self.directory.settle(slot, info)
+                if info is not None or age > CREATING_STALE_S:
+                    self.directory.settle(slot, info)

@@ -51,7 +51,7 @@ from ..layers.store import split_ref
 from ..server.quotas import limits_of
 from ..server.state import ADMIN, Tenant
 from . import placement
-from .directory import Directory, Entry
+from .directory import Directory, Entry, Slot
 from .schema import CREATING, DEAD, LOST, RUNNING, UP
 
 log = logging.getLogger("shoal.fleet")
@@ -60,6 +60,7 @@ FileEntries = list[FileEntry]  # `list` is a contract method inside the class
 DEAD_PEER_S = 5.0  # a host that stops acknowledging fails the call after this long (HostUnavailable)
 ROUTE_CACHE_S = 1.0  # a running sandbox's host is remembered this long (see `entry`)
 ROUTE_CACHE_MAX = 200_000
+CONFIRM_WAIT_S = 3.0  # a call on a sandbox whose confirm has not landed waits this long, then 503 (retry)
 
 
 class FleetBackend(SandboxBackend):
@@ -103,6 +104,8 @@ class FleetBackend(SandboxBackend):
                 e = hit[0]
         if e is None:
             e = self.directory.locate(sandbox_id) if isinstance(sandbox_id, str) else None
+            if e is None and isinstance(sandbox_id, str):
+                e = self._unconfirmed(sandbox_id, tenant)
             if e is not None and e.state in (RUNNING, CREATING) and e.host_gone:  # its lease ran out: settle it now
                 self.directory.expire()
                 e = self.directory.locate(sandbox_id) or e
@@ -119,6 +122,30 @@ class FleetBackend(SandboxBackend):
         if e.host_gone or not e.address:
             raise E.SandboxLost(f"sandbox {sandbox_id} is lost: host {e.host} left the fleet")
         return e
+
+    def _unconfirmed(self, sandbox_id: str, tenant: Tenant | None) -> Entry | None:
+        """A sandbox the directory does not know by its id may be one whose confirm has not landed
+        (Directory.confirm_many runs off the create's path). This process's own: wait for it. Else,
+        while the caller has sandboxes on the id's host awaiting their confirm, poll for it, then
+        answer 503 (retry); its host confirms it within a heartbeat if the gateway that made it
+        died. A tenant with nothing unconfirmed there gets its 404 at once, and a sandbox is only
+        routed once the directory says whose it is."""
+        if self.directory.confirms.wait(sandbox_id):
+            return self.directory.locate(sandbox_id)
+        parts = sandbox_id.split("-")
+        if len(parts) < 3:
+            return None
+        owner = None if tenant is None or tenant.admin else tenant.name
+        if not self.directory.unconfirmed(parts[1], owner):
+            return None
+        deadline = time.monotonic() + CONFIRM_WAIT_S
+        while time.monotonic() < deadline:
+            time.sleep(0.01)
+            e = self.directory.locate(sandbox_id)
+            if e is not None:
+                return e
+        raise E.HostUnavailable(f"sandbox {sandbox_id} is not yet in the fleet's directory (its create is being "
+                                "confirmed); retry shortly")
 
     def remember(self, e: Entry) -> None:
         with self._lock:
@@ -175,19 +202,35 @@ class FleetBackend(SandboxBackend):
             pin = self.directory.snapshot_host(req.from_snapshot)
         return placement.Wanted(refs=tuple(refs), digests=tuple(digests), pin=pin)
 
-    def create_as(self, tenant: Tenant, req: CreateRequest, idempotency_key: str | None = None) -> SandboxInfo:
-        """Reserve (quota + placement, one transaction), create on the host with the slot as its
-        idempotency key, confirm. A host that refuses for capacity hands the slot to the next best."""
-        limits = limits_of(req, self.defaults)
-        want = self.wanted(req)
-        images = [] if tenant.admin else ["{}:{}".format(*split_ref(r)) for r in want.refs]
-        slot = self.directory.reserve(tenant, limits, want, idempotency_key, images=images)
+    def _slot_answer(self, slot: Slot) -> SandboxInfo | None:
+        """A reservation that answers an earlier create with the same key: its sandbox, or why not."""
         if slot.state == RUNNING and slot.info is not None:
             return slot.info  # a retry of a create that completed
         if slot.state == LOST:
             raise E.SandboxLost(f"sandbox {slot.sandbox_id or slot.slot} is lost: {slot.reason}")
         if slot.state == DEAD:
             raise E.SandboxNotFound(f"sandbox {slot.sandbox_id}, created under this idempotency key, has ended")
+        return None
+
+    def _made(self, tenant: Tenant, slot: Slot, host: str, address: str, info: SandboxInfo) -> SandboxInfo:
+        # routed from here at once; confirmed in the directory in the background (Directory's doc)
+        self.remember(Entry(info.id, slot.slot, host, tenant.name, RUNNING, None, address, False, info))
+        self.directory.confirms.submit(slot.slot, info)
+        return info
+
+    def _images(self, tenant: Tenant, want: placement.Wanted) -> list[str]:
+        return [] if tenant.admin else ["{}:{}".format(*split_ref(r)) for r in want.refs]
+
+    def create_as(self, tenant: Tenant, req: CreateRequest, idempotency_key: str | None = None) -> SandboxInfo:
+        """Reserve (quota + placement, one transaction), create on the host with the slot as its
+        idempotency key, confirm (in the background). A host that refuses for capacity hands the
+        slot to the next best."""
+        limits = limits_of(req, self.defaults)
+        want = self.wanted(req)
+        slot = self.directory.reserve(tenant, limits, want, idempotency_key, images=self._images(tenant, want))
+        done = self._slot_answer(slot)
+        if done is not None:
+            return done
         host, address, others = slot.host, slot.address, list(slot.alternatives)
         while True:
             try:
@@ -208,9 +251,7 @@ class FleetBackend(SandboxBackend):
             except E.ShoalError:
                 self.directory.release(slot.slot)
                 raise
-        self.directory.confirm(slot.slot, info)
-        self.remember(Entry(info.id, slot.slot, host, tenant.name, RUNNING, None, address, False, info))
-        return info
+        return self._made(tenant, slot, host, address, info)
 
     def info(self, sandbox_id: str) -> SandboxInfo:
         try:
@@ -355,6 +396,7 @@ class FleetBackend(SandboxBackend):
     def list_for(self, tenant: str | None) -> list[SandboxInfo]:
         """Live sandboxes (one tenant's, or all), as their hosts describe them now; a host that does
         not answer is described by what the directory recorded at creation."""
+        self.directory.confirms.flush()  # this gateway's own creates are listed
         entries = self.directory.live(tenant)
         by_host: dict[str, list[Entry]] = {}
         for e in entries:

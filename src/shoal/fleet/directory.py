@@ -5,6 +5,11 @@ A create is two short transactions around the host's own create:
      else check the tenant's quota against its live sandboxes, score the live hosts (placement.py)
      and insert the sandbox as `creating` on the best one: quota and placement commit together;
   2. confirm: the host answered, the row becomes `running` with the host's sandbox id and info.
+     Off the create's path: the gateway answers the client at once and a background thread
+     (`Confirmer`) confirms what it made, many rows per statement. Quota is already held by the
+     `creating` row, so admission does not depend on it. Until it lands, a gateway that does not
+     know the id waits for it (`FleetBackend.entry`); if the gateway died first, the host confirms
+     the row itself at its next heartbeat (agent.py: it knows which sandbox it made under the slot).
 The host is asked with the slot id as its own idempotency key, so whichever gateway completes a
 create (the first, or the one a client retried on) gets the same sandbox.
 
@@ -16,6 +21,7 @@ could renew, and a database restart must not declare the whole fleet lost.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 import uuid
@@ -37,9 +43,14 @@ try:
 except ImportError as e:  # an extra: a single host does not need it
     raise ImportError("the fleet directory needs psycopg: pip install 'shoal[fleet]'") from e
 
+log = logging.getLogger("shoal.fleet")
 TERMINAL_KEEP_S = 24 * 3600.0  # dead and lost rows answer (404 with a reason, 410) this long, then go
 CREATING_STALE_S = 600.0  # a `creating` row no gateway confirmed in this long is settled by its host
 HOST_VIEWS_S = 0.5  # a gateway re-reads the hosts' capacity, load and inventory at most this often
+CONFIRM_LATE_S = 2.0  # a `creating` row its host made a sandbox for is confirmed by the host after this long
+CONFIRM_BATCH = 500  # confirms per statement
+CONFIRM_RETRY_S = 0.2  # a batch that failed (the database restarting) is sent again after this long
+CONFIRM_LINGER_S = 0.002  # the confirm thread waits this long once woken: the reply goes out first, batches grow
 
 
 @dataclass(frozen=True)
@@ -75,9 +86,73 @@ def _limits_row(limits: Limits) -> tuple[float, int, int]:
     return limits.cpu, limits.memory_mb, limits.disk_mb
 
 
+class Confirmer:
+    """Confirms the sandboxes this process made, off the create's path: a thread sends every
+    confirm queued meanwhile in one statement (`Directory.confirm_many`), and sends a failed batch
+    again (the confirm only moves `creating` rows, so a repeat changes nothing). Confirms queued
+    here die with the process; the hosts settle those rows (agent.py)."""
+
+    def __init__(self, directory: Directory):
+        self.directory = directory
+        self._pending: dict[str, tuple[str, SandboxInfo]] = {}  # sandbox id -> (slot, info), in order
+        self._cv = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self.held = False  # tests: a gateway that dies before its confirms land
+
+    def submit(self, slot: str, info: SandboxInfo) -> None:
+        with self._cv:
+            self._pending[info.id] = (slot, info)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="fleet-confirm", daemon=True)
+                self._thread.start()
+            self._cv.notify_all()
+
+    def pending(self, sandbox_id: str) -> bool:
+        with self._cv:
+            return sandbox_id in self._pending
+
+    def wait(self, sandbox_id: str, timeout: float = 10.0) -> bool:
+        """Wait until this process's confirm of `sandbox_id` landed; False if there was none."""
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            if sandbox_id not in self._pending:
+                return False
+            while sandbox_id in self._pending and time.monotonic() < deadline:
+                self._cv.wait(deadline - time.monotonic())
+        return True
+
+    def flush(self, timeout: float = 10.0) -> None:
+        """Wait until every confirm queued so far landed."""
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            while self._pending and time.monotonic() < deadline:
+                self._cv.wait(deadline - time.monotonic())
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._pending or self.held:
+                    self._cv.wait(1.0)
+            time.sleep(CONFIRM_LINGER_S)
+            with self._cv:
+                batch = list(self._pending.items())[:CONFIRM_BATCH]
+            try:
+                self.directory.confirm_many([(slot, info) for _, (slot, info) in batch])
+            except Exception as e:  # the database restarting: the same batch again shortly
+                log.warning("confirming %d sandboxes: %s", len(batch), e)
+                time.sleep(CONFIRM_RETRY_S)
+                continue
+            with self._cv:
+                for sid, item in batch:
+                    if self._pending.get(sid) is item:
+                        del self._pending[sid]
+                self._cv.notify_all()
+
+
 class Directory:
     def __init__(self, pg: PerThreadPG):
         self.pg = pg
+        self.confirms = Confirmer(self)
         self._inventories: dict[str, tuple[str, dict[str, list[str]], dict[str, int]]] = {}
         self._inv_lock = threading.Lock()
         self._views: tuple[list[placement.HostView] | None, float] = (None, 0.0)
@@ -178,8 +253,7 @@ class Directory:
         rows = db.execute(f"SELECT id, address, domain, capacity, load, inventory_rev FROM fleet_hosts "
                           f"WHERE state=%s AND lease_until > {NOW}", (UP,)).fetchall()
         placed = {h: (n, mem) for h, n, mem in db.execute(
-            "SELECT host, count(*), coalesce(sum(memory_mb), 0) FROM fleet_sandboxes WHERE state = ANY(%s) "
-            "GROUP BY host", (list(LIVE),)).fetchall()}
+            "SELECT host, sum(sandboxes), sum(memory_mb) FROM fleet_usage GROUP BY host").fetchall()}
         inv = self._inventory(db, [(r[0], r[5]) for r in rows])
         views = []
         for hid, address, domain, cap, load, _ in rows:
@@ -228,27 +302,26 @@ class Directory:
                     v.sandboxes += 1
                     v.used_memory_mb += memory_mb
 
-    def _reserve(self, tenant: Tenant, limits: Limits, want: placement.Wanted, key: str | None,
-                 avoid: set[str], images: list[str]) -> Slot:
-        views = [v for v in self.views() if v.id not in avoid]
-        if not placement.knows_all(views, want) or (want.pin is not None and all(v.id != want.pin for v in views)):
-            views = [v for v in self.views(fresh=True) if v.id not in avoid]  # a host may report it by now
+    _RESERVE_SQL = "/* write */ SELECT * FROM fleet_reserve(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+
+    def _reserve_call(self, views: list[placement.HostView], tenant: Tenant, limits: Limits, want: placement.Wanted,
+                      key: str | None, images: list[str]) -> tuple[tuple[Any, ...], dict[str, placement.HostView]]:
+        """fleet_reserve's arguments over the scored hosts, and the hosts by id."""
         scored = placement.base_scores(views, placement.Wanted(refs=want.refs, digests=want.digests,
                                                                memory_mb=limits.memory_mb, pin=want.pin))
-        by_id = {h.id: h for _, h in scored}
         cpu, mem, disk = _limits_row(limits)
         slot = "sl-" + uuid.uuid4().hex
         args = (tenant.name, tenant.admin, key, cpu, mem, disk, [h.id for _, h in scored],
                 [h.domain for _, h in scored], [b for b, _ in scored], placement.W_SPREAD, slot, images)
-        # one statement, autocommitted: one round trip and one commit (schema.RESERVE_FN). Not a
-        # read: never sent again by PerThreadPG (it may have committed); with a key it may be, below.
-        sql = "/* write */ SELECT * FROM fleet_reserve(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
-        try:
-            row = self.pg.execute(sql, args).fetchone()
-        except E.DatabaseUnavailable:
-            if key is None:
-                raise
-            row = self.pg.execute(sql, args).fetchone()  # the key makes a repeat answer the first's slot
+        return args, {h.id: h for _, h in scored}
+
+    def _needs_fresh(self, views: list[placement.HostView], want: placement.Wanted) -> bool:
+        """No cached host knows the image, or the pinned host: a host may report it by now."""
+        return not placement.knows_all(views, want) or (want.pin is not None and all(v.id != want.pin for v in views))
+
+    def _reserved(self, row: tuple[Any, ...] | None, args: tuple[Any, ...], by_id: dict[str, placement.HostView],
+                  tenant: Tenant, limits: Limits, want: placement.Wanted) -> Slot:
+        """fleet_reserve's answer as a Slot, or its refusal as an error."""
         assert row is not None
         kind, r_slot, r_host, r_address, r_state, r_id, r_info, r_reason, order = row
         if kind == "no_tenant":
@@ -265,11 +338,27 @@ class Directory:
         if kind == "no_host":
             where = f"host {want.pin}" if want.pin else "no live host"
             raise E.QuotaExceeded(f"{where} can take a sandbox of {limits.memory_mb} MiB now "
-                                  f"({len(views)} live hosts); retry later")
+                                  f"({len(by_id)} live hosts); retry later")
         best = by_id[r_host]
-        self._placed(best.id, mem)
-        return Slot(slot, best.id, best.address, CREATING,
+        self._placed(best.id, limits.memory_mb)
+        return Slot(args[10], best.id, best.address, CREATING,
                     alternatives=tuple((by_id[h].id, by_id[h].address) for h in order[1:3]))
+
+    def _reserve(self, tenant: Tenant, limits: Limits, want: placement.Wanted, key: str | None,
+                 avoid: set[str], images: list[str]) -> Slot:
+        views = [v for v in self.views() if v.id not in avoid]
+        if self._needs_fresh(views, want):
+            views = [v for v in self.views(fresh=True) if v.id not in avoid]
+        args, by_id = self._reserve_call(views, tenant, limits, want, key, images)
+        # one statement, autocommitted: one round trip and one commit (schema.RESERVE_FN). Not a
+        # read: never sent again by PerThreadPG (it may have committed); with a key it may be, below.
+        try:
+            row = self.pg.execute(self._RESERVE_SQL, args).fetchone()
+        except E.DatabaseUnavailable:
+            if key is None:
+                raise
+            row = self.pg.execute(self._RESERVE_SQL, args).fetchone()  # the key makes a repeat answer the first's slot
+        return self._reserved(row, args, by_id, tenant, limits, want)
 
     def move(self, slot: str, host: str) -> None:
         """The chosen host refused (full): the reservation goes to another."""
@@ -297,6 +386,42 @@ class Directory:
         raise E.SandboxError(f"the directory lost track of sandbox {info.id} while it was created (slot {slot}); "
                              "its host removes it")
 
+    def confirm_many(self, items: list[tuple[str, SandboxInfo]]) -> None:
+        """Many confirms in one statement (`Confirmer`). A row no longer `creating` keeps its state:
+        running (its host or another gateway confirmed it), lost (it records the id, so calls on it
+        answer 410 and the host kills it when it comes back), gone (logged: its host removes it)."""
+        slots = [s for s, _ in items]
+        ids = [i.id for _, i in items]
+        infos = [i.model_dump_json() for _, i in items]
+        done = {r[0] for r in self.pg.execute(
+            f"/* write */ UPDATE fleet_sandboxes s SET id=v.id, state=%s, info=v.info::jsonb, updated={NOW} "
+            "FROM unnest(%s::text[], %s::text[], %s::text[]) AS v(slot, id, info) "
+            "WHERE s.slot = v.slot AND s.state = %s RETURNING s.slot",
+            (RUNNING, slots, ids, infos, CREATING)).fetchall()}
+        rest = [(s, i) for s, i in items if s not in done]
+        if not rest:
+            return
+        rows = {r[0]: r[1:] for r in self.pg.execute("SELECT slot, state, id FROM fleet_sandboxes WHERE slot = ANY(%s)",
+                                                     ([s for s, _ in rest],)).fetchall()}
+        for slot, info in rest:
+            state, sid = rows.get(slot, (None, None))
+            if state == LOST and sid is None:
+                self.pg.execute("UPDATE fleet_sandboxes SET id=%s, info=%s WHERE slot=%s AND id IS NULL",
+                                (info.id, Jsonb(info.model_dump(mode="json")), slot))
+            elif not (state == RUNNING and sid == info.id):
+                log.warning("the directory lost track of sandbox %s while it was created (slot %s, now %s)",
+                            info.id, slot, state)
+
+    def unconfirmed(self, host: str, tenant: str | None) -> int:
+        """How many sandboxes placed on `host` (for `tenant`, or anyone's) wait for their confirm."""
+        sql = "SELECT count(*) FROM fleet_sandboxes WHERE host=%s AND state=%s AND id IS NULL"
+        args: list[Any] = [host, CREATING]
+        if tenant is not None:
+            sql += " AND tenant=%s"
+            args.append(tenant)
+        row = self.pg.execute(sql, args).fetchone()
+        return int(row[0]) if row else 0
+
     def locate(self, sandbox_id: str) -> Entry | None:
         row = self.pg.execute(
             f"SELECT s.id, s.slot, s.host, s.tenant, s.state, s.reason, h.address, "
@@ -309,6 +434,7 @@ class Directory:
         return Entry(row[0], row[1], row[2], row[3], row[4], row[5], row[6], bool(row[7]), info)
 
     def end(self, sandbox_id: str, reason: str, state: str = DEAD) -> None:
+        self.confirms.wait(sandbox_id)  # a confirm landing after this would revive the row
         self.pg.execute(f"UPDATE fleet_sandboxes SET state=%s, reason=%s, updated={NOW} "
                         "WHERE id=%s AND state = ANY(%s)", (state, reason, sandbox_id, list(LIVE)))
 
@@ -329,11 +455,26 @@ class Directory:
                 for r in self.pg.execute(sql + " ORDER BY s.created", args).fetchall()]
 
     def _usage(self, db: psycopg.Connection, tenant: str) -> dict[str, float]:
-        row = db.execute("SELECT count(*), coalesce(sum(cpu), 0), coalesce(sum(memory_mb), 0), "
-                         "coalesce(sum(disk_mb), 0) FROM fleet_sandboxes WHERE tenant=%s AND state = ANY(%s)",
-                         (tenant, list(LIVE))).fetchone()
+        row = db.execute("SELECT coalesce(sum(sandboxes), 0), coalesce(sum(cpu), 0), coalesce(sum(memory_mb), 0), "
+                         "coalesce(sum(disk_mb), 0) FROM fleet_usage WHERE tenant=%s", (tenant,)).fetchone()
         assert row is not None
         return dict(zip(RESOURCES, (float(x) for x in row)))
+
+    def usage_drift(self) -> list[tuple[Any, ...]]:
+        """(tenant, host, counters, sums of the live rows) wherever the usage counters differ from
+        the rows they count: empty, always (tests, operators' checks)."""
+        return [tuple(r) for r in self.pg.execute(
+            """SELECT coalesce(c.tenant, s.tenant), coalesce(c.host, s.host),
+                 ARRAY[coalesce(c.sandboxes, 0), coalesce(c.cpu, 0), coalesce(c.memory_mb, 0), coalesce(c.disk_mb, 0)],
+                 ARRAY[coalesce(s.n, 0), coalesce(s.cpu, 0), coalesce(s.mem, 0), coalesce(s.disk, 0)]
+               FROM fleet_usage c FULL JOIN
+                 (SELECT tenant, host, count(*) AS n, sum(cpu) AS cpu, sum(memory_mb) AS mem, sum(disk_mb) AS disk
+                    FROM fleet_sandboxes WHERE state = ANY(%s) GROUP BY tenant, host) s
+                 ON s.tenant = c.tenant AND s.host = c.host
+               WHERE coalesce(c.sandboxes, 0) <> coalesce(s.n, 0)
+                  OR abs(coalesce(c.cpu, 0) - coalesce(s.cpu, 0)) > 1e-6
+                  OR coalesce(c.memory_mb, 0) <> coalesce(s.mem, 0) OR coalesce(c.disk_mb, 0) <> coalesce(s.disk, 0)""",
+            (list(LIVE),)).fetchall()]
 
     def usage(self, tenant: str) -> dict[str, float]:
         with self.pg.transaction() as db:

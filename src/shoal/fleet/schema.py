@@ -34,13 +34,18 @@ CREATE TABLE IF NOT EXISTS fleet_tenants(
 CREATE TABLE IF NOT EXISTS fleet_owners(
   kind TEXT NOT NULL, ref TEXT NOT NULL, tenant TEXT NOT NULL, created DOUBLE PRECISION NOT NULL,
   PRIMARY KEY (kind, ref));
+CREATE TABLE IF NOT EXISTS fleet_usage(
+  tenant TEXT NOT NULL, host TEXT NOT NULL, sandboxes BIGINT NOT NULL DEFAULT 0,
+  cpu DOUBLE PRECISION NOT NULL DEFAULT 0, memory_mb BIGINT NOT NULL DEFAULT 0, disk_mb BIGINT NOT NULL DEFAULT 0,
+  PRIMARY KEY (tenant, host));
 CREATE TABLE IF NOT EXISTS fleet_snapshots(
   id TEXT PRIMARY KEY, host TEXT NOT NULL, tenant TEXT NOT NULL, created DOUBLE PRECISION NOT NULL DEFAULT {NOW});
 """
 # reserve (directory.py) in one round trip and one commit: the image ownership check (images another
 # tenant made are not found); under the tenant's row lock, an earlier
-# create with the same key, else the quota check and the placement among the candidates the gateway
-# scored (locality, free room), to which the tenant's spread over failure domains is added here.
+# create with the same key, else the quota check (the tenant's usage counters) and the placement among
+# the candidates the gateway scored (locality, free room), to which the tenant's spread over failure
+# domains (its counters per host) is added here.
 # PL/pgSQL: each statement takes a fresh snapshot (READ COMMITTED), so the sums after the lock see
 # every create that held it before; a single SQL statement (a CTE) would read under its first snapshot.
 RESERVE_FN = """
@@ -81,16 +86,16 @@ BEGIN
     END IF;
   END IF;
   IF q IS NOT NULL THEN
-    SELECT count(*)::DOUBLE PRECISION AS sandboxes, coalesce(sum(s.cpu), 0) AS cpu,
-           coalesce(sum(s.memory_mb), 0)::DOUBLE PRECISION AS memory_mb,
-           coalesce(sum(s.disk_mb), 0)::DOUBLE PRECISION AS disk_mb
-      INTO u FROM fleet_sandboxes s WHERE s.tenant = p_tenant AND s.state IN ('creating', 'running');
+    SELECT coalesce(sum(c.sandboxes), 0)::DOUBLE PRECISION AS sandboxes, coalesce(sum(c.cpu), 0) AS cpu,
+           coalesce(sum(c.memory_mb), 0)::DOUBLE PRECISION AS memory_mb,
+           coalesce(sum(c.disk_mb), 0)::DOUBLE PRECISION AS disk_mb
+      INTO u FROM fleet_usage c WHERE c.tenant = p_tenant;
     FOREACH res IN ARRAY ARRAY['sandboxes', 'cpu', 'memory_mb', 'disk_mb'] LOOP
       used := CASE res WHEN 'sandboxes' THEN u.sandboxes WHEN 'cpu' THEN u.cpu WHEN 'memory_mb' THEN u.memory_mb
               ELSE u.disk_mb END;
       want := CASE res WHEN 'sandboxes' THEN 1 WHEN 'cpu' THEN p_cpu WHEN 'memory_mb' THEN p_mem ELSE p_disk END;
       cap := coalesce((q ->> res)::DOUBLE PRECISION, 0);
-      IF used + want > cap THEN
+      IF used + want > cap + 1e-9 THEN  -- the counters add and subtract floats (cpu): no refusal on their residue
         RETURN QUERY SELECT 'quota', NULL, NULL, NULL, NULL, NULL,
           jsonb_build_object('name', res, 'cap', cap, 'used', used, 'want', want), NULL, NULL::TEXT[];
         RETURN;
@@ -100,9 +105,9 @@ BEGIN
   IF coalesce(array_length(p_hosts, 1), 0) = 0 THEN
     RETURN QUERY SELECT 'no_host', NULL, NULL, NULL, NULL, NULL, NULL::JSONB, NULL, NULL::TEXT[]; RETURN;
   END IF;
-  WITH dc AS (SELECT h.domain, count(*)::DOUBLE PRECISION AS n FROM fleet_sandboxes s
-                JOIN fleet_hosts h ON h.id = s.host
-               WHERE s.tenant = p_tenant AND s.state IN ('creating', 'running') GROUP BY h.domain),
+  WITH dc AS (SELECT h.domain, sum(c.sandboxes)::DOUBLE PRECISION AS n FROM fleet_usage c
+                JOIN fleet_hosts h ON h.id = c.host
+               WHERE c.tenant = p_tenant AND c.sandboxes > 0 GROUP BY h.domain),
        tot AS (SELECT coalesce(sum(n), 0) AS t FROM dc)
   SELECT array_agg(c.host ORDER BY c.base + p_w_spread * (CASE WHEN tot.t = 0 THEN 1.0
                                                           ELSE 1.0 - coalesce(dc.n, 0) / tot.t END) DESC)
@@ -115,6 +120,43 @@ BEGIN
 END
 $fn$;
 """
+# What the live rows (creating, running) of each tenant hold on each host, kept by a trigger in the
+# same transaction as every change to fleet_sandboxes: admission (fleet_reserve) and placement read a
+# few counter rows instead of summing the live rows, whose number grows with the fleet. Exact by
+# construction (one transaction), so a host's death (expire), a PostgreSQL restart (committed or
+# not, both together) or a crash cannot make them drift; `Directory.usage_drift` checks.
+USAGE_FN = """
+CREATE OR REPLACE FUNCTION fleet_usage_track() RETURNS trigger LANGUAGE plpgsql AS $fn$
+BEGIN
+  IF TG_OP <> 'INSERT' AND OLD.state IN ('creating', 'running') THEN
+    UPDATE fleet_usage SET sandboxes = sandboxes - 1, cpu = cpu - OLD.cpu, memory_mb = memory_mb - OLD.memory_mb,
+      disk_mb = disk_mb - OLD.disk_mb WHERE tenant = OLD.tenant AND host = OLD.host;
+  END IF;
+  IF TG_OP <> 'DELETE' AND NEW.state IN ('creating', 'running') THEN
+    INSERT INTO fleet_usage AS u(tenant, host, sandboxes, cpu, memory_mb, disk_mb)
+      VALUES (NEW.tenant, NEW.host, 1, NEW.cpu, NEW.memory_mb, NEW.disk_mb)
+      ON CONFLICT (tenant, host) DO UPDATE SET sandboxes = u.sandboxes + 1, cpu = u.cpu + EXCLUDED.cpu,
+        memory_mb = u.memory_mb + EXCLUDED.memory_mb, disk_mb = u.disk_mb + EXCLUDED.disk_mb;
+  END IF;
+  RETURN NULL;
+END
+$fn$;
+CREATE OR REPLACE TRIGGER fleet_usage_rows AFTER INSERT OR DELETE ON fleet_sandboxes
+  FOR EACH ROW EXECUTE FUNCTION fleet_usage_track();
+CREATE OR REPLACE TRIGGER fleet_usage_moves AFTER UPDATE ON fleet_sandboxes FOR EACH ROW
+  WHEN ((OLD.state IN ('creating', 'running')) IS DISTINCT FROM (NEW.state IN ('creating', 'running'))
+        OR OLD.host IS DISTINCT FROM NEW.host OR OLD.tenant IS DISTINCT FROM NEW.tenant OR OLD.cpu <> NEW.cpu
+        OR OLD.memory_mb <> NEW.memory_mb OR OLD.disk_mb <> NEW.disk_mb)
+  EXECUTE FUNCTION fleet_usage_track();
+"""
+# the counters from the rows: once, when a database made before them gets them (its writers held off)
+USAGE_BACKFILL = """
+LOCK TABLE fleet_sandboxes IN SHARE ROW EXCLUSIVE MODE;
+DELETE FROM fleet_usage;
+INSERT INTO fleet_usage(tenant, host, sandboxes, cpu, memory_mb, disk_mb)
+  SELECT tenant, host, count(*), sum(cpu), sum(memory_mb), sum(disk_mb) FROM fleet_sandboxes
+   WHERE state IN ('creating', 'running') GROUP BY tenant, host;
+"""
 _SCHEMA_LOCK = 0x5348_4F41_4C46  # advisory lock id: concurrent first openers create the schema once
 
 
@@ -123,6 +165,10 @@ def open_db(dsn: str) -> PerThreadPG:
     pg = PerThreadPG(dsn)
     with pg.transaction() as db:
         db.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+        row = db.execute("SELECT to_regclass('fleet_usage') IS NULL").fetchone()
         db.execute(SCHEMA)
+        db.execute(USAGE_FN)
+        if row is not None and row[0]:
+            db.execute(USAGE_BACKFILL)
         db.execute(RESERVE_FN)
     return pg

@@ -77,6 +77,10 @@ class PgTenants:
         if self.pg.execute("DELETE FROM fleet_tenants WHERE name=%s", (name,)).rowcount != 1:
             raise TenantNotFound(f"tenant {name} not found")
 
+    def cached_tenant(self, key: str) -> Tenant | None:
+        hit = self._keys.get(hash_key(key))  # one dict read: atomic, no lock needed
+        return hit[0] if hit is not None and time.monotonic() - hit[1] < KEY_CACHE_S else None
+
     def tenant_for_key(self, key: str) -> Tenant | None:
         h = hash_key(key)
         now = time.monotonic()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import secrets
 
 from fastapi import Depends, Request
+from starlette.concurrency import run_in_threadpool
 
 from ..core import errors as E
 from .peercred import STATE_KEY, CertPeer, PeerCred
@@ -40,7 +41,11 @@ def uid_tenant_name(uid: int) -> str:
     return f"{UID_TENANT_PREFIX}{uid}"
 
 
-def tenant(request: Request) -> Tenant:
+async def tenant(request: Request) -> Tenant:
+    """Who is calling. Async, so the request does not hop to a worker thread for it: the cases
+    decided from the request alone (admin key, gateway certificate, root on the socket) and keys a
+    fleet gateway has cached answer on the event loop; a lookup in SQLite or PostgreSQL runs in
+    the thread pool (FastAPI would run a sync dependency there anyway)."""
     d = daemon_of(request)
     d.counters["requests"] += 1
     auth = request.headers.get("authorization", "")
@@ -48,7 +53,9 @@ def tenant(request: Request) -> Tenant:
     if key:
         if d.admin_key and secrets.compare_digest(key, d.admin_key):
             return ADMIN
-        t = d.state.tenant_for_key(key)
+        t = d.state.cached_tenant(key)
+        if t is None:
+            t = await run_in_threadpool(d.state.tenant_for_key, key)
         if t is None:
             raise E.Unauthorized("invalid API key")
         return t
@@ -59,10 +66,10 @@ def tenant(request: Request) -> Tenant:
         raise E.Unauthorized("missing API key (Authorization: Bearer <key>)")
     if peer.uid == 0:
         return ADMIN
-    return d.state.tenant_for_uid(uid_tenant_name(peer.uid))
+    return await run_in_threadpool(d.state.tenant_for_uid, uid_tenant_name(peer.uid))
 
 
-def admin(t: Tenant = Depends(tenant)) -> Tenant:
+async def admin(t: Tenant = Depends(tenant)) -> Tenant:
     if not t.admin:
         raise E.Unauthorized("this endpoint needs the admin (the admin key, or root on the daemon's socket)")
     return t
@@ -81,9 +88,9 @@ class Caller:
         return self.d.visible(self.t, sandbox_id)
 
 
-def caller(request: Request, t: Tenant = Depends(tenant)) -> Caller:
+async def caller(request: Request, t: Tenant = Depends(tenant)) -> Caller:
     return Caller(daemon_of(request), t)
 
 
-def admin_caller(request: Request, t: Tenant = Depends(admin)) -> Caller:
+async def admin_caller(request: Request, t: Tenant = Depends(admin)) -> Caller:
     return Caller(daemon_of(request), t)

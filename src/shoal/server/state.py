@@ -122,6 +122,9 @@ class DaemonState:
                     [name, hash_key("sk-" + secrets.token_urlsafe(32)), json.dumps(Quotas().__dict__), time.time()])
             return self.get_tenant(name)
 
+    def cached_tenant(self, key: str) -> Tenant | None:
+        return None  # no cache: every key is looked up in SQLite (tenant_for_key)
+
     def tenant_for_key(self, key: str) -> Tenant | None:
         rows = self._q("SELECT name FROM tenants WHERE key_hash=?", [hash_key(key)])
         return self.get_tenant(rows[0][0]) if rows else None

@@ -65,6 +65,15 @@ def default_url() -> str:
     return os.environ.get("SHOAL_URL") or f"unix://{DEFAULT_SOCKET}"
 
 
+def dead_peer_options(dead_peer_s: float) -> list[tuple[int, int, int]]:
+    """Socket options that fail a connection whose peer stops acknowledging after about
+    `dead_peer_s` (TCP_USER_TIMEOUT, with keepalive probes to match while idle)."""
+    idle = max(1, int(dead_peer_s / 2))
+    return [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1), (socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, idle),
+            (socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 1), (socket.IPPROTO_TCP, socket.TCP_KEEPCNT, idle),
+            (socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(dead_peer_s * 1000))]
+
+
 def _command_timeout(timeout: float | None) -> float | None:
     return None if timeout is None else timeout + COMMAND_SLACK
 
@@ -112,10 +121,7 @@ class HttpBackend(SandboxBackend):
                 verify = ssl.create_default_context(cafile=ca) if ca else True
             if dead_peer_s is None:
                 return httpx.Client(base_url=url, headers=headers, timeout=DEFAULT_TIMEOUT, verify=verify)
-            idle = max(1, int(dead_peer_s / 2))
-            opts = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1), (socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, idle),
-                    (socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 1), (socket.IPPROTO_TCP, socket.TCP_KEEPCNT, idle),
-                    (socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(dead_peer_s * 1000))]
+            opts = dead_peer_options(dead_peer_s)
             return httpx.Client(base_url=url, headers=headers, verify=verify,
                                 timeout=httpx.Timeout(DEFAULT_TIMEOUT, connect=dead_peer_s),
                                 transport=httpx.HTTPTransport(verify=verify, socket_options=opts))
