@@ -35,9 +35,9 @@ the run and restores them after.
 
 Notes: the in-process client holds about 5 fds per sandbox with a session open, so the bench raises
 RLIMIT_NOFILE. The host may be shared: memory deltas include whatever else ran; use --runs 3 and
-read the spread. Hooks for later features: --ksm (a `ksm` field on CreateRequest) and --reclaim
-(a backend `reclaim(sandbox_id)` after pausing) are used when the API exists, else skipped and
-said so in the JSON.
+read the spread. Hooks for the density features: --ksm (a `ksm` field on CreateRequest) and --reclaim
+(sb.reclaim(target) on each paused sandbox; needs swap such as Shoal's zram) are used when the API
+exists, else skipped and said so in the JSON.
 
 Writes bench/results/density.json (+ .png). Each invocation replaces the profiles it ran and keeps
 the others already in the file (so profiles can be run as separate <= 10 min jobs); --render-only
@@ -647,12 +647,14 @@ class ShoalSide(Side):
         h["sb"].commands.run(["true"], check=True)
         return {"total": time.perf_counter() - t0}
 
-    def reclaim(self, h: Any) -> bool:
-        fn = getattr(self.host, "reclaim", None)
+    def reclaim(self, h: Any, target: float) -> dict:
+        """Push `target` of a paused sandbox's anonymous memory to compressed swap (sb.reclaim, where the
+        build has it; it needs swap, e.g. Shoal's zram, configured on the host)."""
+        fn = getattr(h["sb"], "reclaim", None)
         if fn is None:
-            return False
-        fn(h["sb"].id)
-        return True
+            raise NotImplementedError("this build of Shoal has no sb.reclaim()")
+        r = fn(target)
+        return r.model_dump() if hasattr(r, "model_dump") else dict(r)
 
     def mounts_inside(self, h: Any) -> int | None:
         pid = h["sb"].info().init_pid
@@ -934,9 +936,7 @@ class Fill:
         out: dict[str, Any] = {"n_held": n, "idle_s": a.idle_s, "pause_all_s": pause_s, "paused_by": "the bench "
                                "(sb.pause() / docker pause) after --idle-s; Shoal has no idle auto-pause yet"}
         if a.reclaim:
-            fn = getattr(side, "reclaim", None)
-            done = fn is not None and all(fn(h) for h in self.handles)
-            out["reclaim"] = "done" if done else "skipped: no reclaim API on this build / side"
+            out["reclaim"] = self._reclaim_all(a.reclaim_target)
         time.sleep(1.0)
         mi = meminfo()
         last = base_run["steps"][-1]
@@ -956,6 +956,24 @@ class Fill:
         out["errors"] = self.errors[-10:]
         # one exec more on each resumed sandbox: the second exec's cost after resume
         return out
+
+    def _reclaim_all(self, target: float) -> dict:
+        """--reclaim: reclaim every paused sandbox; skipped (and said why) where the side or build cannot."""
+        fn = getattr(self.side, "reclaim", None)
+        if fn is None:
+            return {"skipped": f"{self.side.name} has no per-sandbox reclaim"}
+        results: list[dict] = []
+        t0 = time.perf_counter()
+        for h in self.handles:
+            try:
+                results.append(fn(h, target))
+            except Exception as e:  # no swap configured, no API on this build: skip, say so
+                return {"skipped": f"{type(e).__name__}: {str(e)[:300]}", "done_before_error": len(results)}
+        n = max(1, len(results))
+        return {"target": target, "sandboxes": len(results), "wall_s": time.perf_counter() - t0,
+                **{f"{k}_per_sb": sum(r.get(k, 0) for r in results) / n
+                   for k in ("memory_before", "memory_after", "anon_before", "anon_after", "swapped")},
+                "duration_ms": lat_stats([r.get("duration_s", 0.0) for r in results])}
 
     def teardown(self) -> float:
         self.settle()
@@ -1098,6 +1116,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ready-workers", type=int, default=2, help="threads waiting for sandboxes to be ready")
     ap.add_argument("--tune-host", action="store_true", help="raise the kernel limits for the run (restored after)")
     ap.add_argument("--reclaim", action="store_true", help="reclaim paused sandboxes (when the API exists)")
+    ap.add_argument("--reclaim-target", type=float, default=0.75, help="fraction of anon memory to reclaim")
     ap.add_argument("--ksm", action="store_true", help="create with KSM on (when the API exists)")
     ap.add_argument("--root", default="/var/tmp/shoal-density", help="Shoal root for the bench")
     ap.add_argument("--py-root", default=os.environ.get("SHOAL_PY_ROOT", "/var/tmp/shoal-py"),
