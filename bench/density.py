@@ -295,6 +295,18 @@ def parse_fincore(text: str) -> int:
     return total
 
 
+def parse_filefrag(text: str) -> list[tuple[int, int]]:
+    """(physical offset, length) in bytes of each extent from `filefrag -v -b1 FILE` (byte units). On a
+    file-backed EROFS mount the physical offset is the offset in the backing .erofs file."""
+    out = []
+    for line in text.splitlines():
+        parts = line.replace(":", " ").replace("..", " ").split()
+        # "0:  0.. 6832127:  7794688.. 14626815: 6832128:  flags" -> idx lstart lend pstart pend len ...
+        if len(parts) >= 6 and all(p.isdigit() for p in parts[:6]):
+            out.append((int(parts[3]), int(parts[5])))
+    return out
+
+
 def tune_plan(current: dict[str, int], wanted: dict[str, int] | None = None) -> dict[str, tuple[int, int]]:
     """sysctl -> (old, new) for each limit below what a dense host wants: only raises, never lowers."""
     wanted = TUNE if wanted is None else wanted
@@ -486,6 +498,55 @@ def fincore_bytes(path: Path) -> int | None:
     return parse_fincore(r.stdout) if r.returncode == 0 else None
 
 
+def mincore_bytes(path: Path, ranges: list[tuple[int, int]]) -> int:
+    """Bytes of `ranges` (offset, length) of `path` that sit in its page cache: mmap + mincore, nothing read."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    page = mmap.PAGESIZE
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        if size == 0:
+            return 0
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if addr in (None, ctypes.c_void_p(-1).value):
+            raise OSError(ctypes.get_errno(), f"mmap {path}")
+        total = 0
+        try:
+            for off, length in ranges:
+                start, end = off - off % page, min(size, off + length)
+                if end <= start:
+                    continue
+                vec = (ctypes.c_ubyte * ((end - start + page - 1) // page))()
+                if libc.mincore(addr + start, end - start, vec) != 0:
+                    raise OSError(ctypes.get_errno(), f"mincore {path}")
+                total += sum(v & 1 for v in vec) * page
+        finally:
+            libc.munmap(addr, size)
+        return total
+    finally:
+        os.close(fd)
+
+
+def backing_cache_of(file_in_mount: Path, backing: Path) -> dict | None:
+    """For a file on a file-backed EROFS mount: its bytes cached in the mount's own page cache, and the
+    same bytes cached in the backing .erofs file (its extents, from FIEMAP). Both non-zero = cached twice."""
+    if not shutil.which("filefrag") or not file_in_mount.exists() or not backing.exists():
+        return None
+    r = subprocess.run(["filefrag", "-v", "-b1", str(file_in_mount)], capture_output=True, text=True, check=False)
+    extents = parse_filefrag(r.stdout)
+    if r.returncode != 0 or not extents:
+        return None
+    return {"file_bytes": file_in_mount.stat().st_size, "in_mount_cache": fincore_bytes(file_in_mount),
+            "in_backing_file_cache": mincore_bytes(backing, extents), "extents": len(extents)}
+
+
 def raise_nofile(want: int = 1 << 20) -> dict:
     """The in-process client holds ~5 fds per sandbox with a session open: lift RLIMIT_NOFILE."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -536,6 +597,10 @@ class Side:
 
     def cache_files(self) -> dict[str, Path]:
         """label -> path whose page cache the page-cache check reads."""
+        return {}
+
+    def double_cache(self) -> dict[str, dict | None]:
+        """Main files seen both through a mount and in a backing file's page cache (file-backed EROFS)."""
         return {}
 
     def kill_all(self, hs: list[Any]) -> None:
@@ -668,13 +733,18 @@ class ShoalSide(Side):
         stack = self.stack()
         mounts = store.ensure_mounted(stack)
         out: dict[str, Path] = {}
+        self._pairs: dict[str, tuple[Path, Path]] = {}
         for rel in MAIN_FILES["shell" if self.profile == "shell" else "python"]:
             for digest, mnt in reversed(list(zip(stack, mounts, strict=True))):
                 if (mnt / rel).exists() and not (mnt / rel).is_symlink():
                     out[f"{Path(rel).name} (in the EROFS mount)"] = mnt / rel
                     out[f"{Path(rel).name}'s layer (backing .erofs file)"] = store.image_path(digest)
+                    self._pairs[Path(rel).name] = (mnt / rel, store.image_path(digest))
                     break
         return out
+
+    def double_cache(self) -> dict[str, dict | None]:
+        return {name: backing_cache_of(f, b) for name, (f, b) in getattr(self, "_pairs", {}).items()}
 
     def kill_all(self, hs: list[Any]) -> None:
         def one(h: Any) -> None:
@@ -853,6 +923,7 @@ class Fill:
                 self.errors.append(f"exec: {type(e).__name__}: {str(e)[:200]}")
         step["exec_ms"] = lat_stats(ex)
         step["pagecache_bytes"] = {k: fincore_bytes(p) for k, p in base["cache_files"].items()}
+        step["double_cache"] = self.side.double_cache()
         fds = fd_count()
         step["client"] = {"fds": fds, "fds_per_sb": (fds - base["client_fds"]) / n,
                           "threads": threading.active_count(), "maps": map_count()}
@@ -915,6 +986,8 @@ class Fill:
                                    limits=limits)
                 if len(self.errors) > 10:
                     stop = f"too many errors: {self.errors[-1]}"
+                if stop is None and a.fill_budget_s and time.perf_counter() - t_start > a.fill_budget_s:
+                    stop = f"--fill-budget-s {a.fill_budget_s:g} reached"  # keeps one invocation <= 10 min
         fill_s = time.perf_counter() - t_start
         if self.handles and (not steps or steps[-1]["n"] != len(self.handles)):
             steps.append(self.measure(base, c0, r0))
@@ -1114,6 +1187,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--resume-sample", type=int, default=100, help="paused sandboxes resumed (python-paused)")
     ap.add_argument("--idle-s", type=float, default=5.0, help="idle period before pausing (python-paused)")
     ap.add_argument("--ready-workers", type=int, default=2, help="threads waiting for sandboxes to be ready")
+    ap.add_argument("--fill-budget-s", type=float, default=0.0, help="stop a side's fill after this long (0: none)")
     ap.add_argument("--tune-host", action="store_true", help="raise the kernel limits for the run (restored after)")
     ap.add_argument("--reclaim", action="store_true", help="reclaim paused sandboxes (when the API exists)")
     ap.add_argument("--reclaim-target", type=float, default=0.75, help="fraction of anon memory to reclaim")
@@ -1122,6 +1196,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--py-root", default=os.environ.get("SHOAL_PY_ROOT", "/var/tmp/shoal-py"),
                     help="a root with python:3.11 built (pulled from, hard-linked)")
     ap.add_argument("--out", default=str(DEFAULT_OUT))
+    ap.add_argument("--append-runs", action="store_true",
+                    help="add this invocation's runs to those of the same profiles already in --out")
     ap.add_argument("--fresh", action="store_true", help="do not keep other profiles from an existing --out")
     ap.add_argument("--quick", action="store_true", help="smoke: shell profile, 8 sandboxes, 1 run")
     ap.add_argument("--render-only", action="store_true", help="redraw the PNG from --out")
@@ -1177,14 +1253,22 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError:
             res = {}
     res.setdefault("profiles", {})
+    if a.append_runs:  # earlier runs of the same profiles first (each invocation <= 10 min)
+        for kind in kinds:
+            old = res["profiles"].get(kind, {}).get("sides", {})
+            n_old = max((len(v["runs"]) for v in old.values()), default=0)
+            prev = [{side: v["runs"][i] for side, v in old.items() if i < len(v["runs"])} for i in range(n_old)]
+            runs_by_kind[kind] = prev + runs_by_kind[kind]
     new = collect(runs_by_kind, with_paused)
     res["profiles"].update(new)
     for k in new:
-        res.setdefault("meta", {})[k] = {
+        entry = {
             "host": facts, "args": {k2: v for k2, v in vars(a).items()}, "date": time.strftime("%Y-%m-%d %H:%M UTC",
                                                                                         time.gmtime()),
             "sysctl_before": sysctl_before, "tuned": tuned, "nofile": nofile,
             "limits_per_sandbox": {"memory_mb": LIMITS_MB, "cpu": LIMITS_CPU, "pids": LIMITS_PIDS}}
+        meta = res.setdefault("meta", {})
+        meta[k] = (meta.get(k, []) if a.append_runs and isinstance(meta.get(k), list) else []) + [entry]
     res["bench"] = "density"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=1, default=str) + "\n")
