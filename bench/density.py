@@ -41,7 +41,8 @@ exists, else skipped and said so in the JSON.
 
 Writes bench/results/density.json (+ .png). Each invocation replaces the profiles it ran and keeps
 the others already in the file (so profiles can be run as separate <= 10 min jobs); --render-only
-redraws the PNG from the JSON. --quick: the shell profile to 8 sandboxes (a smoke test).
+redraws the PNG from the JSON. --quick: the shell profile to 8 sandboxes (a smoke test; writes
+/tmp/density-quick.json unless --out says otherwise).
 """
 from __future__ import annotations
 
@@ -73,6 +74,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 console = Console(width=160)
 RESULTS = Path(__file__).parent / "results"
 DEFAULT_OUT = RESULTS / "density.json"
+QUICK_OUT = Path(tempfile.gettempdir()) / "density-quick.json"  # a smoke run never overwrites the results
 MiB = 2**20
 PROFILES = ("shell", "python", "python-paused")
 DOCKER_CGROUP = "shoal-density-docker"
@@ -1195,14 +1197,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--root", default="/var/tmp/shoal-density", help="Shoal root for the bench")
     ap.add_argument("--py-root", default=os.environ.get("SHOAL_PY_ROOT", "/var/tmp/shoal-py"),
                     help="a root with python:3.11 built (pulled from, hard-linked)")
-    ap.add_argument("--out", default=str(DEFAULT_OUT))
+    ap.add_argument("--out", default=None, help=f"default {DEFAULT_OUT} ({QUICK_OUT} with --quick)")
     ap.add_argument("--append-runs", action="store_true",
                     help="add this invocation's runs to those of the same profiles already in --out")
     ap.add_argument("--fresh", action="store_true", help="do not keep other profiles from an existing --out")
     ap.add_argument("--quick", action="store_true", help="smoke: shell profile, 8 sandboxes, 1 run")
     ap.add_argument("--render-only", action="store_true", help="redraw the PNG from --out")
     a = ap.parse_args(argv)
-    out = Path(a.out)
+    out = Path(a.out or (QUICK_OUT if a.quick else DEFAULT_OUT))
     png = out.with_suffix(".png")
     if a.render_only:
         render(json.loads(out.read_text()), png)
