@@ -549,6 +549,37 @@ def backing_cache_of(file_in_mount: Path, backing: Path) -> dict | None:
             "in_backing_file_cache": mincore_bytes(backing, extents), "extents": len(extents)}
 
 
+def double_cache_probe(backing: Path, rel: str) -> dict:
+    """Does a file-backed EROFS mount cache what it reads twice? For each mount option (default, and
+    `directio` where the kernel has it): drop the backing file's clean cache, mount the layer afresh (its
+    own page cache starts empty), read `rel` once, and count its bytes in both caches."""
+    from shoal.layers import erofs
+
+    out: dict[str, Any] = {"file": rel, "layer": backing.name}
+    for label, flags in (("default", ()), ("directio", ("directio",))):
+        fd = os.open(backing, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+        mnt = Path(tempfile.mkdtemp(prefix="shoal-density-probe-"))
+        try:
+            try:
+                erofs.mount_file_backed(backing, mnt, flags=flags)
+            except OSError as e:
+                out[label] = {"skipped": str(e)}
+                continue
+            try:
+                before = backing_cache_of(mnt / rel, backing)
+                (mnt / rel).read_bytes()
+                out[label] = {"before": before, "after_one_read": backing_cache_of(mnt / rel, backing)}
+            finally:
+                erofs.unmount(mnt, lazy=False)
+        finally:
+            mnt.rmdir()
+    return out
+
+
 def raise_nofile(want: int = 1 << 20) -> dict:
     """The in-process client holds ~5 fds per sandbox with a session open: lift RLIMIT_NOFILE."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -747,6 +778,13 @@ class ShoalSide(Side):
 
     def double_cache(self) -> dict[str, dict | None]:
         return {name: backing_cache_of(f, b) for name, (f, b) in getattr(self, "_pairs", {}).items()}
+
+    def double_cache_probe(self) -> dict | None:
+        """double_cache_probe() on the profile's main file and the layer that holds it."""
+        self.cache_files()
+        name = MAIN_FILES["shell" if self.profile == "shell" else "python"][0]
+        pair = getattr(self, "_pairs", {}).get(Path(name).name)
+        return double_cache_probe(pair[1], name) if pair else None
 
     def kill_all(self, hs: list[Any]) -> None:
         def one(h: Any) -> None:
@@ -1064,6 +1102,7 @@ def run_kind(kind: str, args: argparse.Namespace, with_paused: bool) -> list[dic
     shoal = ShoalSide(Path(args.root), kind, Path(args.py_root), args.ksm)
     docker: DockerSide | None = None
     runs: list[dict] = []
+    probe = shoal.double_cache_probe()
     try:
         if args.docker:
             docker = DockerSide(shoal, kind)
@@ -1089,6 +1128,7 @@ def run_kind(kind: str, args: argparse.Namespace, with_paused: bool) -> list[dic
                 console.print(f"[bold]{kind} / {name}[/bold]: held {r['n_held']} ({r['stop']}), fill "
                               f"{r['fill_s']:.0f} s, kill {r_kill:.1f} s")
                 time.sleep(2)
+            out["shoal"]["double_cache_probe"] = probe
             runs.append(out)
     finally:
         if docker is not None:
@@ -1165,6 +1205,83 @@ def render(res: dict, png: Path) -> None:
     fig.tight_layout()
     fig.savefig(png, dpi=110)
     plt.close(fig)
+
+
+def _cell(m: dict | None, fmt: str, unit: str = "", scale: float = 1.0) -> str:
+    """median [min–max] of a spread dict (one run: the value alone)."""
+    if not m:
+        return ""
+    f = lambda x: format(x / scale, fmt)  # noqa: E731
+    if m["min"] == m["max"]:
+        return f"{f(m['median'])}{unit}"
+    return f"{f(m['median'])} [{f(m['min'])}–{f(m['max'])}]{unit}"
+
+
+def _stops(runs: list[dict]) -> str:
+    seen: list[str] = []
+    for r in runs:
+        why = str(r.get("stop"))
+        if why not in seen:
+            seen.append(why)
+    return "; ".join(seen)
+
+
+def readme_rows(j: dict) -> list[list[str]]:
+    """README's density table (tests/test_docs_numbers.py, key `density`): figure | Shoal | Docker | goal."""
+    rows: list[list[str]] = []
+    P = j["profiles"]
+    for kind in ("shell", "python"):
+        if kind not in P:
+            continue
+        sides = P[kind]["sides"]
+        sm = {k: v["summary"] for k, v in sides.items()}
+
+        def at(side: str, key: str, step: int = -1, sm: dict = sm) -> dict | None:
+            by = sm.get(side, {}).get("by_step", [])
+            return by[step].get(key) if by else None
+
+        def n_at(side: str, step: int = -1, sm: dict = sm) -> str:
+            by = sm.get(side, {}).get("by_step", [])
+            return f"N = {by[step]['n']:,}" if by else ""
+
+        def both(key: str, fmt: str, unit: str, step: int = -1) -> list[str]:
+            return [f"{_cell(at(side, key, step), fmt, unit)} at {n_at(side, step)}" if at(side, key, step) else ""
+                    for side in ("shoal", "docker")]
+
+        held = [f"{_cell(sm[side]['n_held'], ',.0f')} ({_stops(sides[side]['runs'])})" if side in sm else ""
+                for side in ("shoal", "docker")]
+        runs = max(v["runs"] for v in sm.values())
+        goal = "≥ 20,000" if kind == "shell" else "≥ 3,000 paused + reclaimed; ≥ 3× Docker"
+        rows.append([f"{kind}: idle sandboxes held ({runs} run{'s' if runs > 1 else ''}; stop rule)", *held, goal])
+        rows.append([f"{kind}: host memory per idle sandbox (MemTotal − MemAvailable, delta / N)",
+                     *both("mem_used_mib", ".2f", " MiB"), ""])
+        rows.append([f"{kind}: memory in its own accounting (cgroup anon + shmem + kernel, + host helpers' PSS)",
+                     *both("attributed_mib", ".2f", " MiB"), ""])
+        rows.append([f"{kind}: tasks per sandbox (its cgroup + host helpers)", *both("attributed_tasks", ".1f", ""),
+                     ""])
+        rows.append([f"{kind}: create p50, first step", *both("create_p50_ms", ".1f", " ms", 0), ""])
+        rows.append([f"{kind}: create p50 / p99, last step",
+                     *[f"{_cell(at(side, 'create_p50_ms'), '.1f')} / {_cell(at(side, 'create_p99_ms'), '.0f')} ms at "
+                       f"{n_at(side)}" if at(side, "create_p50_ms") else "" for side in ("shoal", "docker")],
+                     "p50 within 2× of an empty host at 20,000"])
+        if kind == "python":
+            rows.append(["python: ready p50 after the create returned (session up, package + pytest imported)",
+                         *both("ready_p50_ms", ".0f", " ms"), ""])
+        rows.append([f"{kind}: exec `true` p50 in a sample of the idle sandboxes, last step",
+                     *both("exec_p50_ms", ".1f", " ms"), "within 1.5× of an empty host"])
+    pp = P.get("python-paused", {}).get("sides", {})
+    if pp:
+        sh, dk = pp.get("shoal", {}).get("summary", {}), pp.get("docker", {}).get("summary", {})
+        rows.append(["python-paused: resume → first exec p50 / p99 (Shoal: exec on the paused sandbox; "
+                     "Docker: `docker unpause` + `docker exec`)",
+                     f"{_cell(sh.get('resume_total_p50_ms'), '.1f')} / {_cell(sh.get('resume_total_p99_ms'), '.0f')} ms"
+                     if sh else "",
+                     f"{_cell(dk.get('resume_total_p50_ms'), '.1f')} / {_cell(dk.get('resume_total_p99_ms'), '.0f')} ms"
+                     if dk else "", "p50 ≤ 100 ms (after reclaim)"])
+        rows.append(["python-paused: host memory given back by pausing, per sandbox (no reclaim)",
+                     _cell(sh.get("mem_freed_by_pause_mib"), ".2f", " MiB"),
+                     _cell(dk.get("mem_freed_by_pause_mib"), ".2f", " MiB"), "≤ 1/4 of before after reclaim"])
+    return rows
 
 
 def host_facts() -> dict:

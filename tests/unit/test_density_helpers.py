@@ -141,3 +141,25 @@ def test_mincore_bytes_sees_what_was_read(d, tmp_path):
     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # drop them: mincore must say so
     os.close(fd)
     assert d.mincore_bytes(f, [(0, 64 * 4096)]) < 64 * 4096
+
+
+def test_double_cache_probe_tells_the_mount_options_apart(d, tmp_path):
+    """The page-cache check on a real file-backed EROFS mount: by default a read fills both the mount's
+    page cache and the backing file's; with `directio` only the mount's. Were the probe blind (mincore on
+    the wrong range, a cache it cannot see), one of these would fail."""
+    from shoal.layers import erofs
+
+    if os.geteuid() != 0 or not erofs.mkfs_available():
+        pytest.skip("needs root and mkfs.erofs")
+    src = tmp_path / "tree"
+    (src / "bin").mkdir(parents=True)
+    (src / "bin" / "blob").write_bytes(os.urandom(1 << 20))
+    image = tmp_path / "layer.erofs"
+    erofs.build_image(src, image)
+    res = d.double_cache_probe(image, "bin/blob")
+    default = res["default"]["after_one_read"]
+    assert default["in_mount_cache"] >= 1 << 20 and default["in_backing_file_cache"] >= 1 << 20  # cached twice
+    if "skipped" in res["directio"]:
+        pytest.skip(f"kernel without EROFS directio: {res['directio']['skipped']}")
+    direct = res["directio"]["after_one_read"]
+    assert direct["in_mount_cache"] >= 1 << 20 and direct["in_backing_file_cache"] < 64 << 10  # once
