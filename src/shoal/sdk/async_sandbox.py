@@ -18,6 +18,7 @@ from ..core.contract import (
     NetworkPolicy,
     OutputCallback,
     OutputEvent,
+    Priority,
     ProcessHandle,
     ProcessOutput,
     SandboxBackend,
@@ -235,8 +236,8 @@ class AsyncSandbox:
                      upper: UpperKind | None = None, ttl: float | None = None, idle_ttl: float | None = None,
                      env: dict[str, str] | None = None, hostname: str | None = None, workdir: str | None = None,
                      from_snapshot: str | SnapshotInfo | None = None, backend: str = "container",
-                     root: str | os.PathLike | None = None, url: str | None = None,
-                     api_key: str | None = None) -> AsyncSandbox:
+                     root: str | os.PathLike | None = None, url: str | None = None, api_key: str | None = None,
+                     ksm: bool = False, aslr: bool = True, priority: Priority = "normal") -> AsyncSandbox:
         """Create a sandbox from an image (name[:tag]) and/or layers composed on top, bottom -> top,
         or restore a snapshot (`from_snapshot=` id or SnapshotInfo) as a new sandbox.
 
@@ -245,11 +246,16 @@ class AsyncSandbox:
         out take the host's defaults. backend: the isolation ("container", "gvisor"), or "local" for
         a container in this process (root only). url / api_key (or $SHOAL_URL / $SHOAL_API_KEY):
         which shoald; url="local" runs in this process.
+
+        Density (docs/ksm-and-scheduling.md): ksm=True merges identical pages with other ksm
+        sandboxes (a side channel between them: opt in only among sandboxes that may share one);
+        aslr=False lays identical programs out identically, which is what lets KSM merge them;
+        priority="idle" runs the sandbox only on CPU time no normal sandbox wants.
         """
         return cls(await _t(Sandbox.create, image=image, layers=layers, cpu=cpu, memory_mb=memory_mb, disk_mb=disk_mb,
                             pids=pids, upper=upper, ttl=ttl, idle_ttl=idle_ttl, env=env, hostname=hostname,
                             workdir=workdir, from_snapshot=from_snapshot, backend=backend, root=root, url=url,
-                            api_key=api_key))
+                            api_key=api_key, ksm=ksm, aslr=aslr, priority=priority))
 
     @classmethod
     async def connect(cls, sandbox_id: str, *, root: str | os.PathLike | None = None, url: str | None = None,

@@ -69,6 +69,7 @@ from ..core.contract import (
     NetworkPolicy,
     OutputCallback,
     OutputEvent,
+    Priority,
     ProcessHandle,
     ProcessOutput,
     SandboxBackend,

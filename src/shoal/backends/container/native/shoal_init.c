@@ -47,6 +47,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
+#include <sys/personality.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
@@ -66,6 +67,10 @@
 #endif
 
 #define MAX_CGROUPS 16
+#ifndef PR_SET_MEMORY_MERGE /* Linux 6.4: KSM for every anonymous mapping of a process, inherited by children */
+#define PR_SET_MEMORY_MERGE 67
+#define PR_GET_MEMORY_MERGE 68
+#endif
 #define MAX_MSG (256 * 1024)
 
 enum { EXIT_OK = 0, EXIT_SETUP = 70, EXIT_TTL = 71, EXIT_IDLE = 72 };
@@ -79,6 +84,8 @@ struct config {
     int host_net; /* builds only: keep the host network namespace (package registries reachable) */
     const char *ca_bundle; /* builds only: host CA bundle, bound read-only at /run/shoal-build/ca.crt */
     int upper_mounted; /* --upper mounted: the caller mounted a disk-backed fs on disk/ (no tmpfs) */
+    int ksm;           /* --ksm 1: every process of the sandbox is KSM-mergeable (create option ksm) */
+    int no_aslr;       /* --aslr 0: processes exec'd in the sandbox get ADDR_NO_RANDOMIZE (aslr=False) */
 };
 
 static struct config cfg;
@@ -831,6 +838,25 @@ struct init_args {
     int go_fd, status_fd;
 };
 
+/* Density options (docs/ksm-and-scheduling.md), set in init before seccomp so that every process of
+ * the sandbox inherits them: MMF_VM_MERGE_ANY survives fork and exec; the persona survives exec. The
+ * seccomp filter then refuses personality() changes other than back to PER_LINUX. */
+static void density_options(void) {
+    if (cfg.ksm && prctl(PR_SET_MEMORY_MERGE, 1, 0, 0, 0) < 0)
+        die("ksm: prctl(PR_SET_MEMORY_MERGE) failed (needs Linux >= 6.4 built with CONFIG_KSM)");
+    if (cfg.no_aslr && personality(PER_LINUX | ADDR_NO_RANDOMIZE) < 0) die("aslr: personality(ADDR_NO_RANDOMIZE)");
+}
+
+/* `shoal-init ksm-probe`: whether this kernel has per-process KSM (prints "ok" or why not) */
+static int ksm_probe(void) {
+    if (prctl(PR_SET_MEMORY_MERGE, 1, 0, 0, 0) < 0) {
+        printf("unsupported: prctl(PR_SET_MEMORY_MERGE): %s (needs Linux >= 6.4 with CONFIG_KSM)\n", strerror(errno));
+        return 1;
+    }
+    printf("ok\n");
+    return 0;
+}
+
 static int init_main(void *arg) {
     /* the fds come through the argument: static globals written just before clone() may be
      * optimised away, since the compiler cannot see clone() copy them into the child */
@@ -855,6 +881,7 @@ static int init_main(void *arg) {
     setup_rootfs();
     if (sethostname(cfg.hostname, strlen(cfg.hostname)) < 0) die("sethostname");
     if (!cfg.host_net) loopback_up();
+    density_options();
     prctl(PR_SET_PDEATHSIG, 0);
     if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0) die("dumpable");
     drop_capabilities();
@@ -999,12 +1026,15 @@ static void usage(void) {
     fprintf(stderr,
             "usage: shoal-init launch --state DIR --lower L1:L2 --hostname H --disk-mb N [--shm-mb N]\n"
             "                         [--cgroup DIR]... [--ttl-ms N] [--idle-ttl-ms N] [--tombstone FILE]\n"
-            "                         [--net none|host] [--ca-bundle FILE] [--upper tmpfs|mounted]\n");
+            "                         [--net none|host] [--ca-bundle FILE] [--upper tmpfs|mounted]\n"
+            "                         [--ksm 0|1] [--aslr 0|1]\n"
+            "       shoal-init seccomp-table | ksm-probe\n");
     exit(2);
 }
 
 int main(int argc, char **argv) {
     if (argc == 2 && strcmp(argv[1], "seccomp-table") == 0) return print_seccomp_table();
+    if (argc == 2 && strcmp(argv[1], "ksm-probe") == 0) return ksm_probe();
     if (argc < 2 || strcmp(argv[1], "launch") != 0) usage();
     static char rootfs[4096], disk[4096], sock[4096];
     cfg.shm_mb = 64;
@@ -1020,6 +1050,11 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--ttl-ms")) cfg.ttl_ms = atoll(v);
         else if (!strcmp(a, "--idle-ttl-ms")) cfg.idle_ttl_ms = atoll(v);
         else if (!strcmp(a, "--tombstone")) cfg.tombstone = v;
+        else if (!strcmp(a, "--ksm") || !strcmp(a, "--aslr")) {
+            if (strcmp(v, "0") != 0 && strcmp(v, "1") != 0) usage();
+            if (a[2] == 'k') cfg.ksm = v[0] == '1';
+            else cfg.no_aslr = v[0] == '0';
+        }
         else if (!strcmp(a, "--ca-bundle")) cfg.ca_bundle = v;
         else if (!strcmp(a, "--upper")) {
             if (!strcmp(v, "mounted")) cfg.upper_mounted = 1;
