@@ -62,6 +62,9 @@ class _Wire(BaseModel):
 
 # ------------------------------------------------------------------------------------ sandboxes
 UpperKind = Literal["tmpfs", "disk"]
+# what an OOM kill inside a sandbox (its own memory limit, or all sandboxes' together) ends: "command"
+# (the killed command reports oom_killed, the sandbox lives on) or "sandbox" (it ends, tombstone oom)
+OomKill = Literal["command", "sandbox"]
 NetworkMode = Literal["none", "host"]
 
 
@@ -76,6 +79,9 @@ class Limits(BaseModel):
     upper: UpperKind = Field(
         "tmpfs", description="where the writable upper lives: 'tmpfs' (memory-backed, size=disk_mb) or "
                              "'disk' (an ext4 file system of disk_mb on a loop device, on the Shoal root's disk)")
+    oom_kill: OomKill = Field(
+        "command", description="at the memory limit: 'command' (the OOM-killed command reports oom_killed, the "
+                               "sandbox lives on) or 'sandbox' (the whole sandbox ends, reason oom)")
 
     @field_validator("cpu", "memory_mb", "disk_mb", "pids")
     @classmethod
@@ -99,6 +105,7 @@ class CreateRequest(_Wire):
     disk_mb: int | None = Field(None, gt=0)
     pids: int | None = Field(None, gt=0)
     upper: UpperKind | None = Field(None, description="'tmpfs' (default) or 'disk'")
+    oom_kill: OomKill | None = Field(None, description="'command' or 'sandbox'; null = the host's default")
     ttl: float | None = Field(None, description="absolute lifetime in seconds from creation")
     idle_ttl: float | None = Field(None, description="seconds without any request before the sandbox ends")
     env: dict[str, str] | None = None
@@ -195,6 +202,8 @@ class ExecResult(BaseModel):
     timed_out: bool = False
     duration_s: float
     signal: int | None = None
+    oom_killed: bool = Field(False, description="the kernel's OOM killer ended the command (the sandbox's memory "
+                                                "limit, or all sandboxes' together); exit_code is then 137")
 
     @property
     def ok(self) -> bool:
