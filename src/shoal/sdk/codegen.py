@@ -72,6 +72,7 @@ from ..core.contract import (
     OutputEvent,
     ProcessHandle,
     ProcessOutput,
+    ReclaimResult,
     SandboxBackend,
     SandboxInfo,
     SessionHandle,
