@@ -235,11 +235,7 @@ class CgroupDriver:
         except (OSError, ValueError):
             return None
 
-    # ------------------------------------------------------------------ OOM (density-oom)
-    def memory_dir(self, sandbox_id: str) -> Path:
-        """The sandbox's memory cgroup (its supervisor watches it for OOM kills)."""
-        return self._dir("memory", sandbox_id)
-
+    # ------------------------------------------------------------------ OOM (density-oom; memory_dir above)
     def oom_kills(self, sandbox_id: str) -> int | None:
         """Processes of the sandbox the OOM killer has killed so far (its own limit or an ancestor's);
         None when unreadable (gone, or a v1 kernel older than 4.13)."""
