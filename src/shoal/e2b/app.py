@@ -10,6 +10,7 @@ from pathlib import Path
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..core.contract import SandboxBackend
 from ..core.errors import InvalidArgument, QuotaExceeded, SandboxNotFound, ShoalError
@@ -31,6 +32,10 @@ def make_app(backend: SandboxBackend, keys: Keys, templates: Mapping[str, str] |
     @app.exception_handler(ApiError)
     async def api_error(_: Request, e: ApiError) -> JSONResponse:
         return JSONResponse({"code": e.status, "message": e.message}, status_code=e.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, e: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse({"code": e.status_code, "message": str(e.detail)}, status_code=e.status_code)
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(_: Request, e: RequestValidationError) -> JSONResponse:
@@ -60,4 +65,4 @@ def serve(backend: SandboxBackend, keys: Keys, host: str = "127.0.0.1", port: in
     import uvicorn
 
     uvicorn.run(make_app(backend, keys, templates), host=host, port=port, log_level=log_level,
-                http="h11", access_log=False)
+                http="h11", access_log=False, timeout_graceful_shutdown=2)  # open streams don't hold a stop

@@ -110,7 +110,9 @@ def router(front: Front) -> APIRouter:
                 template: str | None = None, startedAfter: str | None = None,  # noqa: N803 (E2B's names)
                 order: str | None = None, limit: int | None = None, nextToken: str | None = None) -> Response:  # noqa: N803
         tenant = tenant_of(request)
-        want_meta = dict(urllib.parse.parse_qsl(metadata, keep_blank_values=True)) if metadata else {}
+        # the SDK quotes keys and values, then url-encodes the pairs: undo both
+        want_meta = {urllib.parse.unquote(k): urllib.parse.unquote(v)
+                     for k, v in urllib.parse.parse_qsl(metadata or "", keep_blank_values=True)}
         states = {s for part in (state or "running,paused").split(",") if (s := part.strip())}
         bad = states - {"running", "paused"}
         if bad:
@@ -120,7 +122,7 @@ def router(front: Front) -> APIRouter:
             raise ApiError(400, f"limit must be 1..1000, got {limit}")
         boxes = [b for b in front.boxes.all() if b.tenant == tenant and b.state in states
                  and all(b.metadata.get(k) == v for k, v in want_meta.items())
-                 and (template is None or b.template == template) and (after is None or b.started > after)]
+                 and (template is None or b.template == template) and (after is None or b.started >= after)]
         asc = (order or "desc").lower() == "asc"
         boxes.sort(key=lambda b: (b.started, b.id), reverse=not asc)
         if nextToken:
@@ -203,6 +205,7 @@ def router(front: Front) -> APIRouter:
         return _json(status, sandbox_json(box))
 
     r.add_api_route("/sandboxes/{sandbox_id}/connect", connect, methods=["POST"])
+    r.add_api_route("/v2/sandboxes/{sandbox_id}/connect", connect, methods=["POST"])
     r.add_api_route("/sandboxes/{sandbox_id}/resume", connect, methods=["POST"])
 
     @r.get("/sandboxes/{sandbox_id}/metrics")
