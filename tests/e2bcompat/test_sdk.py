@@ -159,3 +159,78 @@ def test_pause_and_connect(opts):
     finally:
         s.kill()
 
+
+
+def test_async_sdk(opts):
+    import asyncio
+
+    from e2b import AsyncSandbox
+
+    async def main() -> None:
+        s = await AsyncSandbox.create("base", timeout=60, **opts)
+        try:
+            r = await s.commands.run("echo async; echo err >&2")
+            assert (r.stdout, r.stderr, r.exit_code) == ("async\n", "err\n", 0)
+            await s.files.write("x.txt", "via async")
+            assert await s.files.read("x.txt") == "via async"
+            h = await s.commands.run("sleep 0.3; echo bg", background=True)
+            assert (await h.wait()).stdout == "bg\n"
+            # the WatchDir stream (the async SDK's watcher)
+            from e2b import FilesystemEventType
+
+            await s.files.make_dir("aw")
+            seen: list = []
+            wh = await s.files.watch_dir("aw", on_event=seen.append)
+            await s.files.write("aw/f.txt", "1")
+            for _ in range(100):
+                if any(e.type == FilesystemEventType.WRITE for e in seen):
+                    break
+                await asyncio.sleep(0.05)
+            assert [e.type for e in seen][:1] == [FilesystemEventType.CREATE]
+            assert any(e.type == FilesystemEventType.WRITE and e.name == "f.txt" for e in seen)
+            await wh.stop()
+        finally:
+            assert await s.kill() is True
+        assert await s.is_running() is False
+
+    asyncio.run(main())
+
+
+def test_bad_input(opts, e2b_server):
+    import httpx
+    from e2b.exceptions import NotFoundException, SandboxException
+
+    with pytest.raises((NotFoundException, SandboxException)):
+        Sandbox.create("no-such-template", **opts)
+    url = e2b_server["url"]
+    key = {"X-API-KEY": e2b_server["key"]}
+    # malformed bodies and ids get {code, message}, never a 500
+    for r in (httpx.post(url + "/v2/sandboxes", content=b"{not json", headers=key),
+              httpx.post(url + "/v2/sandboxes", json={"templateID": "base", "timeout": -5}, headers=key),
+              httpx.post(url + "/v2/sandboxes", json={"templateID": "base", "metadata": {"a": 1}}, headers=key),
+              httpx.get(url + "/v2/sandboxes?limit=0", headers=key),
+              httpx.get(url + "/v2/sandboxes?nextToken=%%%", headers=key),
+              httpx.get(url + "/sandboxes/sb-nope", headers=key)):
+        assert 400 <= r.status_code < 500, (r.status_code, r.text)
+        assert set(r.json()) == {"code", "message"}
+    # envd without a token, or with another sandbox's token, is refused
+    a = httpx.post(url + "/v2/sandboxes", json={"templateID": "base", "timeout": 30}, headers=key).json()
+    b = httpx.post(url + "/v2/sandboxes", json={"templateID": "base", "timeout": 30}, headers=key).json()
+    try:
+        hdr = {"E2b-Sandbox-Id": a["sandboxID"], "E2b-Sandbox-Port": "49983"}
+        assert httpx.get(url + "/health", headers=hdr).status_code == 401
+        assert httpx.get(url + "/health", headers={**hdr, "X-Access-Token": b["envdAccessToken"]}).status_code == 401
+        ok = {**hdr, "X-Access-Token": a["envdAccessToken"]}
+        assert httpx.get(url + "/health", headers=ok).status_code == 204
+        # a path cannot leave the sandbox's root: ../ stops at its /
+        r = httpx.get(url + "/files", params={"path": "../../../../etc/hostname"}, headers=ok)
+        assert r.status_code in (200, 404) and r.content != open("/etc/hostname", "rb").read()
+        # a truncated Connect envelope is a clean stream error
+        r = httpx.post(url + "/process.Process/Start", content=b"\x00\x00\x00\x10{}",
+                       headers={**ok, "Content-Type": "application/connect+json"})
+        assert r.status_code == 200 and b"invalid_argument" in r.content
+        # an unknown sandbox is 502 (what is_running() reads)
+        assert httpx.get(url + "/health", headers={**ok, "E2b-Sandbox-Id": "sb-000000000000"}).status_code == 502
+    finally:
+        for x in (a, b):
+            httpx.delete(url + f"/sandboxes/{x['sandboxID']}", headers=key)

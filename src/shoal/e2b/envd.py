@@ -379,7 +379,7 @@ def router(front: Front) -> APIRouter:
             if top.type != "dir":
                 raise wire.RpcError("invalid_argument", f"path {path!r} is not a directory")
             snap = await run_in_threadpool(snapshot, box, path, recursive)
-            yield {"event": {"start": {}}}
+            yield {"start": {}}  # WatchDirResponse's oneof sits in the message itself
             ka, last = keepalive_s(request), time.monotonic()
             while True:
                 await asyncio.sleep(POLL_S)
@@ -390,11 +390,11 @@ def router(front: Front) -> APIRouter:
                 except FileOpError:
                     return  # the watched directory went away
                 for ev in diff(snap, new):
-                    yield {"event": {"filesystem": ev}}
+                    yield {"filesystem": ev}
                     last = time.monotonic()
                 snap = new
                 if time.monotonic() - last > ka:
-                    yield {"event": {"keepalive": {}}}
+                    yield {"keepalive": {}}
                     last = time.monotonic()
         return gen()
 
