@@ -234,3 +234,20 @@ def test_bad_input(opts, e2b_server):
     finally:
         for x in (a, b):
             httpx.delete(url + f"/sandboxes/{x['sandboxID']}", headers=key)
+
+
+def test_signed_urls(sbx):
+    import httpx
+
+    sbx.files.write("/tmp/signed.txt", "signed content")
+    url = sbx.download_url("/tmp/signed.txt")
+    assert "signature=" in url
+    assert httpx.get(url).text == "signed content"  # no headers: the signature finds the sandbox
+    up = sbx.upload_url("/tmp/up.txt")
+    assert httpx.post(up, files={"file": ("/tmp/up.txt", b"uploaded")}).status_code == 200
+    assert sbx.files.read("/tmp/up.txt") == "uploaded"
+    tampered = url.replace("signed.txt", "up.txt")
+    assert httpx.get(tampered).status_code == 401
+    expired = sbx.download_url("/tmp/signed.txt", use_signature_expiration=-10)
+    r = httpx.get(expired)
+    assert r.status_code == 401 and "expired" in r.json()["message"]

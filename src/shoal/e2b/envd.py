@@ -8,9 +8,11 @@ timed out or paused answers 502, which is how the SDK's `is_running()` tells.
 from __future__ import annotations
 
 import asyncio
+import base64
 import email.parser
 import email.policy
 import gzip
+import hashlib
 import posixpath
 import secrets
 import shlex
@@ -104,6 +106,28 @@ def router(front: Front) -> APIRouter:
         if token is None or not secrets.compare_digest(token, box.token):
             raise ApiError(401, "invalid or missing X-Access-Token for this sandbox")
         return box
+
+    def box_for_files(request: Request, operation: str) -> Box:
+        """A /files request: the routing headers + token, or a signed URL (which carries neither: the
+        sandbox is the one whose token the signature was made with)."""
+        q = request.query_params
+        sig = q.get("signature")
+        if sig is None:
+            return box_for(request)
+        exp = q.get("signature_expiration")
+        if exp is not None:
+            if not exp.isdigit():
+                raise ApiError(400, "signature_expiration must be a unix time")
+            if int(exp) < time.time():
+                raise ApiError(401, "signature is already expired")
+        sid = request.headers.get("e2b-sandbox-id")
+        for box in [front.boxes.get(sid)] if sid else front.boxes.all():
+            if box is not None and secrets.compare_digest(
+                    sig, sign(q.get("path", ""), operation, q.get("username", ""), box.token, exp)):
+                if box.paused:
+                    raise not_running(box.id)
+                return box
+        raise ApiError(401, "invalid signature")
 
     def resolve(path: Any) -> str:
         if not isinstance(path, str) or not path:
@@ -438,7 +462,7 @@ def router(front: Front) -> APIRouter:
 
     @r.get("/files")
     def download(request: Request, path: str | None = None) -> Response:
-        box = box_for(request)
+        box = box_for_files(request, "read")
         p = _http_path(resolve, path)
         try:
             data = be.read_file(box.id, p)
@@ -454,7 +478,7 @@ def router(front: Front) -> APIRouter:
 
     @r.post("/files")
     async def upload(request: Request, path: str | None = None) -> Response:
-        box = box_for(request)
+        box = box_for_files(request, "write")
         body = await _body(request, MAX_UPLOAD)
         ctype = request.headers.get("content-type", "")
         files: list[tuple[str, bytes]] = []
@@ -495,6 +519,12 @@ def router(front: Front) -> APIRouter:
 
 
 POLL_S = 0.05  # WatchDir polls the directory this often (no inotify through the contract yet)
+
+
+def sign(path: str, operation: str, user: str, token: str, expiration: str | None) -> str:
+    """E2B's v1 file-URL signature: sha256 of `path:operation:user:token[:expiration]`, base64 unpadded."""
+    raw = f"{path}:{operation}:{user}:{token}" + (f":{expiration}" if expiration is not None else "")
+    return "v1_" + base64.b64encode(hashlib.sha256(raw.encode()).digest()).rstrip(b"=").decode()
 
 
 def _http_path(resolve: Callable[[Any], str], path: str | None) -> str:
