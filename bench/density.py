@@ -315,6 +315,28 @@ def tune_plan(current: dict[str, int], wanted: dict[str, int] | None = None) -> 
     return {k: (current[k], v) for k, v in wanted.items() if k in current and current[k] < v}
 
 
+def project_limits(step: dict, target_n: int, sysctl: dict[str, int], nofile: int) -> dict[str, dict]:
+    """What `target_n` sandboxes would need of each kernel limit, from the per-sandbox use at a step:
+    {limit: {per_sandbox, needed, limit, fits}}. Host-wide figures (tasks, mounts in the host namespace,
+    open files, inotify instances) and the client's fds (one process holds every sandbox's handles)."""
+    per = {
+        "kernel.pid_max / kernel.threads-max (tasks)": (
+            (step.get("attributed_per_sb") or {}).get("tasks", step.get("tasks_per_sb")),
+            min(sysctl.get("kernel/pid_max", 1 << 22), sysctl.get("kernel/threads-max", 1 << 22))),
+        "fs.mount-max (mounts in the host namespace)": (step.get("mounts_host_per_sb"), sysctl.get("fs/mount-max")),
+        "fs.file-max (open files, host)": (step.get("files_per_sb"), sysctl.get("fs/file-max")),
+        "fs.inotify.max_user_instances": (step.get("inotify_per_sb"), sysctl.get("fs/inotify/max_user_instances")),
+        "RLIMIT_NOFILE of the client process": ((step.get("client") or {}).get("fds_per_sb"), nofile),
+    }
+    out = {}
+    for name, (ps, lim) in per.items():
+        if ps is None or lim is None:
+            continue
+        need = max(0.0, ps) * target_n
+        out[name] = {"per_sandbox": ps, "needed": need, "limit": lim, "fits": need <= lim}
+    return out
+
+
 def summarize(runs: list[dict]) -> dict:
     """Spread over runs: N held, and at each step all runs reached, per-sandbox memory (used, anon, cgroup
     anon + kernel), tasks, mounts, create / exec latency; plus the paused figures where present."""
@@ -372,7 +394,11 @@ STEP_METRICS: dict[str, Callable[[dict], float | None]] = {
 
 
 # ------------------------------------------------------------------------------------------ host readings
-def read_sysctls(keys: Iterable[str] = tuple(TUNE) + ("fs/nr_open",)) -> dict[str, int]:
+NS_SYSCTLS = ("user/max_mnt_namespaces", "user/max_pid_namespaces", "user/max_net_namespaces",
+              "user/max_ipc_namespaces", "user/max_uts_namespaces", "user/max_cgroup_namespaces")
+
+
+def read_sysctls(keys: Iterable[str] = tuple(TUNE) + ("fs/nr_open",) + NS_SYSCTLS) -> dict[str, int]:
     out = {}
     for k in keys:
         try:
@@ -973,6 +999,8 @@ class Fill:
                  "inotify": inotify_instances(), "client_fds": fds,
                  "client_nofile": resource.getrlimit(resource.RLIMIT_NOFILE)[0], "maps": maps}
         step["limits"] = limit_usage(read_sysctls(), usage)
+        step["files_per_sb"] = (usage["files"] - base["files"]) / n
+        step["inotify_per_sb"] = (usage["inotify"] - base["inotify"]) / n
         return step
 
     def run(self) -> dict:
@@ -987,7 +1015,8 @@ class Fill:
         time.sleep(0.5)
         base = {"meminfo": meminfo(), "cgroup": memcg_totals(side.cgroup) if side.cgroup else None,
                 "threads": nr_threads(), "processes": nr_processes(), "mounts": host_mounts(),
-                "helpers": helper_usage(side.helper_match),
+                "helpers": helper_usage(side.helper_match), "inotify": inotify_instances(),
+                "files": int(Path("/proc/sys/fs/file-nr").read_text().split()[0]),
                 "client_fds": fd_count(), "cache_files": side.cache_files()}
         steps_at = fill_steps(self.max_n)
         steps: list[dict] = []
@@ -1145,6 +1174,10 @@ def collect(runs_by_profile: dict[str, list[dict]], with_paused: bool) -> dict:
             rs = [r[side] for r in runs if side in r]
             if rs:
                 sides[side] = {"runs": rs, "summary": summarize(rs)}
+                last = rs[-1]["steps"][-1] if rs[-1].get("steps") else None
+                if last is not None:  # the limits 20,000 sandboxes would need, from the latest run's last step
+                    sides[side]["summary"]["limits_for_20000"] = project_limits(
+                        last, 20000, read_sysctls(), resource.getrlimit(resource.RLIMIT_NOFILE)[0])
         profiles[kind] = {"sides": sides}
         if kind == "python" and with_paused:
             psides: dict[str, Any] = {}

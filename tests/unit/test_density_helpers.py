@@ -163,3 +163,16 @@ def test_double_cache_probe_tells_the_mount_options_apart(d, tmp_path):
         pytest.skip(f"kernel without EROFS directio: {res['directio']['skipped']}")
     direct = res["directio"]["after_one_read"]
     assert direct["in_mount_cache"] >= 1 << 20 and direct["in_backing_file_cache"] < 64 << 10  # once
+
+
+def test_project_limits(d):
+    step = {"attributed_per_sb": {"tasks": 3.0}, "mounts_host_per_sb": 1.5, "files_per_sb": 10.0,
+            "inotify_per_sb": 0.0, "client": {"fds_per_sb": 5.0}}
+    p = d.project_limits(step, 20000, {"kernel/pid_max": 32768, "kernel/threads-max": 190000,
+                                       "fs/mount-max": 100000, "fs/file-max": 1 << 40,
+                                       "fs/inotify/max_user_instances": 128}, nofile=20000)
+    pid = p["kernel.pid_max / kernel.threads-max (tasks)"]
+    assert pid["needed"] == 60000 and pid["limit"] == 32768 and not pid["fits"]
+    assert p["fs.mount-max (mounts in the host namespace)"]["fits"]
+    assert not p["RLIMIT_NOFILE of the client process"]["fits"]  # 5 fds x 20,000 > 20,000
+    assert p["fs.inotify.max_user_instances"]["fits"]
