@@ -15,6 +15,7 @@ from __future__ import annotations
 import abc
 import enum
 import math
+import time
 from collections.abc import Callable
 from typing import Any, ClassVar, Literal
 
@@ -225,6 +226,8 @@ class StartRequest(_Wire):
     env: dict[str, str] = Field(default_factory=dict)
     timeout: float | None = Field(None, description="seconds; null = runs until it exits or is killed")
     ring_bytes: int = Field(1 << 20, gt=0, le=MAX_OUTPUT_CAP)
+    stdin: bool = Field(False, description="keep a pipe to its stdin open (write_stdin / close_stdin); "
+                                           "false = stdin is /dev/null")
 
     _argv = field_validator("argv")(classmethod(lambda cls, v: _check_argv(v)))
     _timeout = field_validator("timeout")(_seconds)
@@ -374,6 +377,24 @@ class ProcessHandle(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Stop tracking it and free its buffers; kills it if still running."""
+
+    def wait_output(self, since: Cursor, timeout: float) -> ProcessOutput:
+        """Output since `since`, waiting up to `timeout` seconds for some (or for the exit) when there is
+        none yet: what a streaming front calls in a loop. Backends that can be woken override the poll."""
+        deadline = time.monotonic() + timeout
+        while True:
+            out = self.output(since)
+            if out.stdout or out.stderr or out.exit_code is not None or time.monotonic() >= deadline:
+                return out
+            time.sleep(0.005)
+
+    def write_stdin(self, data: bytes) -> None:
+        """Feed its stdin (started with stdin=True)."""
+        raise InvalidArgument(f"this backend's processes take no stdin ({type(self).__name__})")
+
+    def close_stdin(self) -> None:
+        """End of input for its stdin."""
+        raise InvalidArgument(f"this backend's processes take no stdin ({type(self).__name__})")
 
 
 class SessionHandle(abc.ABC):

@@ -621,7 +621,7 @@ class ContainerBackend(LocalBackend):
                                   stdin_pipe=stdin_pipe)
 
     def start(self, sandbox_id: str, req: StartRequest) -> ContainerProcess:
-        proc = self._spawn(sandbox_id, req.argv, req.env, req.cwd, timeout=req.timeout)
+        proc = self._spawn(sandbox_id, req.argv, req.env, req.cwd, timeout=req.timeout, stdin_pipe=req.stdin)
         return ContainerProcess(proc, req.ring_bytes, list(req.argv))
 
     def open_session(self, sandbox_id: str, req: SessionRequest) -> ContainerSession:
