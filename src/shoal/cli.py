@@ -35,6 +35,9 @@ tasks_app = typer.Typer(help="Task suites: make their images ready on this host 
 app.add_typer(tasks_app, name="tasks")
 fleet_app = typer.Typer(help="A fleet: its CA and certificates, its hosts (docs/fleet.md).", no_args_is_help=True)
 app.add_typer(fleet_app, name="fleet")
+from .e2b.cli import e2b_app  # noqa: E402  (its own module: the E2B front's commands)
+
+app.add_typer(e2b_app, name="e2b")
 console = Console()
 err_console = Console(stderr=True)
 
@@ -452,6 +455,26 @@ def pause(sandbox_id: str, root: str | None = RootOpt):
 def resume(sandbox_id: str, root: str | None = RootOpt):
     """Thaw a paused sandbox."""
     _backend(root).resume(sandbox_id)
+
+
+@app.command()
+def reclaim(sandbox_id: str, target: float = typer.Option(0.75, "--target", "-t",
+                                                         help="fraction of anonymous memory to push out, (0, 1]"),
+            root: str | None = RootOpt):
+    """Push a sandbox's cold memory to compressed swap (zram); it pages back in on demand."""
+    from pydantic import ValidationError
+
+    from .core.contract import ReclaimRequest
+    from .core.errors import InvalidArgument
+    from .host import describe
+
+    try:
+        req = ReclaimRequest(target=target)
+    except ValidationError as e:
+        raise InvalidArgument(describe(e)) from None
+    r = _backend(root).reclaim(sandbox_id, req)
+    console.print(f"{sandbox_id}: {_size(r.memory_before)} -> {_size(r.memory_after)} in memory, "
+                  f"{_size(r.swapped)} in swap ({r.duration_s * 1000:.0f} ms)")
 
 
 @app.command()

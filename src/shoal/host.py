@@ -39,6 +39,8 @@ from .core.contract import (
     NetworkRequest,
     OutputCallback,
     ProcessHandle,
+    ReclaimRequest,
+    ReclaimResult,
     SandboxBackend,
     SandboxInfo,
     SandboxSpec,
@@ -168,7 +170,7 @@ class Host(SandboxBackend):
         try:
             limits = Limits(cpu=req.cpu or s.default_cpu, memory_mb=req.memory_mb or s.default_memory_mb,
                             disk_mb=req.disk_mb or s.default_disk_mb, pids=req.pids or s.default_pids,
-                            upper=req.upper or "tmpfs")
+                            upper=req.upper or "tmpfs", oom_kill=req.oom_kill or s.oom_kill)
             spec = SandboxSpec(image=label, layers=digests, limits=limits, ttl=req.ttl, idle_ttl=req.idle_ttl,
                                env={**config.get("env", {}), **(req.env or {})}, base_env=config.get("env", {}),
                                hostname=req.hostname, workdir=req.workdir or config.get("workdir", "/"),
@@ -230,7 +232,8 @@ class Host(SandboxBackend):
         child = CreateRequest(from_snapshot=snap.id, backend=be.name, cpu=req.cpu or info.limits.cpu,
                               memory_mb=req.memory_mb or info.limits.memory_mb,
                               disk_mb=req.disk_mb or info.limits.disk_mb, pids=req.pids or info.limits.pids,
-                              upper=req.upper or info.limits.upper, ttl=ttl, idle_ttl=idle_ttl, env=env,
+                              upper=req.upper or info.limits.upper, oom_kill=info.limits.oom_kill, ttl=ttl,
+                              idle_ttl=idle_ttl, env=env,
                               ksm=info.ksm, aslr=info.aslr, priority=info.priority)  # as the parent
         reply = ForkReply(snapshot=snap, sandboxes=[])
         for i in range(req.n):
@@ -260,6 +263,9 @@ class Host(SandboxBackend):
 
     def set_ttl(self, sandbox_id: str, req: TimeoutRequest) -> SandboxInfo:
         return self._route(sandbox_id).set_ttl(sandbox_id, req)
+
+    def reclaim(self, sandbox_id: str, req: ReclaimRequest) -> ReclaimResult:
+        return self._route(sandbox_id).reclaim(sandbox_id, req)
 
     def exec(self, sandbox_id: str, req: ExecRequest, on_stdout: OutputCallback | None = None,
              on_stderr: OutputCallback | None = None) -> ExecResult:

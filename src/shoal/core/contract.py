@@ -15,12 +15,13 @@ from __future__ import annotations
 import abc
 import enum
 import math
+import time
 from collections.abc import Callable
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from .errors import InvalidArgument
+from .errors import InvalidArgument, NotSupported
 
 API_PREFIX = "/v1"  # every shoald route lives under it; the HTTP backend prefixes the same constant
 
@@ -62,6 +63,9 @@ class _Wire(BaseModel):
 
 # ------------------------------------------------------------------------------------ sandboxes
 UpperKind = Literal["tmpfs", "disk"]
+# what an OOM kill inside a sandbox (its own memory limit, or all sandboxes' together) ends: "command"
+# (the killed command reports oom_killed, the sandbox lives on) or "sandbox" (it ends, tombstone oom)
+OomKill = Literal["command", "sandbox"]
 NetworkMode = Literal["none", "host"]
 Priority = Literal["normal", "idle"]  # CPU class: "idle" runs only on CPU time nothing else wants
 
@@ -84,6 +88,9 @@ class Limits(BaseModel):
     upper: UpperKind = Field(
         "tmpfs", description="where the writable upper lives: 'tmpfs' (memory-backed, size=disk_mb) or "
                              "'disk' (an ext4 file system of disk_mb on a loop device, on the Shoal root's disk)")
+    oom_kill: OomKill = Field(
+        "command", description="at the memory limit: 'command' (the OOM-killed command reports oom_killed, the "
+                               "sandbox lives on) or 'sandbox' (the whole sandbox ends, reason oom)")
 
     @field_validator("cpu", "memory_mb", "disk_mb", "pids")
     @classmethod
@@ -107,6 +114,7 @@ class CreateRequest(_Wire):
     disk_mb: int | None = Field(None, gt=0)
     pids: int | None = Field(None, gt=0)
     upper: UpperKind | None = Field(None, description="'tmpfs' (default) or 'disk'")
+    oom_kill: OomKill | None = Field(None, description="'command' or 'sandbox'; null = the host's default")
     ttl: float | None = Field(None, description="absolute lifetime in seconds from creation")
     idle_ttl: float | None = Field(None, description="seconds without any request before the sandbox ends")
     env: dict[str, str] | None = None
@@ -212,6 +220,8 @@ class ExecResult(BaseModel):
     timed_out: bool = False
     duration_s: float
     signal: int | None = None
+    oom_killed: bool = Field(False, description="the kernel's OOM killer ended the command (the sandbox's memory "
+                                                "limit, or all sandboxes' together); exit_code is then 137")
 
     @property
     def ok(self) -> bool:
@@ -233,6 +243,8 @@ class StartRequest(_Wire):
     env: dict[str, str] = Field(default_factory=dict)
     timeout: float | None = Field(None, description="seconds; null = runs until it exits or is killed")
     ring_bytes: int = Field(1 << 20, gt=0, le=MAX_OUTPUT_CAP)
+    stdin: bool = Field(False, description="keep a pipe to its stdin open (write_stdin / close_stdin); "
+                                           "false = stdin is /dev/null")
 
     _argv = field_validator("argv")(classmethod(lambda cls, v: _check_argv(v)))
     _timeout = field_validator("timeout")(_seconds)
@@ -383,6 +395,24 @@ class ProcessHandle(abc.ABC):
     def close(self) -> None:
         """Stop tracking it and free its buffers; kills it if still running."""
 
+    def wait_output(self, since: Cursor, timeout: float) -> ProcessOutput:
+        """Output since `since`, waiting up to `timeout` seconds for some (or for the exit) when there is
+        none yet: what a streaming front calls in a loop. Backends that can be woken override the poll."""
+        deadline = time.monotonic() + timeout
+        while True:
+            out = self.output(since)
+            if out.stdout or out.stderr or out.exit_code is not None or time.monotonic() >= deadline:
+                return out
+            time.sleep(0.005)
+
+    def write_stdin(self, data: bytes) -> None:
+        """Feed its stdin (started with stdin=True)."""
+        raise InvalidArgument(f"this backend's processes take no stdin ({type(self).__name__})")
+
+    def close_stdin(self) -> None:
+        """End of input for its stdin."""
+        raise InvalidArgument(f"this backend's processes take no stdin ({type(self).__name__})")
+
 
 class SessionHandle(abc.ABC):
     """A long-lived shell: cwd, env and shell variables persist between run() calls."""
@@ -402,6 +432,39 @@ class SessionHandle(abc.ABC):
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+# ------------------------------------------------------------------------------------ memory reclaim
+class ReclaimRequest(_Wire):
+    """Push a sandbox's cold memory out to (compressed) swap. `target` is the fraction of its
+    anonymous memory (process memory and its tmpfs upper) to push out: 0.75 = three quarters."""
+
+    target: float = Field(0.75, gt=0, le=1, description="fraction of anonymous memory to push out, in (0, 1]")
+
+    @field_validator("target", mode="before")
+    @classmethod
+    def _number(cls, v):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise ValueError(f"target must be a number in (0, 1], got {v!r}")
+        return v
+
+
+class ReclaimResult(BaseModel):
+    """What one reclaim did, measured from the sandbox's cgroup before and after."""
+
+    sandbox_id: str
+    target: float
+    memory_before: int = Field(description="bytes charged to the sandbox's cgroup before")
+    memory_after: int = Field(description="bytes charged after (what it holds in RAM)")
+    anon_before: int = Field(description="anonymous + shmem (tmpfs) bytes before")
+    anon_after: int
+    swapped: int = Field(description="bytes the sandbox has in swap afterwards")
+    duration_s: float
+    paused: bool = Field(description="whether the sandbox was paused while (and after) reclaiming")
+
+    @property
+    def reclaimed(self) -> int:
+        return max(0, self.memory_before - self.memory_after)
 
 
 # ------------------------------------------------------------------------------------ images
@@ -503,6 +566,13 @@ class SandboxBackend(abc.ABC):
     @abc.abstractmethod
     def set_network(self, sandbox_id: str, req: NetworkRequest) -> NetworkPolicy:
         """Replace the egress allow rules; with no rules the sandbox has no egress."""
+
+    # ---------------------------------------------------------------- memory
+    def reclaim(self, sandbox_id: str, req: ReclaimRequest) -> ReclaimResult:
+        """Push `req.target` of the sandbox's anonymous memory out to swap (zram where the operator
+        enabled it). The sandbox keeps its state: pages come back on demand when it next runs.
+        Backends without per-sandbox memory control raise NotSupported."""
+        raise NotSupported(f"the {self.name} backend cannot reclaim a sandbox's memory")
 
     # ---------------------------------------------------------------- images
     @abc.abstractmethod

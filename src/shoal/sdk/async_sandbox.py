@@ -16,11 +16,13 @@ from ..core.contract import (
     ExecResult,
     FileEntry,
     NetworkPolicy,
+    OomKill,
     OutputCallback,
     OutputEvent,
     Priority,
     ProcessHandle,
     ProcessOutput,
+    ReclaimResult,
     SandboxBackend,
     SandboxInfo,
     SessionHandle,
@@ -91,6 +93,20 @@ class AsyncProcessHandle:
     async def close(self) -> None:
         """Stop tracking it and free its buffers; kills it if still running."""
         await _t(self._sync.close)
+
+    async def wait_output(self, since: Cursor, timeout: float) -> ProcessOutput:
+        """Output since `since`, waiting up to `timeout` seconds for some (or for the exit) when there is
+        none yet: what a streaming front calls in a loop. Backends that can be woken override the poll.
+        """
+        return await _t(self._sync.wait_output, since=since, timeout=timeout)
+
+    async def write_stdin(self, data: bytes) -> None:
+        """Feed its stdin (started with stdin=True)."""
+        await _t(self._sync.write_stdin, data=data)
+
+    async def close_stdin(self) -> None:
+        """End of input for its stdin."""
+        await _t(self._sync.close_stdin)
 
 
 class AsyncSession:
@@ -237,7 +253,8 @@ class AsyncSandbox:
                      env: dict[str, str] | None = None, hostname: str | None = None, workdir: str | None = None,
                      from_snapshot: str | SnapshotInfo | None = None, backend: str = "container",
                      root: str | os.PathLike | None = None, url: str | None = None, api_key: str | None = None,
-                     ksm: bool = False, aslr: bool = True, priority: Priority = "normal") -> AsyncSandbox:
+                     oom_kill: OomKill | None = None, ksm: bool = False, aslr: bool = True,
+                     priority: Priority = "normal") -> AsyncSandbox:
         """Create a sandbox from an image (name[:tag]) and/or layers composed on top, bottom -> top,
         or restore a snapshot (`from_snapshot=` id or SnapshotInfo) as a new sandbox.
 
@@ -245,7 +262,8 @@ class AsyncSandbox:
         foreground command counts as activity). Either ends the sandbox and frees it. Limits left
         out take the host's defaults. backend: the isolation ("container", "gvisor"), or "local" for
         a container in this process (root only). url / api_key (or $SHOAL_URL / $SHOAL_API_KEY):
-        which shoald; url="local" runs in this process.
+        which shoald; url="local" runs in this process. oom_kill: what running out of memory ends,
+        "command" (it reports oom_killed) or "sandbox" (later calls raise SandboxOutOfMemory).
 
         Density (docs/ksm-and-scheduling.md): ksm=True merges identical pages with other ksm
         sandboxes (a side channel between them: opt in only among sandboxes that may share one);
@@ -255,7 +273,7 @@ class AsyncSandbox:
         return cls(await _t(Sandbox.create, image=image, layers=layers, cpu=cpu, memory_mb=memory_mb, disk_mb=disk_mb,
                             pids=pids, upper=upper, ttl=ttl, idle_ttl=idle_ttl, env=env, hostname=hostname,
                             workdir=workdir, from_snapshot=from_snapshot, backend=backend, root=root, url=url,
-                            api_key=api_key, ksm=ksm, aslr=aslr, priority=priority))
+                            api_key=api_key, oom_kill=oom_kill, ksm=ksm, aslr=aslr, priority=priority))
 
     @classmethod
     async def connect(cls, sandbox_id: str, *, root: str | os.PathLike | None = None, url: str | None = None,
@@ -274,6 +292,12 @@ class AsyncSandbox:
 
     async def resume(self) -> None:
         await _t(self._sync.resume)
+
+    async def reclaim(self, target: float = 0.75) -> ReclaimResult:
+        """Push `target` (a fraction in (0, 1]) of the sandbox's anonymous memory to compressed swap;
+        it comes back on demand. Frozen meanwhile; a paused sandbox stays paused.
+        """
+        return await _t(self._sync.reclaim, target=target)
 
     async def set_timeout(self, ttl: float | None = None, idle_ttl: float | None = None) -> None:
         """Replace both lifetimes (ttl counts from now; None clears)."""
