@@ -93,6 +93,20 @@ class AsyncProcessHandle:
         """Stop tracking it and free its buffers; kills it if still running."""
         await _t(self._sync.close)
 
+    async def wait_output(self, since: Cursor, timeout: float) -> ProcessOutput:
+        """Output since `since`, waiting up to `timeout` seconds for some (or for the exit) when there is
+        none yet: what a streaming front calls in a loop. Backends that can be woken override the poll.
+        """
+        return await _t(self._sync.wait_output, since=since, timeout=timeout)
+
+    async def write_stdin(self, data: bytes) -> None:
+        """Feed its stdin (started with stdin=True)."""
+        await _t(self._sync.write_stdin, data=data)
+
+    async def close_stdin(self) -> None:
+        """End of input for its stdin."""
+        await _t(self._sync.close_stdin)
+
 
 class AsyncSession:
     """A long-lived shell (see `SessionHandle`)."""
