@@ -98,6 +98,45 @@ def test_sandbox_cannot_lower_its_oom_score(host, base_image):
         assert r.stdout.strip() == "500"
 
 
+def test_daemon_protection_moves_it_apart_and_lowers_its_score():
+    """protect_daemon: shoald's own memory cgroup (v2: memory.min), oom_score_adj -900 where root may
+    set it; a daemon someone else placed (systemd, a harness) is left where it is."""
+    from shoal.server.protect import _memory_hierarchy, current_memory_cgroup, protect_daemon
+
+    hier = _memory_hierarchy()
+    if hier is None:
+        pytest.skip("no memory cgroup controller on this host")
+    version, mount = hier
+    name = f"shoal-system-test-{os.getpid()}"
+    child = subprocess.Popen(["sleep", "60"])
+    try:
+        before = current_memory_cgroup(child.pid)
+        left = protect_daemon(name, 64, pid=child.pid)  # move=None: placed by someone unless at "/"
+        assert current_memory_cgroup(child.pid) == before
+        assert left.cgroup == before
+        p = protect_daemon(name, 64, move=True, pid=child.pid)
+        assert current_memory_cgroup(child.pid) == f"/{name}" == p.cgroup
+        if version == 2:
+            assert (mount / name / "memory.min").read_text().strip() == str(64 << 20)
+            assert p.memory_min_mb == 64
+        adj = Path(f"/proc/{child.pid}/oom_score_adj").read_text().strip()
+        if host_can_lower_oom_scores():
+            assert adj == "-900" and p.oom_score_adj == -900
+        else:  # said, not silently skipped
+            assert adj == "0" and any("oom_score_adj" in r for r in p.refused)
+    finally:
+        child.kill()
+        child.wait()
+        for _ in range(100):
+            try:
+                (mount / name).rmdir()
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                time.sleep(0.02)
+
+
 # ------------------------------------------------------------------ all sandboxes together
 AGGREGATE_MB = 256
 
