@@ -38,6 +38,9 @@ tasks_app = typer.Typer(help="Task suites: make their images ready on this host 
 app.add_typer(tasks_app, name="tasks")
 fleet_app = typer.Typer(help="A fleet: its CA and certificates, its hosts (docs/fleet.md).", no_args_is_help=True)
 app.add_typer(fleet_app, name="fleet")
+from .e2b.cli import e2b_app  # noqa: E402  (its own module: the E2B front's commands)
+
+app.add_typer(e2b_app, name="e2b")
 console = Console()
 err_console = Console(stderr=True)
 

@@ -170,7 +170,7 @@ class Host(SandboxBackend):
         try:
             limits = Limits(cpu=req.cpu or s.default_cpu, memory_mb=req.memory_mb or s.default_memory_mb,
                             disk_mb=req.disk_mb or s.default_disk_mb, pids=req.pids or s.default_pids,
-                            upper=req.upper or "tmpfs")
+                            upper=req.upper or "tmpfs", oom_kill=req.oom_kill or s.oom_kill)
             spec = SandboxSpec(image=label, layers=digests, limits=limits, ttl=req.ttl, idle_ttl=req.idle_ttl,
                                env={**config.get("env", {}), **(req.env or {})}, base_env=config.get("env", {}),
                                hostname=req.hostname, workdir=req.workdir or config.get("workdir", "/"),
@@ -232,7 +232,8 @@ class Host(SandboxBackend):
         child = CreateRequest(from_snapshot=snap.id, backend=be.name, cpu=req.cpu or info.limits.cpu,
                               memory_mb=req.memory_mb or info.limits.memory_mb,
                               disk_mb=req.disk_mb or info.limits.disk_mb, pids=req.pids or info.limits.pids,
-                              upper=req.upper or info.limits.upper, ttl=ttl, idle_ttl=idle_ttl, env=env)
+                              upper=req.upper or info.limits.upper, oom_kill=info.limits.oom_kill, ttl=ttl,
+                              idle_ttl=idle_ttl, env=env)
         reply = ForkReply(snapshot=snap, sandboxes=[])
         for i in range(req.n):
             try:

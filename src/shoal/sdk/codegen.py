@@ -67,6 +67,7 @@ from ..core.contract import (
     ExecResult,
     FileEntry,
     NetworkPolicy,
+    OomKill,
     OutputCallback,
     OutputEvent,
     ProcessHandle,

@@ -28,6 +28,7 @@ class ContainerProcess(ProcessHandle):
         self.argv = argv
         self._out, self._err = initclient.RingLog(ring_bytes), initclient.RingLog(ring_bytes)
         self._done = threading.Event()
+        self._changed = threading.Condition()  # wakes wait_output: new output or the exit
         self._pump = threading.Thread(target=self._run, name=f"shoal-bg-{proc.sandbox_id}", daemon=True)
         self._pump.start()
         deadline = time.monotonic() + 5
@@ -56,6 +57,7 @@ class ContainerProcess(ProcessHandle):
                         streams -= 1
                     else:
                         key.data.add(data)
+                        self._notify()
                 if p.status is not None and streams:
                     # exited; give a lingering daemon's pipes 200 ms, then stop reading
                     for key, _ in sel.select(0.2):
@@ -68,6 +70,11 @@ class ContainerProcess(ProcessHandle):
             sel.close()
             p.close_pipes()  # a finished command keeps only its control socket
             self._done.set()
+            self._notify()
+
+    def _notify(self) -> None:
+        with self._changed:
+            self._changed.notify_all()
 
     @property
     def pid(self) -> int | None:  # type: ignore[override]  # read live: set once init reports the start
@@ -87,6 +94,35 @@ class ContainerProcess(ProcessHandle):
 
     def poll(self) -> int | None:
         return self._exit_code()
+
+    def wait_output(self, since: Cursor, timeout: float) -> ProcessOutput:
+        deadline = time.monotonic() + timeout
+        with self._changed:  # checked under the lock the pump notifies under: no wake-up is missed
+            while True:
+                out = self.output(since)
+                left = deadline - time.monotonic()
+                if out.stdout or out.stderr or out.exit_code is not None or left <= 0:
+                    return out
+                self._changed.wait(left)
+
+    def write_stdin(self, data: bytes) -> None:
+        p = self._proc
+        with p._close_lock:  # never write to an fd the pump has closed (and the number reused)
+            if p.stdin_w < 0:
+                raise InvalidArgument("the process's stdin is closed (or it was started without stdin=True)")
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(p.stdin_w, view):]
+            except BrokenPipeError:
+                raise InvalidArgument("the process no longer reads its stdin") from None
+
+    def close_stdin(self) -> None:
+        p = self._proc
+        with p._close_lock:
+            if p.stdin_w >= 0:
+                os.close(p.stdin_w)
+                p.stdin_w = -1
 
     def wait(self, timeout: float | None = None) -> ExecResult:
         if not self._done.wait(timeout):
