@@ -13,9 +13,11 @@ from shoal.backends.container import zram
 HERE = Path(__file__).parent
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def zram_swap(tmp_path_factory):
-    """Shoal's zram device, made by the code under test on a private state file; torn down after."""
+    """Shoal's zram device, made by the code under test on a private state file; torn down after the
+    module (swap on the host changes what other modules see: an aggregate limit spills to swap
+    instead of OOM-killing)."""
     state = tmp_path_factory.mktemp("zram") / "zram.json"
     try:
         dev = zram.setup(zram.ZramConfig(size_mb=1024, algorithm="lz4"), state)
