@@ -40,6 +40,13 @@ def test_command_past_its_limit_is_oom_killed_and_the_sandbox_lives_on(host, bas
         # a SIGKILL that is not the OOM killer's is not reported as one
         killed = sb.commands.run("sh -c 'kill -9 $$'", timeout=10)
         assert killed.exit_code == 137 and not killed.oom_killed
+        # background commands say it too
+        bg = sb.commands.start(alloc(200))
+        res = bg.wait(30)
+        assert res.oom_killed and res.exit_code == 137, res
+        bg2 = sb.commands.start("sleep 30")
+        bg2.kill()
+        assert not bg2.wait(10).oom_killed
 
 
 def test_oom_kill_sandbox_policy_ends_it_with_tombstone_oom(host, base_image):

@@ -622,7 +622,8 @@ class ContainerBackend(LocalBackend):
 
     def start(self, sandbox_id: str, req: StartRequest) -> ContainerProcess:
         proc = self._spawn(sandbox_id, req.argv, req.env, req.cwd, timeout=req.timeout, stdin_pipe=req.stdin)
-        return ContainerProcess(proc, req.ring_bytes, list(req.argv))
+        return ContainerProcess(proc, req.ring_bytes, list(req.argv),
+                                oom_kills=lambda: self.cgroups.oom_kills(sandbox_id))
 
     def open_session(self, sandbox_id: str, req: SessionRequest) -> ContainerSession:
         meta = self._live_meta(sandbox_id)

@@ -1010,6 +1010,12 @@ static int oom_check(struct oom_watch *w) {
     if (w->fd >= 0 && !w->v2) {
         uint64_t v;
         while (read(w->fd, &v, sizeof v) > 0) {}
+    } else if (w->fd >= 0) {
+        /* kernfs keeps answering POLLPRI until the watched fd itself has read the new contents */
+        char buf[512];
+        if (lseek(w->fd, 0, SEEK_SET) == 0)
+            while (read(w->fd, buf, sizeof buf) > 0) {}
+        errno = 0;
     }
     long long kills, own;
     oom_counts(w, &kills, &own);
