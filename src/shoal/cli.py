@@ -26,6 +26,9 @@ app.add_typer(layer_app, name="layer")
 app.add_typer(image_app, name="image")
 tenant_app = typer.Typer(help="Tenants and API keys (through the local shoald, as admin).", no_args_is_help=True)
 app.add_typer(tenant_app, name="tenant")
+zram_app = typer.Typer(help="Shoal's zram swap device, where reclaimed sandbox memory goes ([density] zram_mb).",
+                       no_args_is_help=True)
+app.add_typer(zram_app, name="zram")
 env_app = typer.Typer(help="Ready-made environments: Debian base, Python toolchain, real workspaces.",
                       no_args_is_help=True)
 app.add_typer(env_app, name="env")
@@ -475,6 +478,44 @@ def reclaim(sandbox_id: str, target: float = typer.Option(0.75, "--target", "-t"
     r = _backend(root).reclaim(sandbox_id, req)
     console.print(f"{sandbox_id}: {_size(r.memory_before)} -> {_size(r.memory_after)} in memory, "
                   f"{_size(r.swapped)} in swap ({r.duration_s * 1000:.0f} ms)")
+
+
+@zram_app.command("up")
+def zram_up(size_mb: int | None = typer.Option(None, "--size-mb", help="default: [density] zram_mb"),
+            algorithm: str | None = typer.Option(None, "--algorithm", help="default: [density] zram_algorithm"),
+            root: str | None = RootOpt):
+    """Set up the zram swap device (what shoald does at start when zram_mb is set); idempotent."""
+    from .backends.container import zram
+    from .config import load_settings
+
+    s = load_settings(root)
+    cfg = zram.ZramConfig(size_mb if size_mb is not None else s.zram_mb, algorithm or s.zram_algorithm,
+                          s.zram_priority)
+    dev = zram.setup(cfg)
+    console.print(f"{dev.path}: {dev.size_mb} MiB, {dev.algorithm}, swap priority {dev.priority}")
+
+
+@zram_app.command("status")
+def zram_status():
+    """The device, and how well what it holds compresses."""
+    from .backends.container import zram
+
+    dev = zram.current()
+    if dev is None:
+        console.print("no Shoal zram device")
+        raise typer.Exit(1)
+    st = dev.stats()
+    console.print(f"{dev.path}: {dev.size_mb} MiB, {dev.algorithm}, priority {dev.priority}; holds "
+                  f"{_size(int(st['orig_data_size']))} in {_size(int(st['mem_used_total']))} of RAM "
+                  f"(ratio {st['compression_ratio']}x, {st['ratio_with_overhead']}x with overhead)")
+
+
+@zram_app.command("down")
+def zram_down():
+    """Swap off and remove the device (its pages come back into RAM first)."""
+    from .backends.container import zram
+
+    console.print("removed" if zram.teardown() else "no Shoal zram device")
 
 
 @app.command()
