@@ -63,7 +63,18 @@ class _Wire(BaseModel):
 
 # ------------------------------------------------------------------------------------ sandboxes
 UpperKind = Literal["tmpfs", "disk"]
+# what an OOM kill inside a sandbox (its own memory limit, or all sandboxes' together) ends: "command"
+# (the killed command reports oom_killed, the sandbox lives on) or "sandbox" (it ends, tombstone oom)
+OomKill = Literal["command", "sandbox"]
 NetworkMode = Literal["none", "host"]
+Priority = Literal["normal", "idle"]  # CPU class: "idle" runs only on CPU time nothing else wants
+
+# Density options of a sandbox (docs/ksm-and-scheduling.md); the same descriptions on every model
+_KSM = ("merge identical pages with other ksm sandboxes (prctl PR_SET_MEMORY_MERGE; Linux >= 6.4). "
+        "Opt-in: merged pages are a timing side channel between the sandboxes that share them")
+_ASLR = ("false: processes start with ASLR off (ADDR_NO_RANDOMIZE), so identical interpreters lay out "
+         "identically and KSM merges far more of them; weaker exploit mitigation inside the sandbox")
+_PRIORITY = "'normal', or 'idle': the sandbox's cgroup runs in the idle CPU class (cpu.idle), behind every normal one"
 
 
 class Limits(BaseModel):
@@ -77,6 +88,9 @@ class Limits(BaseModel):
     upper: UpperKind = Field(
         "tmpfs", description="where the writable upper lives: 'tmpfs' (memory-backed, size=disk_mb) or "
                              "'disk' (an ext4 file system of disk_mb on a loop device, on the Shoal root's disk)")
+    oom_kill: OomKill = Field(
+        "command", description="at the memory limit: 'command' (the OOM-killed command reports oom_killed, the "
+                               "sandbox lives on) or 'sandbox' (the whole sandbox ends, reason oom)")
 
     @field_validator("cpu", "memory_mb", "disk_mb", "pids")
     @classmethod
@@ -100,6 +114,7 @@ class CreateRequest(_Wire):
     disk_mb: int | None = Field(None, gt=0)
     pids: int | None = Field(None, gt=0)
     upper: UpperKind | None = Field(None, description="'tmpfs' (default) or 'disk'")
+    oom_kill: OomKill | None = Field(None, description="'command' or 'sandbox'; null = the host's default")
     ttl: float | None = Field(None, description="absolute lifetime in seconds from creation")
     idle_ttl: float | None = Field(None, description="seconds without any request before the sandbox ends")
     env: dict[str, str] | None = None
@@ -107,6 +122,9 @@ class CreateRequest(_Wire):
     workdir: str | None = Field(None, description="default working directory; null = the image's")
     network: NetworkMode = Field("none", description="'none': own network namespace with only lo; "
                                                      "'host': the host's network (image builds only)")
+    ksm: bool = Field(False, description=_KSM)
+    aslr: bool = Field(True, description=_ASLR)
+    priority: Priority = Field("normal", description=_PRIORITY)
 
     _ttl = field_validator("ttl", "idle_ttl")(_seconds)
 
@@ -124,6 +142,9 @@ class SandboxSpec(BaseModel):
     hostname: str | None = None
     workdir: str = Field("/", description="default working directory of commands")
     network: NetworkMode = "none"
+    ksm: bool = Field(False, description=_KSM)
+    aslr: bool = Field(True, description=_ASLR)
+    priority: Priority = Field("normal", description=_PRIORITY)
 
     _ttl = field_validator("ttl", "idle_ttl")(_seconds)
 
@@ -151,6 +172,9 @@ class SandboxInfo(BaseModel):
     base_env: dict[str, str] = Field(default_factory=dict)
     workdir: str = "/"
     network: str = "none"
+    ksm: bool = False
+    aslr: bool = True
+    priority: Priority = "normal"
 
 
 class TimeoutRequest(_Wire):
@@ -196,6 +220,8 @@ class ExecResult(BaseModel):
     timed_out: bool = False
     duration_s: float
     signal: int | None = None
+    oom_killed: bool = Field(False, description="the kernel's OOM killer ended the command (the sandbox's memory "
+                                                "limit, or all sandboxes' together); exit_code is then 137")
 
     @property
     def ok(self) -> bool:

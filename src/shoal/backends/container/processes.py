@@ -22,8 +22,13 @@ from . import initclient
 class ContainerProcess(ProcessHandle):
     """A background command: output since a cursor, wait, kill; a pump thread reads its pipes."""
 
-    def __init__(self, proc: initclient.Process, ring_bytes: int, argv: list[str]):
+    def __init__(self, proc: initclient.Process, ring_bytes: int, argv: list[str],
+                 oom_kills: Callable[[], int | None] | None = None):
         self._proc = proc
+        # the sandbox's OOM-kill count now and at the end tells an OOM kill from any other SIGKILL
+        self._oom_kills = oom_kills
+        self._oom_before = oom_kills() if oom_kills else None
+        self._oom_killed: bool | None = None
         self.id = "proc-" + secrets.token_hex(6)
         self.argv = argv
         self._out, self._err = initclient.RingLog(ring_bytes), initclient.RingLog(ring_bytes)
@@ -130,10 +135,14 @@ class ContainerProcess(ProcessHandle):
         assert self._proc.status is not None  # the pump sets it before _done
         code, sig = initclient.decode_status(self._proc.status)
         o = self.output()
+        if self._oom_killed is None:  # decided once, at the first wait after the end
+            after = self._oom_kills() if self._oom_kills and code == 137 and not self._proc.timed_out else None
+            self._oom_killed = after is not None and self._oom_before is not None and after > self._oom_before
         return ExecResult(exit_code=code, signal=sig, stdout=o.stdout, stderr=o.stderr,
                           stdout_bytes=self._out.end, stderr_bytes=self._err.end,
                           stdout_truncated=self._out.start > 0, stderr_truncated=self._err.start > 0,
-                          timed_out=self._proc.timed_out, duration_s=time.monotonic() - self._proc.started)
+                          timed_out=self._proc.timed_out, duration_s=time.monotonic() - self._proc.started,
+                          oom_killed=self._oom_killed)
 
     def kill(self, signal: int = 9) -> None:
         self._proc.signal(signal)
