@@ -80,6 +80,11 @@ def test_files(sbx):
     moved = sbx.files.rename("notes/a.txt", "notes/c.txt")
     assert moved.path == "/home/user/notes/c.txt"
     assert sbx.files.read("notes/c.txt") == "hello file" and not sbx.files.exists("notes/a.txt")
+    infos = sbx.files.write_files([{"path": "multi/one", "data": "1"}, {"path": "/tmp/two", "data": b"2\r\n--x"}])
+    assert [i.path for i in infos] == ["/home/user/multi/one", "/tmp/two"]
+    assert sbx.files.read("/tmp/two", format="bytes") == b"2\r\n--x"
+    sbx.files.write("/tmp/big.gz", b"z" * 100_000, gzip=True)  # octet-stream + Content-Encoding: gzip
+    assert sbx.files.read("/tmp/big.gz", format="bytes") == b"z" * 100_000
     sbx.files.remove("notes/c.txt")
     assert not sbx.files.exists("notes/c.txt")
     from e2b.exceptions import NotFoundException

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import email.parser
-import email.policy
 import gzip
 import hashlib
 import posixpath
+import re
 import secrets
 import shlex
 import stat as st
@@ -483,15 +482,12 @@ def router(front: Front) -> APIRouter:
         ctype = request.headers.get("content-type", "")
         files: list[tuple[str, bytes]] = []
         if ctype.startswith("multipart/form-data"):
-            msg = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
-                b"Content-Type: " + ctype.encode() + b"\r\n\r\n" + body)
-            parts = [p for p in msg.iter_parts() if p.get_param("name", header="content-disposition") == "file"]
-            for part in parts:
-                name = part.get_filename() or (path if len(parts) == 1 else None)
+            parts = [(n, f, d) for n, f, d in parse_multipart(body, ctype) if n == "file"]
+            for _, fname, payload in parts:
+                name = fname or (path if len(parts) == 1 else None)
                 if not name:
                     raise ApiError(400, "each multipart file needs a filename (its path)")
-                payload = part.get_payload(decode=True)
-                files.append((name, payload if isinstance(payload, bytes) else b""))
+                files.append((name, payload))
         else:
             if not path:
                 raise ApiError(400, "an octet-stream upload needs ?path=")
@@ -519,6 +515,29 @@ def router(front: Front) -> APIRouter:
 
 
 POLL_S = 0.05  # WatchDir polls the directory this often (no inotify through the contract yet)
+
+
+_DISPOSITION = re.compile(rb'(?i)^content-disposition:.*?;\s*name="([^"]*)"(?:.*?;\s*filename="([^"]*)")?', re.M)
+
+
+def parse_multipart(body: bytes, ctype: str) -> list[tuple[str, str | None, bytes]]:
+    """(field name, filename, content) of each part of a multipart/form-data body."""
+    m = re.search(r'boundary="?([^";]+)"?', ctype)
+    if not m:
+        raise ApiError(400, "multipart body without a boundary")
+    delim = b"\r\n--" + m.group(1).encode()
+    out = []
+    for part in (b"\r\n" + body).split(delim)[1:]:
+        if part.startswith(b"--"):
+            break  # the closing delimiter
+        head, sep, data = part.partition(b"\r\n\r\n")
+        d = _DISPOSITION.search(head)
+        if not sep or d is None:
+            raise ApiError(400, "malformed multipart part")
+        fname = d.group(2)
+        out.append((d.group(1).decode(errors="replace"), fname.decode(errors="replace") if fname is not None else None,
+                    data))
+    return out
 
 
 def sign(path: str, operation: str, user: str, token: str, expiration: str | None) -> str:
