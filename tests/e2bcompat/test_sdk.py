@@ -266,3 +266,17 @@ def test_template_without_home(opts):
         assert info.path == "/rel.txt"
     finally:
         s.kill()
+
+
+def test_connect_never_shortens_and_metrics(opts):
+    s = Sandbox.create("base", timeout=120, **opts)
+    try:
+        end = Sandbox.get_info(s.sandbox_id, **opts).end_at.timestamp()
+        Sandbox.connect(s.sandbox_id, timeout=5, **opts)
+        assert Sandbox.get_info(s.sandbox_id, **opts).end_at.timestamp() >= end - 1
+        Sandbox.connect(s.sandbox_id, timeout=600, **opts)
+        assert Sandbox.get_info(s.sandbox_id, **opts).end_at.timestamp() > time.time() + 500
+        m = s.get_metrics()
+        assert len(m) == 1 and m[0].mem_total > 0
+    finally:
+        s.kill()
