@@ -280,3 +280,21 @@ def test_connect_never_shortens_and_metrics(opts):
         assert len(m) == 1 and m[0].mem_total > 0
     finally:
         s.kill()
+
+
+def test_base_recipe_and_cli(root):
+    """The shipped `base` recipe parses (building it needs debootstrap + apt: `shoal e2b templates --build`)."""
+    import subprocess
+    import sys
+
+    from shoal.e2b.templates import BASE_RECIPE
+    from shoal.envs.recipe import parse_recipe
+
+    recipe = parse_recipe(BASE_RECIPE)
+    assert recipe is not None
+    out = subprocess.run([sys.executable, "-m", "shoal.cli", "e2b", "templates", "--recipe"], check=True,
+                         capture_output=True, text=True).stdout
+    assert "useradd" in out and "sudo" in out and "git" in out and "curl" in out and "python3" in out
+    listed = subprocess.run([sys.executable, "-m", "shoal.cli", "e2b", "templates", "--template", "x=y:1"],
+                            check=True, capture_output=True, text=True).stdout
+    assert "base" in listed and "x" in listed
