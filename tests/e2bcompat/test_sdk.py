@@ -256,3 +256,13 @@ def test_signed_urls(sbx):
     expired = sbx.download_url("/tmp/signed.txt", use_signature_expiration=-10)
     r = httpx.get(expired)
     assert r.status_code == 401 and "expired" in r.json()["message"]
+
+
+def test_template_without_home(opts):
+    """An image with no /home/user (nor bash): relative paths resolve in its workdir."""
+    s = Sandbox.create("bare", timeout=30, **opts)
+    try:
+        info = s.files.write("rel.txt", "x")
+        assert info.path == "/rel.txt"
+    finally:
+        s.kill()

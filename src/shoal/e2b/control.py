@@ -90,15 +90,19 @@ def router(front: Front) -> APIRouter:
         timeout = _timeout(body.get("timeout"), front.default_timeout)
         metadata = _str_map(body.get("metadata"), "metadata")
         env = _str_map(body.get("envVars"), "envVars")
-        env = {"HOME": front.home, "USER": front.user, **env}
         try:
             info = front.backend.create(CreateRequest(image=image, ttl=timeout, env=env))
         except ImageNotFound as e:
             raise ApiError(404, f"template {template!r}: {e}") from None
+        try:
+            has_home = front.backend.stat_file(info.id, front.home).type == "dir"
+        except ShoalError:
+            has_home = False
         now = time.time()
         box = Box(id=info.id, tenant=tenant, template=template, token=secrets.token_urlsafe(24), metadata=metadata,
                   started=now, end=now + timeout, cpu=max(1, math.ceil(info.limits.cpu)),
-                  memory_mb=info.limits.memory_mb, disk_mb=info.limits.disk_mb)
+                  memory_mb=info.limits.memory_mb, disk_mb=info.limits.disk_mb,
+                  home=front.home if has_home else info.workdir or "/", has_home=has_home)
         front.boxes.add(box)
         return _json(201, sandbox_json(box))
 
