@@ -48,7 +48,7 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def e2b_server(root, e2b_image):
+def e2b_server(root, e2b_image, base_image):
     """The front as the CLI runs it; yields (url, api key, other tenant's key)."""
     keys = root / "e2b-keys.json"
     env = {**os.environ, "SHOAL_URL": "local", "SHOAL_ROOT": str(root)}
@@ -59,7 +59,7 @@ def e2b_server(root, e2b_image):
                            capture_output=True, text=True).stdout.strip()
     port = _free_port()
     proc = subprocess.Popen([*cli, "serve", "--listen", f"127.0.0.1:{port}", "--keys", str(keys),
-                             "--template", f"base={e2b_image}"], env=env)
+                             "--template", f"base={e2b_image}", "--template", f"bare={base_image}"], env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while True:

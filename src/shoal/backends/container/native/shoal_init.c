@@ -508,6 +508,19 @@ static int build_seccomp(struct sock_filter *prog) {
     EMIT(BPF_JMP | BPF_JEQ | BPF_K, 0 /* PER_LINUX */, 1, 0);
     EMIT(BPF_RET | BPF_K, RET_DENIED, 0, 0);
     EMIT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW, 0, 0);
+    /* prctl(PR_SET_MEMORY_MERGE) and madvise(MADV_MERGEABLE): whether a sandbox's pages are merged
+     * with other tenants' (a timing side channel) is the host's choice, create option ksm, made in init
+     * before this filter; a sandbox cannot opt itself in (nor out) */
+    EMIT(BPF_JMP | BPF_JEQ | BPF_K, SYS_prctl, 0, 4);
+    EMIT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[0]), 0, 0);
+    EMIT(BPF_JMP | BPF_JEQ | BPF_K, PR_SET_MEMORY_MERGE, 0, 1);
+    EMIT(BPF_RET | BPF_K, RET_DENIED, 0, 0);
+    EMIT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW, 0, 0);
+    EMIT(BPF_JMP | BPF_JEQ | BPF_K, SYS_madvise, 0, 4);
+    EMIT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[2]), 0, 0);
+    EMIT(BPF_JMP | BPF_JEQ | BPF_K, 12 /* MADV_MERGEABLE */, 0, 1);
+    EMIT(BPF_RET | BPF_K, RET_DENIED, 0, 0);
+    EMIT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW, 0, 0);
     /* ioctl: compare the low 16 bits (type << 8 | nr) of the request */
     EMIT(BPF_JMP | BPF_JEQ | BPF_K, SYS_ioctl, 0, (uint8_t)(3 + 2 * n_ioctl));
     EMIT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[1]), 0, 0);
@@ -541,6 +554,7 @@ static int print_seccomp_table(void) {
     /* checked before the table: clone3 always ENOSYS, the others by their arguments */
     printf("%u special\n%u special\n%u special\n%u special\n%u special\n", (unsigned)SYS_clone3,
            (unsigned)SYS_clone, (unsigned)SYS_unshare, (unsigned)SYS_ioctl, (unsigned)SYS_personality);
+    printf("%u special\n%u special\n", (unsigned)SYS_prctl, (unsigned)SYS_madvise);
     int len = build_seccomp(prog);
     printf("insns %d\narch %u\n", len, (unsigned)SHOAL_AUDIT_ARCH);
     /* the program itself, so a test can run it on every number without a kernel in the way */
