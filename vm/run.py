@@ -30,11 +30,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("SHOAL_VM_CACHE", "/var/cache/shoal-vm"))
 # the core functional and security subset: layers (loop path), sandbox lifecycle, limits, pause/resume,
-# snapshot/fork, escape probes; every committed security suite runs (others add files there)
+# snapshot/fork, escape probes; every committed security suite runs (others add files there); density:
+# reclaim through v2's memory.reclaim and memory.swap.max
 # (tests that need the package registries, e.g. SWE environments, skip there with the reason: vm/pytest_vm.py)
 SUBSET = ["tests/functional/test_layers.py", "tests/functional/test_cgroups.py",
           "tests/functional/test_sandbox.py", "tests/functional/test_snapshot_fork.py", "tests/security",
-          "tests/badinput"]
+          "tests/badinput", "tests/density"]
 NEEDED = {"qemu-system-x86_64": "qemu-system-x86", "debootstrap": "debootstrap", "mkfs.ext4": "e2fsprogs",
           "debugfs": "e2fsprogs", "git": "git"}
 

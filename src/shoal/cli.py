@@ -450,6 +450,26 @@ def resume(sandbox_id: str, root: str | None = RootOpt):
 
 
 @app.command()
+def reclaim(sandbox_id: str, target: float = typer.Option(0.75, "--target", "-t",
+                                                         help="fraction of anonymous memory to push out, (0, 1]"),
+            root: str | None = RootOpt):
+    """Push a sandbox's cold memory to compressed swap (zram); it pages back in on demand."""
+    from pydantic import ValidationError
+
+    from .core.contract import ReclaimRequest
+    from .core.errors import InvalidArgument
+    from .host import describe
+
+    try:
+        req = ReclaimRequest(target=target)
+    except ValidationError as e:
+        raise InvalidArgument(describe(e)) from None
+    r = _backend(root).reclaim(sandbox_id, req)
+    console.print(f"{sandbox_id}: {_size(r.memory_before)} -> {_size(r.memory_after)} in memory, "
+                  f"{_size(r.swapped)} in swap ({r.duration_s * 1000:.0f} ms)")
+
+
+@app.command()
 def snapshot(sandbox_id: str, exclude: list[str] | None = typer.Option(None, "--exclude", "-x",
                                                                         help="path to leave out (repeatable)"),
              root: str | None = RootOpt):

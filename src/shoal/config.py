@@ -36,6 +36,15 @@ class Settings:
     host_id: str = ""  # encoded in sandbox ids (sb-<host_id>-<hex>); default: this machine's hostname
     # named egress rules, e.g. {"pypi": ["<mirror host>:443"]}; only from the config file
     egress_presets: dict = field(default_factory=dict)
+    # ---- [density] reclaim of idle sandboxes (docs/density.md): zram swap, idle pause, reclaim
+    zram_mb: int = 0  # size of Shoal's zram swap device; 0 = shoald sets none up
+    zram_algorithm: str = "lz4"  # a compressor the kernel's zram offers (lz4, lzo-rle, zstd...)
+    zram_priority: int = 100  # swap priority: above disk swap, so reclaimed pages go to zram first
+    sandbox_swap: float = 0.0  # swap a sandbox may fill under its own pressure, x its memory limit
+    idle_pause_s: float = 0.0  # shoald pauses a sandbox idle this long; 0 = never
+    reclaim_after_s: float = 0.0  # ... and reclaims it once idle this long; 0 = never
+    reclaim_target: float = 0.75  # fraction of its anonymous memory an idle reclaim pushes out
+    # ---- end [density] reclaim
     extra: dict = field(default_factory=dict)
 
     @property
@@ -73,6 +82,31 @@ class Settings:
         return self.root / "tmp"
 
 
+def _density_reclaim(table: object, cfg_path: Path) -> dict:
+    """The reclaim fields of the config's [density] table, checked (other [density] keys are
+    read elsewhere)."""
+    if not isinstance(table, dict):
+        raise InvalidArgument(f"{cfg_path}: [density] must be a table")
+    out: dict = {}
+    numbers = {"zram_mb": int, "zram_priority": int, "sandbox_swap": float, "idle_pause_s": float,
+               "reclaim_after_s": float, "reclaim_target": float}
+    for key, kind in numbers.items():
+        if key not in table:
+            continue
+        v = table[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or (kind is int and not isinstance(v, int)):
+            raise InvalidArgument(f"{cfg_path}: [density] {key} must be a non-negative "
+                                  f"{'integer' if kind is int else 'number'}, got {v!r}")
+        out[key] = kind(v)
+    if "reclaim_target" in out and not 0 < out["reclaim_target"] <= 1:
+        raise InvalidArgument(f"{cfg_path}: [density] reclaim_target must be in (0, 1], got {out['reclaim_target']}")
+    if "zram_algorithm" in table:
+        if not isinstance(table["zram_algorithm"], str):
+            raise InvalidArgument(f"{cfg_path}: [density] zram_algorithm must be a string")
+        out["zram_algorithm"] = table["zram_algorithm"]
+    return out
+
+
 def load_settings(root: str | os.PathLike | None = None) -> Settings:
     cfg_path = Path(os.environ.get("SHOAL_CONFIG", DEFAULT_CONFIG))
     data: dict = {}
@@ -92,5 +126,6 @@ def load_settings(root: str | os.PathLike | None = None) -> Settings:
         known["egress_presets"] = presets
     if "snapshot_exclude" in data:
         known["snapshot_exclude"] = tuple(str(p).strip("/") for p in data["snapshot_exclude"])
-    unknown = set(data) - set(known) - {"root"}
+    known.update(_density_reclaim(data.get("density", {}), cfg_path))
+    unknown = set(data) - set(known) - {"root", "density"}
     return Settings(root=Path(chosen).absolute(), extra={k: data[k] for k in unknown}, **known)

@@ -39,6 +39,8 @@ from .core.contract import (
     NetworkRequest,
     OutputCallback,
     ProcessHandle,
+    ReclaimRequest,
+    ReclaimResult,
     SandboxBackend,
     SandboxInfo,
     SandboxSpec,
@@ -259,6 +261,9 @@ class Host(SandboxBackend):
 
     def set_ttl(self, sandbox_id: str, req: TimeoutRequest) -> SandboxInfo:
         return self._route(sandbox_id).set_ttl(sandbox_id, req)
+
+    def reclaim(self, sandbox_id: str, req: ReclaimRequest) -> ReclaimResult:
+        return self._route(sandbox_id).reclaim(sandbox_id, req)
 
     def exec(self, sandbox_id: str, req: ExecRequest, on_stdout: OutputCallback | None = None,
              on_stderr: OutputCallback | None = None) -> ExecResult:

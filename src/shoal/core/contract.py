@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from .errors import InvalidArgument
+from .errors import InvalidArgument, NotSupported
 
 API_PREFIX = "/v1"  # every shoald route lives under it; the HTTP backend prefixes the same constant
 
@@ -387,6 +387,39 @@ class SessionHandle(abc.ABC):
         self.close()
 
 
+# ------------------------------------------------------------------------------------ memory reclaim
+class ReclaimRequest(_Wire):
+    """Push a sandbox's cold memory out to (compressed) swap. `target` is the fraction of its
+    anonymous memory (process memory and its tmpfs upper) to push out: 0.75 = three quarters."""
+
+    target: float = Field(0.75, gt=0, le=1, description="fraction of anonymous memory to push out, in (0, 1]")
+
+    @field_validator("target", mode="before")
+    @classmethod
+    def _number(cls, v):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise ValueError(f"target must be a number in (0, 1], got {v!r}")
+        return v
+
+
+class ReclaimResult(BaseModel):
+    """What one reclaim did, measured from the sandbox's cgroup before and after."""
+
+    sandbox_id: str
+    target: float
+    memory_before: int = Field(description="bytes charged to the sandbox's cgroup before")
+    memory_after: int = Field(description="bytes charged after (what it holds in RAM)")
+    anon_before: int = Field(description="anonymous + shmem (tmpfs) bytes before")
+    anon_after: int
+    swapped: int = Field(description="bytes the sandbox has in swap afterwards")
+    duration_s: float
+    paused: bool = Field(description="whether the sandbox was paused while (and after) reclaiming")
+
+    @property
+    def reclaimed(self) -> int:
+        return max(0, self.memory_before - self.memory_after)
+
+
 # ------------------------------------------------------------------------------------ images
 class ImageSummary(BaseModel):
     """An image a caller may start sandboxes from: its own, or a shared one (owner null)."""
@@ -486,6 +519,13 @@ class SandboxBackend(abc.ABC):
     @abc.abstractmethod
     def set_network(self, sandbox_id: str, req: NetworkRequest) -> NetworkPolicy:
         """Replace the egress allow rules; with no rules the sandbox has no egress."""
+
+    # ---------------------------------------------------------------- memory
+    def reclaim(self, sandbox_id: str, req: ReclaimRequest) -> ReclaimResult:
+        """Push `req.target` of the sandbox's anonymous memory out to swap (zram where the operator
+        enabled it). The sandbox keeps its state: pages come back on demand when it next runs.
+        Backends without per-sandbox memory control raise NotSupported."""
+        raise NotSupported(f"the {self.name} backend cannot reclaim a sandbox's memory")
 
     # ---------------------------------------------------------------- images
     @abc.abstractmethod

@@ -72,6 +72,10 @@ class BackendUnavailable(ShoalError):
     """The requested backend does not run on this host."""
 
 
+class NotSupported(BackendUnavailable):
+    """This backend cannot do that (e.g. memory reclaim on a backend without per-sandbox cgroups)."""
+
+
 class FileOpError(ShoalError, OSError):
     """A files API call failed inside the sandbox (missing file, not a directory...)."""
 

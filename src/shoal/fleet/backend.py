@@ -36,6 +36,8 @@ from ..core.contract import (
     OutputCallback,
     ProcessHandle,
     ProcessInfo,
+    ReclaimRequest,
+    ReclaimResult,
     SandboxBackend,
     SandboxInfo,
     SessionHandle,
@@ -282,6 +284,9 @@ class FleetBackend(SandboxBackend):
 
     def set_ttl(self, sandbox_id: str, req: TimeoutRequest) -> SandboxInfo:
         return self._on(sandbox_id, lambda c: c.set_ttl(sandbox_id, req))
+
+    def reclaim(self, sandbox_id: str, req: ReclaimRequest) -> ReclaimResult:
+        return self._on(sandbox_id, lambda c: c.reclaim(sandbox_id, req))
 
     # ---------------------------------------------------------------- commands
     def exec(self, sandbox_id: str, req: ExecRequest, on_stdout: OutputCallback | None = None,

@@ -20,6 +20,7 @@ from ..core.contract import (
     OutputEvent,
     ProcessHandle,
     ProcessOutput,
+    ReclaimResult,
     SandboxBackend,
     SandboxInfo,
     SessionHandle,
@@ -268,6 +269,12 @@ class AsyncSandbox:
 
     async def resume(self) -> None:
         await _t(self._sync.resume)
+
+    async def reclaim(self, target: float = 0.75) -> ReclaimResult:
+        """Push `target` (a fraction in (0, 1]) of the sandbox's anonymous memory to compressed swap;
+        it comes back on demand. Frozen meanwhile; a paused sandbox stays paused.
+        """
+        return await _t(self._sync.reclaim, target=target)
 
     async def set_timeout(self, ttl: float | None = None, idle_ttl: float | None = None) -> None:
         """Replace both lifetimes (ttl counts from now; None clears)."""

@@ -71,6 +71,7 @@ from ..core.contract import (
     OutputEvent,
     ProcessHandle,
     ProcessOutput,
+    ReclaimResult,
     SandboxBackend,
     SandboxInfo,
     SessionHandle,

@@ -40,6 +40,8 @@ from ..core.contract import (
     OutputCallback,
     OutputEvent,
     ProcessHandle,
+    ReclaimRequest,
+    ReclaimResult,
     SandboxBackend,
     SandboxInfo,
     SandboxState,
@@ -280,6 +282,11 @@ class Sandbox:
 
     def resume(self) -> None:
         self._backend.resume(self.id)
+
+    def reclaim(self, target: float = 0.75) -> ReclaimResult:
+        """Push `target` (a fraction in (0, 1]) of the sandbox's anonymous memory to compressed swap;
+        it comes back on demand. Frozen meanwhile; a paused sandbox stays paused."""
+        return self._backend.reclaim(self.id, _model(ReclaimRequest, target=target))
 
     def set_timeout(self, ttl: float | None = None, idle_ttl: float | None = None) -> None:
         """Replace both lifetimes (ttl counts from now; None clears)."""

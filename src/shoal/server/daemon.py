@@ -49,6 +49,7 @@ class Daemon(Served):
             raise E.InvalidArgument(f"shoald serves a SandboxBackend that keeps house (sweep, live_ids, committed, "
                                     f"live_layers, settings, store), such as Host; got {type(backend).__name__}")
         self._init_served()
+        self.counters.update(reclaims=0, reclaimed_bytes=0)  # POST .../reclaim (and the idle policy)
         self.backend = backend
         self.settings: Settings = backend.settings
         self.state = self.db = DaemonState(state_path or self.settings.root / "shoald.db")

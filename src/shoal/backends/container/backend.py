@@ -35,6 +35,8 @@ from ...core.contract import (
     NetworkPolicy,
     NetworkRequest,
     OutputCallback,
+    ReclaimRequest,
+    ReclaimResult,
     SandboxInfo,
     SandboxSpec,
     SandboxState,
@@ -280,6 +282,9 @@ class ContainerBackend(LocalBackend):
         self._write_meta(meta)
         try:
             cg_dirs = self.cgroups.create(sandbox_id, limits)
+            if self.settings.sandbox_swap > 0:  # [density] sandbox_swap: swap under its own pressure
+                mem = limits.memory_mb << 20
+                self.cgroups.allow_swap(sandbox_id, mem, int(mem * self.settings.sandbox_swap))
         except Exception:
             shutil.rmtree(d, ignore_errors=True)
             raise
@@ -474,6 +479,32 @@ class ContainerBackend(LocalBackend):
     def resume(self, sandbox_id: str) -> None:
         self._live_meta(sandbox_id)
         self.cgroups.freeze(sandbox_id, False)
+
+    def reclaim(self, sandbox_id: str, req: ReclaimRequest) -> ReclaimResult:
+        """Push req.target of the sandbox's anonymous memory to swap (reclaim.py). It is frozen
+        meanwhile; a running sandbox is thawed again after, a paused one stays paused."""
+        import fcntl
+
+        from .reclaim import reclaim
+
+        meta = self._live_meta(sandbox_id)
+        limits = Limits(**meta["limits"])
+        mem = limits.memory_mb << 20
+        fd = os.open(self._dir(sandbox_id), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # one reclaim at a time: each restores the limit it lowered
+            was_paused = self.cgroups.is_frozen(sandbox_id)
+            if not was_paused:
+                self.cgroups.freeze(sandbox_id, True)
+            try:
+                result = reclaim(self.cgroups, sandbox_id, req, limit_bytes=mem,
+                                 swap_max=int(mem * self.settings.sandbox_swap))
+            finally:
+                if not was_paused:
+                    self.cgroups.freeze(sandbox_id, False)
+        finally:
+            os.close(fd)
+        return result.model_copy(update={"paused": was_paused})
 
     def ensure_running(self, sandbox_id: str) -> dict:
         """Any request to a paused sandbox resumes it first (DSec semantics)."""

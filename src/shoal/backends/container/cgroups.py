@@ -228,6 +228,20 @@ class CgroupDriver:
         except (OSError, ValueError):
             return None
 
+    # ------------------------------------------------------------------ reclaim (reclaim.py)
+    def memory_dir(self, sandbox_id: str) -> Path:
+        return self._dir("memory", sandbox_id)
+
+    def allow_swap(self, sandbox_id: str, memory_bytes: int, swap_bytes: int) -> None:
+        """Let the sandbox keep up to swap_bytes in swap under its own memory pressure (create()
+        allows none: a sandbox at its limit is OOM-killed rather than slowed down by swapping)."""
+        d = self.memory_dir(sandbox_id)
+        if self.version == 2:
+            if (d / "memory.swap.max").exists():
+                _write(d / "memory.swap.max", str(swap_bytes))
+        elif (d / "memory.memsw.limit_in_bytes").exists():
+            _write(d / "memory.memsw.limit_in_bytes", str(memory_bytes + swap_bytes))
+
     def pids_current(self, sandbox_id: str) -> int | None:
         try:
             return int((self._dir("pids", sandbox_id) / "pids.current").read_text())

@@ -37,6 +37,8 @@ from ...core.contract import (
     ProcessHandle,
     ProcessInfo,
     ProcessOutput,
+    ReclaimRequest,
+    ReclaimResult,
     SandboxBackend,
     SandboxInfo,
     SessionHandle,
@@ -228,6 +230,9 @@ class HttpBackend(SandboxBackend):
 
     def set_ttl(self, sandbox_id: str, req: TimeoutRequest) -> SandboxInfo:
         return SandboxInfo.model_validate(self.json("PUT", self._sb(sandbox_id) + "/timeout", body=req))
+
+    def reclaim(self, sandbox_id: str, req: ReclaimRequest) -> ReclaimResult:
+        return ReclaimResult.model_validate(self.json("POST", self._sb(sandbox_id) + "/reclaim", body=req))
 
     # ---------------------------------------------------------------- commands
     def exec(self, sandbox_id: str, req: ExecRequest, on_stdout: OutputCallback | None = None,

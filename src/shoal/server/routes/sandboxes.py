@@ -10,6 +10,8 @@ from ...core.contract import (
     CreateRequest,
     NetworkPolicy,
     NetworkRequest,
+    ReclaimRequest,
+    ReclaimResult,
     SandboxInfo,
     TimeoutRequest,
 )
@@ -66,6 +68,16 @@ def pause(sandbox_id: str, c: Caller = Depends(caller)) -> Response:
 def resume(sandbox_id: str, c: Caller = Depends(caller)) -> Response:
     c.d.backend.resume(c.sandbox(sandbox_id))
     return Response(status_code=204)
+
+
+@router.post("/{sandbox_id}/reclaim")
+def reclaim(sandbox_id: str, body: ReclaimRequest, c: Caller = Depends(caller)) -> ReclaimResult:
+    """Push `target` of the sandbox's anonymous memory to swap (zram); a paused sandbox stays paused."""
+    result = c.d.backend.reclaim(c.sandbox(sandbox_id), body)
+    counters = c.d.counters  # a fleet gateway counts what passed through it too
+    counters["reclaims"] = counters.get("reclaims", 0) + 1
+    counters["reclaimed_bytes"] = counters.get("reclaimed_bytes", 0) + result.reclaimed
+    return result
 
 
 @router.put("/{sandbox_id}/timeout")

@@ -1,0 +1,1197 @@
+#!/usr/bin/env python3
+"""Density benchmark: fill the host with idle sandboxes until a stop rule, Shoal vs Docker.
+
+Profiles (each an idle sandbox as an agent leaves it while the model thinks):
+
+  shell          the busybox image with an interactive `sh` session open;
+  python         python:3.11 + a small workspace package (densityws), with a session (bash) whose
+                 background job is a live Python process that has imported densityws and pytest;
+  python-paused  the same sandboxes as `python`, once filled: left idle for --idle-s, then paused
+                 (Shoal: sb.pause(), the cgroup freezer; Docker: `docker pause`), and measured
+                 paused: host memory, and resume -> first exec latency (Shoal: an exec on a paused
+                 sandbox resumes it transparently; Docker: `docker unpause` + `docker exec`).
+
+Docker runs the same images (Shoal's layer trees, merged and `docker import`ed) with `docker run -d -i`
+and the same processes: the shell as PID 1 with stdin held open, for python plus the same Python
+process. Same limits on both sides (512 MiB, 1 cpu, 512 pids, no network). A private dockerd
+(bench/docker_engine.py) is started for the run and torn down after.
+
+The fill creates sandboxes one after another until a stop rule:
+  free memory (MemAvailable / MemTotal) under --free-min (10%); create p99 over the last 50
+  creates above --p99-max (1 s); a kernel limit hit (a create failing with EAGAIN / EMFILE /
+  ENFILE / ENOSPC / ENOMEM, or a tracked limit above 95% of its value); or --max / --docker-max.
+
+At steps as the host fills it records, per sandbox (deltas from a baseline taken after warm-up, divided
+by N): host memory from /proc/meminfo (used = MemTotal - MemAvailable, and AnonPages, Shmem, Slab,
+SUnreclaim, KernelStack, PageTables, Cached), the sides' cgroup accounting (v1: hierarchical rss / cache
+/ shmem / mapped_file and kmem usage; v2: anon / file / shmem / kernel), host tasks (threads, from
+/proc/loadavg) and processes, tasks in the sides' pids cgroups, mounts in the host namespace and inside
+one sandbox, page cache of the image's main binary (python3.11 / busybox) seen through the mounted layer
+and the backing EROFS file (fincore: a file-backed EROFS may cache the same bytes twice), create and
+ready latency percentiles for the window since the previous step, and exec latency on a sample of live
+sandboxes. Kernel limits (pid_max, threads-max, mount-max, inotify instances, file-max, the client's
+RLIMIT_NOFILE, vm.max_map_count) are read with their usage at every step; --tune-host raises them for
+the run and restores them after.
+
+Notes: the in-process client holds about 5 fds per sandbox with a session open, so the bench raises
+RLIMIT_NOFILE. The host may be shared: memory deltas include whatever else ran; use --runs 3 and
+read the spread. Hooks for the density features: --ksm (a `ksm` field on CreateRequest) and --reclaim
+(sb.reclaim(target) on each paused sandbox; needs swap such as Shoal's zram) are used when the API
+exists, else skipped and said so in the JSON.
+
+Writes bench/results/density.json (+ .png). Each invocation replaces the profiles it ran and keeps
+the others already in the file (so profiles can be run as separate <= 10 min jobs); --render-only
+redraws the PNG from the JSON. --quick: the shell profile to 8 sandboxes (a smoke test).
+"""
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import os
+import platform
+import random
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+console = Console(width=160)
+RESULTS = Path(__file__).parent / "results"
+DEFAULT_OUT = RESULTS / "density.json"
+MiB = 2**20
+PROFILES = ("shell", "python", "python-paused")
+DOCKER_CGROUP = "shoal-density-docker"
+LIMITS_MB, LIMITS_CPU, LIMITS_PIDS = 512, 1.0, 512
+# what each profile's main binary is, for the page-cache sharing check
+MAIN_FILES = {"shell": ["bin/busybox"],
+              "python": ["usr/bin/python3.11", "usr/lib/x86_64-linux-gnu/libpython3.11.so.1.0"]}
+MEMINFO_KEYS = ("used", "AnonPages", "Shmem", "Slab", "SUnreclaim", "KernelStack", "PageTables", "Cached",
+                "Mapped")
+# sysctls a dense host raises (--tune-host), and the values it raises them to
+TUNE = {"kernel/pid_max": 4194304, "kernel/threads-max": 4194304, "fs/inotify/max_user_instances": 65536,
+        "fs/inotify/max_user_watches": 4194304, "vm/max_map_count": 1048576, "fs/mount-max": 1000000,
+        "fs/file-max": 9223372036854775807}
+# the errnos that mean the kernel (or a per-process table) ran out of something
+LIMIT_ERRNOS = {errno.EAGAIN: "EAGAIN (pids / threads)", errno.EMFILE: "EMFILE (RLIMIT_NOFILE)",
+                errno.ENFILE: "ENFILE (file-max)", errno.ENOSPC: "ENOSPC (mount-max / inotify / namespaces)",
+                errno.ENOMEM: "ENOMEM", errno.EUSERS: "EUSERS (namespaces)"}
+
+WS_INIT = '''"""densityws: the small workspace package the python profile imports."""
+from .core import mean, normalize, tokenize
+
+__all__ = ["mean", "normalize", "tokenize"]
+'''
+WS_CORE = '''import re
+import statistics
+from dataclasses import dataclass
+
+
+@dataclass
+class Doc:
+    text: str
+
+
+def tokenize(s: str) -> list[str]:
+    return re.findall(r"[a-z0-9]+", s.lower())
+
+
+def normalize(xs: list[float]) -> list[float]:
+    m = max(xs) or 1.0
+    return [x / m for x in xs]
+
+
+def mean(xs: list[float]) -> float:
+    return statistics.fmean(xs)
+'''
+WS_TEST = '''from densityws import mean, tokenize
+
+
+def test_tokenize():
+    assert tokenize("Hello, World") == ["hello", "world"]
+
+
+def test_mean():
+    assert mean([1.0, 3.0]) == 2.0
+'''
+# the live Python process: import the workspace package and pytest, say so on a fifo, then idle
+WS_IDLE = '''import threading
+
+import densityws  # noqa: F401
+import pytest  # noqa: F401
+
+with open("/tmp/ready", "w") as f:
+    f.write("ready\\n")
+threading.Event().wait()
+'''
+PY_START = "mkfifo /tmp/ready 2>/dev/null; python3 /work/repo/idle.py >/dev/null 2>&1 &"
+PY_WAIT = "until [ -p /tmp/ready ]; do sleep 0.01; done; read x < /tmp/ready; echo $x"
+
+
+# ------------------------------------------------------------------------------------------ pure helpers
+def pct(xs: Iterable[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..1) of a non-empty sample."""
+    s = sorted(xs)
+    if not s:
+        raise ValueError("percentile of an empty sample")
+    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
+
+
+def spread(xs: list[float]) -> dict:
+    """min / median / max over runs (the spread every figure is reported with)."""
+    if not xs:
+        raise ValueError("spread of no runs")
+    return {"min": min(xs), "median": statistics.median(xs), "max": max(xs), "n": len(xs)}
+
+
+def lat_stats(xs: list[float]) -> dict | None:
+    """p50 / p99 / max in milliseconds of latencies in seconds."""
+    if not xs:
+        return None
+    return {"p50": pct(xs, 0.5) * 1e3, "p99": pct(xs, 0.99) * 1e3, "max": max(xs) * 1e3, "count": len(xs)}
+
+
+def parse_meminfo(text: str) -> dict[str, int]:
+    """/proc/meminfo in bytes, plus used = MemTotal - MemAvailable."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        key, _, rest = line.partition(":")
+        parts = rest.split()
+        if not parts:
+            continue
+        out[key.strip()] = int(parts[0]) * (1024 if len(parts) > 1 and parts[1] == "kB" else 1)
+    if "MemTotal" in out and "MemAvailable" in out:
+        out["used"] = out["MemTotal"] - out["MemAvailable"]
+    return out
+
+
+def per_sandbox(before: dict[str, int], after: dict[str, int], n: int, keys: Iterable[str]) -> dict[str, float]:
+    """(after - before) / n for each key present in both: bytes per sandbox."""
+    if n <= 0:
+        raise ValueError("per-sandbox figures need n >= 1")
+    return {k: (after[k] - before[k]) / n for k in keys if k in before and k in after}
+
+
+def parse_memory_stat(text: str) -> dict[str, int]:
+    out = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].lstrip("-").isdigit():
+            out[parts[0]] = int(parts[1])
+    return out
+
+
+def cgroup_totals(stat: dict[str, int], kmem: int | None = None) -> dict[str, int]:
+    """A memory cgroup's hierarchical totals as {anon, file, shmem, mapped_file, kernel} (v1 or v2 names);
+    kmem: v1's memory.kmem.usage_in_bytes where the kernel still has it (v2's memory.stat has `kernel`)."""
+    if "total_rss" in stat:  # v1, hierarchical
+        out = {"anon": stat["total_rss"], "file": stat.get("total_cache", 0), "shmem": stat.get("total_shmem", 0),
+               "mapped_file": stat.get("total_mapped_file", 0)}
+        if kmem is not None:
+            out["kernel"] = kmem
+        return out
+    out = {"anon": stat.get("anon", 0), "file": stat.get("file", 0), "shmem": stat.get("shmem", 0),
+           "mapped_file": stat.get("file_mapped", 0)}
+    if "kernel" in stat:
+        out["kernel"] = stat["kernel"]
+    elif "slab" in stat:
+        out["kernel"] = stat["slab"] + stat.get("kernel_stack", 0) + stat.get("pagetables", 0)
+    return out
+
+
+def fill_steps(max_n: int, first: int = 10) -> list[int]:
+    """The N at which the fill measures: 1-2-5 decades from `first` up to max_n, plus the quarters of
+    max_n (so a long fill has points near its end), plus max_n itself."""
+    if max_n < 1:
+        raise ValueError("max_n must be >= 1")
+    pts = {max_n}
+    dec = 1
+    while dec <= max_n:
+        for m in (1, 2, 5):
+            if first <= m * dec <= max_n:
+                pts.add(m * dec)
+        dec *= 10
+    if max_n >= 100:
+        pts.update(max_n * k // 4 for k in (1, 2, 3))
+    if max_n < first:
+        pts.update(range(1, max_n + 1))
+    return sorted(pts)
+
+
+def limit_usage(sysctl: dict[str, int], usage: dict[str, int]) -> dict[str, dict]:
+    """Each tracked kernel limit: {used, limit, frac}. usage keys: threads, mounts, files, inotify,
+    client_fds (+ client_nofile), maps (the largest map count of the processes watched)."""
+    pairs = {
+        "threads (pid_max / threads-max)": ("threads", min(sysctl.get("kernel/pid_max", 1 << 22),
+                                                           sysctl.get("kernel/threads-max", 1 << 22))),
+        "mounts per namespace (fs.mount-max)": ("mounts", sysctl.get("fs/mount-max", 100000)),
+        "open files (fs.file-max)": ("files", sysctl.get("fs/file-max", 1 << 62)),
+        "inotify instances (max_user_instances)": ("inotify", sysctl.get("fs/inotify/max_user_instances", 128)),
+        "client fds (RLIMIT_NOFILE)": ("client_fds", usage.get("client_nofile", 1 << 20)),
+        "maps per process (vm.max_map_count)": ("maps", sysctl.get("vm/max_map_count", 65530)),
+    }
+    out = {}
+    for name, (key, lim) in pairs.items():
+        if key in usage:
+            out[name] = {"used": usage[key], "limit": lim, "frac": usage[key] / lim if lim else 0.0}
+    return out
+
+
+def stop_reason(*, n: int, max_n: int, free_frac: float, free_min: float, recent_create_s: list[float],
+                p99_max_s: float, limits: dict[str, dict], limit_frac: float = 0.95) -> str | None:
+    """Why the fill stops at N=n, or None to go on (the issue's stop rule, in order)."""
+    if free_frac < free_min:
+        return f"free memory {free_frac * 100:.1f}% < {free_min * 100:.0f}%"
+    if len(recent_create_s) >= 50 and pct(recent_create_s, 0.99) > p99_max_s:
+        return f"create p99 {pct(recent_create_s, 0.99) * 1e3:.0f} ms > {p99_max_s * 1e3:.0f} ms"
+    for name, u in limits.items():
+        if u["frac"] >= limit_frac:
+            return f"kernel limit near: {name} {u['used']}/{u['limit']}"
+    if n >= max_n:
+        return f"--max {max_n} reached"
+    return None
+
+
+def classify_error(exc: BaseException) -> str:
+    """A create failure as a stop reason: a kernel limit (by errno, also when only the message has it), or
+    the error itself."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        en = getattr(e, "errno", None)
+        if isinstance(en, int) and en in LIMIT_ERRNOS:
+            return f"kernel limit hit: {LIMIT_ERRNOS[en]}: {str(exc)[:200]}"
+        e = e.__cause__ or e.__context__
+    text = str(exc)
+    for en, label in LIMIT_ERRNOS.items():
+        if os.strerror(en) in text or errno.errorcode[en] in text:
+            return f"kernel limit hit: {label}: {text[:200]}"
+    if "Too many open files" in text:
+        return f"kernel limit hit: {LIMIT_ERRNOS[errno.EMFILE]}: {text[:200]}"
+    return f"create failed: {type(exc).__name__}: {text[:200]}"
+
+
+def parse_fincore(text: str) -> int:
+    """Resident bytes from `fincore --bytes --noheadings --output RES <file>` (0 when empty)."""
+    total = 0
+    for line in text.split():
+        if line.isdigit():
+            total += int(line)
+    return total
+
+
+def tune_plan(current: dict[str, int], wanted: dict[str, int] | None = None) -> dict[str, tuple[int, int]]:
+    """sysctl -> (old, new) for each limit below what a dense host wants: only raises, never lowers."""
+    wanted = TUNE if wanted is None else wanted
+    return {k: (current[k], v) for k, v in wanted.items() if k in current and current[k] < v}
+
+
+def summarize(runs: list[dict]) -> dict:
+    """Spread over runs: N held, and at each step all runs reached, per-sandbox memory (used, anon, cgroup
+    anon + kernel), tasks, mounts, create / exec latency; plus the paused figures where present."""
+    out: dict[str, Any] = {"runs": len(runs), "n_held": spread([r["n_held"] for r in runs])}
+    if not runs or not all(r.get("steps") for r in runs):
+        return out
+    common = set.intersection(*({s["n"] for s in r["steps"]} for r in runs))
+    rows = []
+    for n in sorted(common):
+        at = [next(s for s in r["steps"] if s["n"] == n) for r in runs]
+        row: dict[str, Any] = {"n": n}
+        for name, get in STEP_METRICS.items():
+            vals = [v for v in (get(s) for s in at) if v is not None]
+            if len(vals) == len(at):
+                row[name] = spread(vals)
+        rows.append(row)
+    out["by_step"] = rows
+    if rows:
+        out["last_common"] = rows[-1]
+    return out
+
+
+def _g(*path: str) -> Callable[[dict], float | None]:
+    def get(d: dict) -> float | None:
+        cur: Any = d
+        for p in path:
+            if not isinstance(cur, dict) or cur.get(p) is None:
+                return None
+            cur = cur[p]
+        return float(cur)
+    return get
+
+
+STEP_METRICS: dict[str, Callable[[dict], float | None]] = {
+    "mem_used_mib": lambda s: s["meminfo_per_sb"]["used"] / MiB if "used" in s["meminfo_per_sb"] else None,
+    "anon_mib": lambda s: s["meminfo_per_sb"].get("AnonPages", 0) / MiB,
+    "slab_mib": lambda s: s["meminfo_per_sb"].get("Slab", 0) / MiB,
+    "cg_anon_mib": lambda s: s["cgroup_per_sb"]["anon"] / MiB if s.get("cgroup_per_sb") else None,
+    "cg_kernel_mib": lambda s: (s["cgroup_per_sb"]["kernel"] / MiB
+                                if s.get("cgroup_per_sb") and "kernel" in s["cgroup_per_sb"] else None),
+    "attributed_mib": lambda s: s["attributed_per_sb"]["memory"] / MiB if s.get("attributed_per_sb") else None,
+    "attributed_tasks": _g("attributed_per_sb", "tasks"),
+    "helper_pss_mib": lambda s: s["helpers_per_sb"]["pss"] / MiB if s.get("helpers_per_sb") else None,
+    "tasks": _g("tasks_per_sb"),
+    "cgroup_tasks": _g("cgroup_tasks_per_sb"),
+    "processes": _g("processes_per_sb"),
+    "mounts_host": _g("mounts_host_per_sb"),
+    "mounts_in_sandbox": _g("mounts_in_sandbox"),
+    "create_p50_ms": _g("create_ms", "p50"),
+    "create_p99_ms": _g("create_ms", "p99"),
+    "ready_p50_ms": _g("ready_ms", "p50"),
+    "exec_p50_ms": _g("exec_ms", "p50"),
+    "client_fds": _g("client", "fds_per_sb"),
+}
+
+
+# ------------------------------------------------------------------------------------------ host readings
+def read_sysctls(keys: Iterable[str] = tuple(TUNE) + ("fs/nr_open",)) -> dict[str, int]:
+    out = {}
+    for k in keys:
+        try:
+            out[k] = int(Path("/proc/sys", k).read_text().split()[0])
+        except (OSError, ValueError):
+            pass
+    return out
+
+
+def write_sysctl(key: str, value: int) -> None:
+    Path("/proc/sys", key).write_text(str(value))
+
+
+def meminfo() -> dict[str, int]:
+    return parse_meminfo(Path("/proc/meminfo").read_text())
+
+
+def nr_threads() -> int:
+    return int(Path("/proc/loadavg").read_text().split()[3].split("/")[1])
+
+
+def nr_processes() -> int:
+    return sum(1 for d in os.listdir("/proc") if d.isdigit())
+
+
+def host_mounts() -> int:
+    return len(Path("/proc/self/mountinfo").read_text().splitlines())
+
+
+def inotify_instances() -> int:
+    """inotify instances open on the host (all users: this bench runs as root, and so do Shoal and dockerd)."""
+    n = 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                try:
+                    if os.readlink(f"/proc/{pid}/fd/{fd}") == "anon_inode:inotify":
+                        n += 1
+                except OSError:
+                    pass
+        except OSError:
+            pass
+    return n
+
+
+def map_count(pid: int | str = "self") -> int:
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as f:
+            return sum(1 for _ in f)
+    except OSError:
+        return 0
+
+
+def fd_count(pid: int | str = "self") -> int:
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return 0
+
+
+def memcg_dir(name: str) -> Path:
+    from shoal.backends.container.cgroups import CGROUP_ROOT
+
+    v1 = CGROUP_ROOT / "memory"
+    return (v1 if v1.is_dir() else CGROUP_ROOT) / name
+
+
+def helper_usage(match: str) -> dict[str, int]:
+    """Host-side helpers of a side's sandboxes (processes outside the sandboxes' cgroups whose command
+    line holds `match`: Shoal's supervisors; dockerd, containerd and the shims of the private engine):
+    {processes, threads, pss} (pss: proportional set size, shared pages split between their users)."""
+    out = {"processes": 0, "threads": 0, "pss": 0}
+    if not match:
+        return out
+    needle = match.encode()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if needle not in f.read().replace(b"\0", b" "):
+                    continue
+            status = Path(f"/proc/{pid}/status").read_text()
+            rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
+        except OSError:
+            continue
+        out["processes"] += 1
+        out["threads"] += next((int(x.split()[1]) for x in status.splitlines() if x.startswith("Threads:")), 1)
+        out["pss"] += next((int(x.split()[1]) * 1024 for x in rollup.splitlines() if x.startswith("Pss:")), 0)
+    return out
+
+
+def pids_current(name: str) -> int | None:
+    """Tasks in a cgroup parent and its children (pids controller: v1 hierarchy or v2)."""
+    from shoal.backends.container.cgroups import CGROUP_ROOT
+
+    for d in (CGROUP_ROOT / "pids" / name, CGROUP_ROOT / name):
+        try:
+            return int((d / "pids.current").read_text())
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def memcg_totals(d: Path) -> dict[str, int] | None:
+    try:
+        stat = parse_memory_stat((d / "memory.stat").read_text())
+    except OSError:
+        return None
+    kmem = None
+    try:
+        kmem = int((d / "memory.kmem.usage_in_bytes").read_text())
+    except (OSError, ValueError):
+        pass
+    return cgroup_totals(stat, kmem)
+
+
+def fincore_bytes(path: Path) -> int | None:
+    if not path.exists() or not shutil.which("fincore"):
+        return None
+    r = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", str(path)], capture_output=True,
+                       text=True, check=False)
+    return parse_fincore(r.stdout) if r.returncode == 0 else None
+
+
+def raise_nofile(want: int = 1 << 20) -> dict:
+    """The in-process client holds ~5 fds per sandbox with a session open: lift RLIMIT_NOFILE."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    nr_open = read_sysctls(["fs/nr_open"]).get("fs/nr_open", hard)
+    new_hard = max(hard, min(want, nr_open)) if os.geteuid() == 0 else hard
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (new_hard, new_hard))
+    except (ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    now = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return {"before": [soft, hard], "after": list(now)}
+
+
+def progress() -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TextColumn("{task.fields[note]}"), console=console, transient=False)
+
+
+# ------------------------------------------------------------------------------------------ sides
+class Side:
+    """One side of the comparison: creates idle sandboxes of a profile and measures them."""
+
+    name = "side"
+    cgroup: Path | None = None  # the memory cgroup parent of the side's sandboxes
+    cgroup_name = ""  # its name (the pids controller's parent has the same)
+    helper_match = ""  # a string in the command line of the side's host-side helpers (helper_usage)
+    watch_pids: list[int] = []
+
+    def create(self, i: int) -> tuple[Any, float]:
+        """Start sandbox i; returns (handle, seconds the create took). Readiness is `ready()`."""
+        raise NotImplementedError
+
+    def ready(self, h: Any) -> None:
+        """Block until the sandbox's idle processes are up (the session, the imported Python)."""
+
+    def exec_true(self, h: Any) -> float:
+        raise NotImplementedError
+
+    def pause(self, h: Any) -> None:
+        raise NotImplementedError
+
+    def resume_exec(self, h: Any) -> dict[str, float]:
+        """Resume a paused sandbox and run `true`: {'total': s, ...parts}."""
+        raise NotImplementedError
+
+    def mounts_inside(self, h: Any) -> int | None:
+        return None
+
+    def cache_files(self) -> dict[str, Path]:
+        """label -> path whose page cache the page-cache check reads."""
+        return {}
+
+    def kill_all(self, hs: list[Any]) -> None:
+        raise NotImplementedError
+
+    def down(self) -> None:
+        pass
+
+
+class ShoalSide(Side):
+    name = "shoal"
+
+    def __init__(self, root: Path, profile: str, py_root: Path, ksm: bool):
+        from shoal import Host
+        from shoal.backends.container.cgroups import cgroup_parent
+        from shoal.core.contract import CreateRequest
+
+        self.host = Host.get(root)
+        self.profile = profile
+        self.cgroup_name = cgroup_parent(self.host.settings.root)
+        self.cgroup = memcg_dir(self.cgroup_name)
+        self.helper_match = f"--state {self.host.settings.sandboxes_dir}/"  # the supervisors
+        self.notes: dict[str, str] = {}
+        self.extra: dict[str, Any] = {}
+        if ksm:
+            if "ksm" in CreateRequest.model_fields:
+                self.extra["ksm"] = True
+            else:
+                self.notes["ksm"] = "skipped: CreateRequest has no `ksm` field on this build"
+        self.image, self.layers = self._prepare(py_root)
+        self._lock = threading.Lock()
+
+    def _prepare(self, py_root: Path) -> tuple[str, list[str]]:
+        store = self.host.store
+        if self.profile == "shell":
+            from shoal.layers.busybox import make_busybox_tree
+
+            try:
+                store.get_image("density-busybox:1")
+            except Exception:
+                with tempfile.TemporaryDirectory(dir=self.host.settings.tmp_dir) as d:
+                    layer = store.build_from_dir(make_busybox_tree(Path(d) / "rootfs"), name="density-busybox")
+                store.create_image("density-busybox:1", [layer.digest])
+            return "density-busybox:1", []
+        from shoal import Host
+        from shoal.envs.debian import PYTHON_IMAGE
+
+        try:
+            store.get_image(PYTHON_IMAGE)
+        except Exception:
+            src = Host.get(py_root).store
+            console.print(f"pulling {PYTHON_IMAGE} from {py_root} (hard links)")
+            store.pull_image(src, PYTHON_IMAGE)
+        try:
+            store.get_image("density-ws:1")
+        except Exception:
+            with tempfile.TemporaryDirectory(dir=self.host.settings.tmp_dir) as d:
+                repo = Path(d) / "work" / "repo"
+                (repo / "densityws").mkdir(parents=True)
+                (repo / "tests").mkdir()
+                (repo / "densityws" / "__init__.py").write_text(WS_INIT)
+                (repo / "densityws" / "core.py").write_text(WS_CORE)
+                (repo / "tests" / "test_core.py").write_text(WS_TEST)
+                (repo / "idle.py").write_text(WS_IDLE)
+                layer = store.build_from_dir(d, name="density-ws")
+            store.create_image("density-ws:1", [layer.digest], config={"workdir": "/work/repo", "role": "workspace"})
+        return PYTHON_IMAGE, ["density-ws:1"]
+
+    def stack(self) -> list[str]:
+        store = self.host.store
+        out = list(store.get_image(self.image).layers)
+        for ref in self.layers:
+            out += list(store.get_image(ref).layers)
+        return out
+
+    def create(self, i: int) -> tuple[Any, float]:
+        from shoal import Sandbox
+        from shoal.core.contract import CreateRequest
+
+        req = CreateRequest(image=self.image, layers=self.layers or None, memory_mb=LIMITS_MB, cpu=LIMITS_CPU,
+                            pids=LIMITS_PIDS, **self.extra)
+        t0 = time.perf_counter()
+        info = self.host.create(req)
+        dt = time.perf_counter() - t0
+        sb = Sandbox(self.host, info)
+        return {"sb": sb, "session": None}, dt
+
+    def ready(self, h: Any) -> None:
+        sb = h["sb"]
+        if self.profile == "shell":
+            h["session"] = sb.sessions.create(shell="/bin/sh")
+            r = h["session"].run("echo ready")
+        else:
+            h["session"] = sb.sessions.create(shell="/bin/bash")
+            r = h["session"].run(f"{PY_START} {PY_WAIT}", timeout=120)
+        if "ready" not in r.stdout:
+            raise RuntimeError(f"{sb.id} not ready: exit {r.exit_code} {r.stdout[-200:]} {r.stderr[-300:]}")
+
+    def exec_true(self, h: Any) -> float:
+        t0 = time.perf_counter()
+        h["sb"].commands.run(["true"], check=True)
+        return time.perf_counter() - t0
+
+    def pause(self, h: Any) -> None:
+        h["sb"].pause()
+
+    def resume_exec(self, h: Any) -> dict[str, float]:
+        t0 = time.perf_counter()  # an exec on a paused sandbox resumes it (transparent resume)
+        h["sb"].commands.run(["true"], check=True)
+        return {"total": time.perf_counter() - t0}
+
+    def reclaim(self, h: Any, target: float) -> dict:
+        """Push `target` of a paused sandbox's anonymous memory to compressed swap (sb.reclaim, where the
+        build has it; it needs swap, e.g. Shoal's zram, configured on the host)."""
+        fn = getattr(h["sb"], "reclaim", None)
+        if fn is None:
+            raise NotImplementedError("this build of Shoal has no sb.reclaim()")
+        r = fn(target)
+        return r.model_dump() if hasattr(r, "model_dump") else dict(r)
+
+    def mounts_inside(self, h: Any) -> int | None:
+        pid = h["sb"].info().init_pid
+        try:
+            return len(Path(f"/proc/{pid}/mountinfo").read_text().splitlines()) if pid else None
+        except OSError:
+            return None
+
+    def cache_files(self) -> dict[str, Path]:
+        store = self.host.store
+        stack = self.stack()
+        mounts = store.ensure_mounted(stack)
+        out: dict[str, Path] = {}
+        for rel in MAIN_FILES["shell" if self.profile == "shell" else "python"]:
+            for digest, mnt in reversed(list(zip(stack, mounts, strict=True))):
+                if (mnt / rel).exists() and not (mnt / rel).is_symlink():
+                    out[f"{Path(rel).name} (in the EROFS mount)"] = mnt / rel
+                    out[f"{Path(rel).name}'s layer (backing .erofs file)"] = store.image_path(digest)
+                    break
+        return out
+
+    def kill_all(self, hs: list[Any]) -> None:
+        def one(h: Any) -> None:
+            try:
+                if h.get("session") is not None:
+                    h["session"].close()
+            except Exception:
+                pass
+            try:
+                h["sb"].kill()
+            except Exception:
+                pass
+
+        with ThreadPoolExecutor(8) as ex:
+            list(ex.map(one, hs))
+
+
+class DockerSide(Side):
+    name = "docker"
+
+    def __init__(self, shoal: ShoalSide, profile: str):
+        from docker_engine import PrivateDockerd
+
+        self.profile = profile
+        self.engine = PrivateDockerd(prefix="shoal-density-dockerd-", cgroup_parent=DOCKER_CGROUP, export=True)
+        if not self.engine.up():
+            raise RuntimeError(self.engine.error)
+        assert self.engine.proc is not None and self.engine.tmp is not None
+        self.watch_pids = [self.engine.proc.pid]
+        self.helper_match = self.engine.tmp  # dockerd, its containerd, the shims: all name the engine's dirs
+        self.data_root = Path(self.engine.tmp) / "data"
+        self.cgroup_name = DOCKER_CGROUP
+        self.cgroup = memcg_dir(DOCKER_CGROUP)
+        self.image = f"shoal-density-{'shell' if profile == 'shell' else 'python'}:1"
+        self.env: dict[str, str] = {}
+        if profile != "shell":
+            self.env = dict(shoal.host.store.get_image(shoal.image).config.get("env", {}))
+        self._import(shoal)
+
+    def _import(self, shoal: ShoalSide) -> None:
+        """The same tree as Shoal's stack: the layer mounts merged with overlayfs, tarred, `docker import`ed."""
+        mounts = shoal.host.store.ensure_mounted(shoal.stack())
+        merged = Path(tempfile.mkdtemp(prefix="shoal-density-merged-"))
+        try:
+            lower = ":".join(str(m) for m in reversed(mounts))
+            if len(mounts) == 1:
+                subprocess.run(["mount", "--bind", "-o", "ro", str(mounts[0]), str(merged)], check=True)
+            else:
+                subprocess.run(["mount", "-t", "overlay", "overlay", "-o", f"lowerdir={lower}", str(merged)],
+                               check=True)
+            tar = subprocess.Popen(["tar", "-C", str(merged), "-c", "."], stdout=subprocess.PIPE)
+            subprocess.run(["docker", "import", "-", self.image], stdin=tar.stdout, check=True, capture_output=True)
+            tar.wait()
+        finally:
+            subprocess.run(["umount", str(merged)], capture_output=True, check=False)
+            merged.rmdir()
+
+    def _docker(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+        r = subprocess.run(["docker", *args], capture_output=True, text=True, check=False, timeout=timeout)
+        if check and r.returncode != 0:
+            raise RuntimeError(f"docker {args[0]}: {r.stderr.strip()[-400:]}")
+        return r
+
+    def create(self, i: int) -> tuple[Any, float]:
+        env = [a for k, v in self.env.items() for a in ("-e", f"{k}={v}")]
+        cmd = ["sh"] if self.profile == "shell" else ["bash", "-c", f"{PY_START} exec bash"]
+        wd = ["-w", "/work/repo"] if self.profile != "shell" else []
+        t0 = time.perf_counter()
+        r = self._docker("run", "-d", "-i", "--network=none", f"--memory={LIMITS_MB}m", f"--cpus={LIMITS_CPU}",
+                         f"--pids-limit={LIMITS_PIDS}", *env, *wd, self.image, *cmd)
+        dt = time.perf_counter() - t0
+        return {"id": r.stdout.strip()}, dt
+
+    def ready(self, h: Any) -> None:
+        if self.profile == "shell":
+            return  # `sh` is PID 1, up when `docker run -d` returns
+        r = self._docker("exec", h["id"], "sh", "-c", PY_WAIT)
+        if "ready" not in r.stdout:
+            raise RuntimeError(f"container {h['id'][:12]} not ready: {r.stdout[-200:]} {r.stderr[-200:]}")
+
+    def exec_true(self, h: Any) -> float:
+        t0 = time.perf_counter()
+        self._docker("exec", h["id"], "true")
+        return time.perf_counter() - t0
+
+    def pause(self, h: Any) -> None:
+        self._docker("pause", h["id"])
+
+    def resume_exec(self, h: Any) -> dict[str, float]:
+        t0 = time.perf_counter()
+        self._docker("unpause", h["id"])
+        t1 = time.perf_counter()
+        self._docker("exec", h["id"], "true")
+        t2 = time.perf_counter()
+        return {"total": t2 - t0, "unpause": t1 - t0, "exec": t2 - t1}
+
+    def mounts_inside(self, h: Any) -> int | None:
+        r = self._docker("exec", h["id"], "sh", "-c", "cat /proc/self/mountinfo | wc -l", check=False)
+        return int(r.stdout.strip()) if r.returncode == 0 and r.stdout.strip().isdigit() else None
+
+    def cache_files(self) -> dict[str, Path]:
+        r = self._docker("image", "inspect", "-f", "{{.GraphDriver.Data.UpperDir}}", self.image, check=False)
+        diff = Path(r.stdout.strip())
+        out = {}
+        for rel in MAIN_FILES["shell" if self.profile == "shell" else "python"]:
+            if (diff / rel).exists() and not (diff / rel).is_symlink():
+                out[f"{Path(rel).name} (overlay2 layer on ext4)"] = diff / rel
+        return out
+
+    def kill_all(self, hs: list[Any]) -> None:
+        ids = [h["id"] for h in hs]
+        chunks = [ids[k:k + 50] for k in range(0, len(ids), 50)]
+        with ThreadPoolExecutor(4) as ex:
+            list(ex.map(lambda c: self._docker("rm", "-f", *c, check=False, timeout=600), chunks))
+
+    def down(self) -> None:
+        self.engine.down()
+
+
+# ------------------------------------------------------------------------------------------ the fill
+class Fill:
+    def __init__(self, side: Side, max_n: int, args: argparse.Namespace, label: str):
+        self.side, self.max_n, self.args, self.label = side, max_n, args, label
+        self.handles: list[Any] = []
+        self.create_s: list[float] = []
+        self.ready_s: list[float] = []
+        self.errors: list[str] = []
+        self.pool = ThreadPoolExecutor(args.ready_workers)
+        self.pending: list[Future] = []
+
+    def _ready(self, h: Any, t_created: float) -> None:
+        self.side.ready(h)
+        self.ready_s.append(time.perf_counter() - t_created)
+
+    def settle(self) -> None:
+        for f in self.pending:
+            try:
+                f.result()
+            except Exception as e:  # a sandbox that did not come up: counted, said in the JSON
+                self.errors.append(f"ready: {type(e).__name__}: {str(e)[:300]}")
+        self.pending = []
+
+    def measure(self, base: dict, c0: int, r0: int) -> dict:
+        self.settle()
+        n = len(self.handles)
+        mi = meminfo()
+        step: dict[str, Any] = {"n": n, "t": time.time()}
+        step["meminfo_per_sb"] = per_sandbox(base["meminfo"], mi, n, MEMINFO_KEYS)
+        step["free_frac"] = mi["MemAvailable"] / mi["MemTotal"]
+        cg = memcg_totals(self.side.cgroup) if self.side.cgroup else None
+        if cg is not None and base.get("cgroup") is not None:
+            step["cgroup_per_sb"] = per_sandbox(base["cgroup"], cg, n, cg.keys())
+        step["tasks_per_sb"] = (nr_threads() - base["threads"]) / n
+        step["processes_per_sb"] = (nr_processes() - base["processes"]) / n
+        cg_tasks = pids_current(self.side.cgroup_name)
+        step["cgroup_tasks_per_sb"] = cg_tasks / n if cg_tasks is not None else None
+        hu = helper_usage(self.side.helper_match)
+        step["helpers_per_sb"] = {k: (hu[k] - base["helpers"][k]) / n for k in hu}
+        if step.get("cgroup_per_sb") and cg_tasks is not None:
+            c = step["cgroup_per_sb"]
+            # what the side's sandboxes hold, from their own accounting (robust to other work on the host):
+            # cgroup anon + shmem + kernel, plus the host-side helpers' PSS
+            step["attributed_per_sb"] = {
+                "memory": c.get("anon", 0) + c.get("shmem", 0) + c.get("kernel", 0) + step["helpers_per_sb"]["pss"],
+                "tasks": cg_tasks / n + step["helpers_per_sb"]["threads"]}
+        step["mounts_host_per_sb"] = (host_mounts() - base["mounts"]) / n
+        step["mounts_in_sandbox"] = self.side.mounts_inside(self.handles[-1])
+        step["create_ms"] = lat_stats(self.create_s[c0:])
+        step["ready_ms"] = lat_stats(self.ready_s[r0:])
+        sample = random.Random(n).sample(self.handles, min(self.args.exec_sample, n))
+        ex = []
+        for h in sample:
+            try:
+                ex.append(self.side.exec_true(h))
+            except Exception as e:
+                self.errors.append(f"exec: {type(e).__name__}: {str(e)[:200]}")
+        step["exec_ms"] = lat_stats(ex)
+        step["pagecache_bytes"] = {k: fincore_bytes(p) for k, p in base["cache_files"].items()}
+        fds = fd_count()
+        step["client"] = {"fds": fds, "fds_per_sb": (fds - base["client_fds"]) / n,
+                          "threads": threading.active_count(), "maps": map_count()}
+        maps = max([map_count()] + [map_count(p) for p in self.side.watch_pids])
+        usage = {"threads": nr_threads(), "mounts": host_mounts(),
+                 "files": int(Path("/proc/sys/fs/file-nr").read_text().split()[0]),
+                 "inotify": inotify_instances(), "client_fds": fds,
+                 "client_nofile": resource.getrlimit(resource.RLIMIT_NOFILE)[0], "maps": maps}
+        step["limits"] = limit_usage(read_sysctls(), usage)
+        return step
+
+    def run(self) -> dict:
+        a, side = self.args, self.side
+        # warm-up (not measured): mounts the layers, fills the page cache, starts the engine's paths
+        warm = []
+        for i in range(2):
+            h, _ = side.create(-1 - i)
+            side.ready(h)
+            warm.append(h)
+        side.kill_all(warm)
+        time.sleep(0.5)
+        base = {"meminfo": meminfo(), "cgroup": memcg_totals(side.cgroup) if side.cgroup else None,
+                "threads": nr_threads(), "processes": nr_processes(), "mounts": host_mounts(),
+                "helpers": helper_usage(side.helper_match),
+                "client_fds": fd_count(), "cache_files": side.cache_files()}
+        steps_at = fill_steps(self.max_n)
+        steps: list[dict] = []
+        stop = None
+        c0 = r0 = 0
+        t_start = time.perf_counter()
+        with progress() as p:
+            task = p.add_task(self.label, total=self.max_n, note="")
+            while stop is None:
+                i = len(self.handles)
+                try:
+                    h, dt = side.create(i)
+                except Exception as e:
+                    stop = classify_error(e)
+                    break
+                t_created = time.perf_counter()
+                self.handles.append(h)
+                self.create_s.append(dt)
+                self.pending.append(self.pool.submit(self._ready, h, t_created))
+                if len(self.pending) > 4 * a.ready_workers:  # keep readiness from falling far behind
+                    self.pending.pop(0).result()
+                n = len(self.handles)
+                p.update(task, advance=1, note=f"create {dt * 1e3:.0f} ms")
+                limits: dict[str, dict] = {}
+                mi = meminfo()
+                if n in steps_at:
+                    s = self.measure(base, c0, r0)
+                    steps.append(s)
+                    c0, r0 = len(self.create_s), len(self.ready_s)
+                    limits = s["limits"]
+                    used = s["meminfo_per_sb"].get("used", 0) / MiB
+                    p.update(task, note=f"N={n}: {used:.2f} MiB/sandbox, create p50 "
+                                        f"{(s['create_ms'] or {}).get('p50', 0):.1f} ms")
+                stop = stop_reason(n=n, max_n=self.max_n, free_frac=mi["MemAvailable"] / mi["MemTotal"],
+                                   free_min=a.free_min, recent_create_s=self.create_s[-50:], p99_max_s=a.p99_max,
+                                   limits=limits)
+                if len(self.errors) > 10:
+                    stop = f"too many errors: {self.errors[-1]}"
+        fill_s = time.perf_counter() - t_start
+        if self.handles and (not steps or steps[-1]["n"] != len(self.handles)):
+            steps.append(self.measure(base, c0, r0))
+        self.settle()
+        return {"n_held": len(self.handles), "stop": stop, "fill_s": fill_s, "steps": steps,
+                "errors": self.errors[:20], "cache_files": {k: str(v) for k, v in base["cache_files"].items()},
+                "base_free_frac": base["meminfo"]["MemAvailable"] / base["meminfo"]["MemTotal"]}
+
+    def paused_phase(self, base_run: dict) -> dict:
+        """python-paused: the same sandboxes, left idle, paused, measured; then resume -> first exec."""
+        a, side = self.args, self.side
+        n = len(self.handles)
+        mi0 = meminfo()
+        time.sleep(a.idle_s)
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(8) as ex:
+            list(ex.map(side.pause, self.handles))
+        pause_s = time.perf_counter() - t0
+        out: dict[str, Any] = {"n_held": n, "idle_s": a.idle_s, "pause_all_s": pause_s, "paused_by": "the bench "
+                               "(sb.pause() / docker pause) after --idle-s; Shoal has no idle auto-pause yet"}
+        if a.reclaim:
+            out["reclaim"] = self._reclaim_all(a.reclaim_target)
+        time.sleep(1.0)
+        mi = meminfo()
+        last = base_run["steps"][-1]
+        out["meminfo_per_sb_running"] = last["meminfo_per_sb"]
+        # paused - running, per sandbox: what pausing (and reclaim, if on) gave back
+        out["meminfo_change_per_sb"] = per_sandbox(mi0, mi, n, MEMINFO_KEYS)
+        cg = memcg_totals(side.cgroup) if side.cgroup else None
+        out["cgroup_totals_paused"] = cg
+        sample = random.Random(7).sample(self.handles, min(a.resume_sample, n))
+        res: list[dict[str, float]] = []
+        for h in sample:
+            try:
+                res.append(side.resume_exec(h))
+            except Exception as e:
+                self.errors.append(f"resume: {type(e).__name__}: {str(e)[:200]}")
+        out["resume_exec_ms"] = {k: lat_stats([r[k] for r in res if k in r]) for k in (res[0] if res else {})}
+        out["errors"] = self.errors[-10:]
+        # one exec more on each resumed sandbox: the second exec's cost after resume
+        return out
+
+    def _reclaim_all(self, target: float) -> dict:
+        """--reclaim: reclaim every paused sandbox; skipped (and said why) where the side or build cannot."""
+        fn = getattr(self.side, "reclaim", None)
+        if fn is None:
+            return {"skipped": f"{self.side.name} has no per-sandbox reclaim"}
+        results: list[dict] = []
+        t0 = time.perf_counter()
+        for h in self.handles:
+            try:
+                results.append(fn(h, target))
+            except Exception as e:  # no swap configured, no API on this build: skip, say so
+                return {"skipped": f"{type(e).__name__}: {str(e)[:300]}", "done_before_error": len(results)}
+        n = max(1, len(results))
+        return {"target": target, "sandboxes": len(results), "wall_s": time.perf_counter() - t0,
+                **{f"{k}_per_sb": sum(r.get(k, 0) for r in results) / n
+                   for k in ("memory_before", "memory_after", "anon_before", "anon_after", "swapped")},
+                "duration_ms": lat_stats([r.get("duration_s", 0.0) for r in results])}
+
+    def teardown(self) -> float:
+        self.settle()
+        self.pool.shutdown()
+        t0 = time.perf_counter()
+        self.side.kill_all(self.handles)
+        return time.perf_counter() - t0
+
+
+def run_kind(kind: str, args: argparse.Namespace, with_paused: bool) -> list[dict]:
+    """--runs runs of a profile: each run fills Shoal, then Docker (the order rotated by run), measures,
+    tears down. One private dockerd (and one import of the image) serves all runs of the profile."""
+    shoal = ShoalSide(Path(args.root), kind, Path(args.py_root), args.ksm)
+    docker: DockerSide | None = None
+    runs: list[dict] = []
+    try:
+        if args.docker:
+            docker = DockerSide(shoal, kind)
+        for run_idx in range(args.runs):
+            sides: list[tuple[str, Side, int]] = [("shoal", shoal, args.max if kind == "shell" else args.py_max)]
+            if docker is not None:
+                sides.append(("docker", docker, args.docker_max if kind == "shell" else args.docker_py_max))
+            if run_idx % 2 == 1:
+                sides.reverse()
+            out: dict[str, Any] = {}
+            for name, side, max_n in sides:
+                f = Fill(side, max_n, args, f"{kind} {name} run {run_idx + 1}/{args.runs}")
+                try:
+                    r = f.run()
+                    if with_paused:
+                        r["paused"] = f.paused_phase(r)
+                finally:
+                    r_kill = f.teardown()
+                r["kill_all_s"] = r_kill
+                if name == "shoal":
+                    r["notes"] = shoal.notes
+                out[name] = r
+                console.print(f"[bold]{kind} / {name}[/bold]: held {r['n_held']} ({r['stop']}), fill "
+                              f"{r['fill_s']:.0f} s, kill {r_kill:.1f} s")
+                time.sleep(2)
+            runs.append(out)
+    finally:
+        if docker is not None:
+            docker.down()
+    return runs
+
+
+# ------------------------------------------------------------------------------------------ output
+def collect(runs_by_profile: dict[str, list[dict]], with_paused: bool) -> dict:
+    profiles: dict[str, Any] = {}
+    for kind, runs in runs_by_profile.items():
+        sides: dict[str, Any] = {}
+        for side in ("shoal", "docker"):
+            rs = [r[side] for r in runs if side in r]
+            if rs:
+                sides[side] = {"runs": rs, "summary": summarize(rs)}
+        profiles[kind] = {"sides": sides}
+        if kind == "python" and with_paused:
+            psides: dict[str, Any] = {}
+            for side in ("shoal", "docker"):
+                ps = [r[side]["paused"] for r in runs if side in r and "paused" in r[side]]
+                if not ps:
+                    continue
+                summ: dict[str, Any] = {"n_held": spread([p["n_held"] for p in ps])}
+                for part in ps[0]["resume_exec_ms"]:
+                    vals = [p["resume_exec_ms"][part] for p in ps if p["resume_exec_ms"].get(part)]
+                    if vals:
+                        summ[f"resume_{part}_p50_ms"] = spread([v["p50"] for v in vals])
+                        summ[f"resume_{part}_p99_ms"] = spread([v["p99"] for v in vals])
+                summ["mem_freed_by_pause_mib"] = spread([-p["meminfo_change_per_sb"].get("used", 0) / MiB for p in ps])
+                psides[side] = {"runs": ps, "summary": summ}
+            profiles["python-paused"] = {"sides": psides}
+    return profiles
+
+
+def render(res: dict, png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kinds = [k for k in ("shell", "python") if k in res.get("profiles", {})]
+    if not kinds:
+        return
+    fig, axes = plt.subplots(len(kinds), 2, figsize=(12, 4.2 * len(kinds)), squeeze=False)
+    colors = {"shoal": "tab:blue", "docker": "tab:red"}
+    for row, kind in enumerate(kinds):
+        for side, d in res["profiles"][kind]["sides"].items():
+            steps = d["summary"].get("by_step", [])
+            for col, (metric, label) in enumerate((("mem_used_mib", "host memory per sandbox (MiB)"),
+                                                   ("create_p50_ms", "create p50 (ms)"))):
+                pts = [(s["n"], s[metric]) for s in steps if metric in s]
+                if not pts:
+                    continue
+                ax = axes[row][col]
+                xs = [n for n, _ in pts]
+                who = "Shoal" if side == "shoal" else "Docker"
+                ax.plot(xs, [m["median"] for _, m in pts], "o-", color=colors[side],
+                        label=f"{who} (held {d['summary']['n_held']['median']:.0f})")
+                ax.fill_between(xs, [m["min"] for _, m in pts], [m["max"] for _, m in pts], color=colors[side],
+                                alpha=0.2)
+                att = [(s["n"], s["attributed_mib"]["median"]) for s in steps if "attributed_mib" in s]
+                if col == 0 and att:  # the side's own accounting: cgroups + host-side helpers' PSS
+                    ax.plot([n for n, _ in att], [v for _, v in att], "--", color=colors[side],
+                            label=f"{who}: cgroup + helpers' PSS")
+                ax.set_xlabel("live idle sandboxes N")
+                ax.set_ylabel(label)
+                ax.set_title(f"{kind}: {label}")
+                ax.set_xscale("log")
+                ax.grid(True, alpha=0.3)
+                ax.legend()
+    runs = max((d["summary"]["runs"] for k in kinds for d in res["profiles"][k]["sides"].values()), default=1)
+    fig.suptitle(f"Idle sandbox density, Shoal vs Docker (median of {runs} run(s), band = min–max)")
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+def host_facts() -> dict:
+    mi = meminfo()
+    return {"kernel": platform.release(), "cpus": os.cpu_count(), "mem_total_gib": mi["MemTotal"] / 2**30,
+            "cgroup": "v1 (hybrid)" if Path("/sys/fs/cgroup/memory").is_dir() else "v2",
+            "python": platform.python_version(), "loadavg_start": Path("/proc/loadavg").read_text().split()[:3]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--profiles", default="shell", help=f"comma list of {', '.join(PROFILES)}")
+    ap.add_argument("--max", type=int, default=2000, help="shell: most Shoal sandboxes")
+    ap.add_argument("--py-max", type=int, default=600, help="python: most Shoal sandboxes")
+    ap.add_argument("--docker", action="store_true", help="also fill with Docker containers")
+    ap.add_argument("--docker-max", type=int, default=1000, help="shell: most Docker containers")
+    ap.add_argument("--docker-py-max", type=int, default=400, help="python: most Docker containers")
+    ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--free-min", type=float, default=0.10, help="stop when MemAvailable/MemTotal is below this")
+    ap.add_argument("--p99-max", type=float, default=1.0, help="stop when the create p99 (last 50) is above (s)")
+    ap.add_argument("--exec-sample", type=int, default=10, help="sandboxes probed with an exec at each step")
+    ap.add_argument("--resume-sample", type=int, default=100, help="paused sandboxes resumed (python-paused)")
+    ap.add_argument("--idle-s", type=float, default=5.0, help="idle period before pausing (python-paused)")
+    ap.add_argument("--ready-workers", type=int, default=2, help="threads waiting for sandboxes to be ready")
+    ap.add_argument("--tune-host", action="store_true", help="raise the kernel limits for the run (restored after)")
+    ap.add_argument("--reclaim", action="store_true", help="reclaim paused sandboxes (when the API exists)")
+    ap.add_argument("--reclaim-target", type=float, default=0.75, help="fraction of anon memory to reclaim")
+    ap.add_argument("--ksm", action="store_true", help="create with KSM on (when the API exists)")
+    ap.add_argument("--root", default="/var/tmp/shoal-density", help="Shoal root for the bench")
+    ap.add_argument("--py-root", default=os.environ.get("SHOAL_PY_ROOT", "/var/tmp/shoal-py"),
+                    help="a root with python:3.11 built (pulled from, hard-linked)")
+    ap.add_argument("--out", default=str(DEFAULT_OUT))
+    ap.add_argument("--fresh", action="store_true", help="do not keep other profiles from an existing --out")
+    ap.add_argument("--quick", action="store_true", help="smoke: shell profile, 8 sandboxes, 1 run")
+    ap.add_argument("--render-only", action="store_true", help="redraw the PNG from --out")
+    a = ap.parse_args(argv)
+    out = Path(a.out)
+    png = out.with_suffix(".png")
+    if a.render_only:
+        render(json.loads(out.read_text()), png)
+        console.print(f"wrote {png}")
+        return 0
+    profiles = [p.strip() for p in a.profiles.split(",") if p.strip()]
+    bad = [p for p in profiles if p not in PROFILES]
+    if bad:
+        ap.error(f"unknown profile(s) {bad}; choose from {PROFILES}")
+    if a.quick:
+        profiles, a.max, a.docker_max, a.runs, a.exec_sample = ["shell"], 8, 8, 1, 3
+    if a.runs < 1 or a.max < 1 or a.py_max < 1:
+        ap.error("--runs, --max, --py-max must be >= 1")
+    if os.geteuid() != 0:
+        ap.error("the bench creates sandboxes in-process: run it as root")
+    kinds = []
+    for p in profiles:
+        k = "shell" if p == "shell" else "python"
+        if k not in kinds:
+            kinds.append(k)
+    with_paused = "python-paused" in profiles
+    nofile = raise_nofile()
+    sysctl_before = read_sysctls()
+    tuned: dict[str, tuple[int, int]] = {}
+    if a.tune_host:
+        for k, (old, new) in tune_plan(sysctl_before).items():
+            try:
+                write_sysctl(k, new)
+                tuned[k] = (old, new)
+            except OSError as e:
+                console.print(f"[yellow]--tune-host: {k}: {e}[/yellow]")
+    Path(a.root).mkdir(parents=True, exist_ok=True)
+    runs_by_kind: dict[str, list[dict]] = {k: [] for k in kinds}
+    facts = host_facts()
+    try:
+        for kind in kinds:
+            runs_by_kind[kind] = run_kind(kind, a, with_paused and kind == "python")
+    finally:
+        for k, (old, _) in tuned.items():
+            try:
+                write_sysctl(k, old)
+            except OSError:
+                pass
+    res: dict[str, Any] = {}
+    if out.exists() and not a.fresh and not a.quick:
+        try:
+            res = json.loads(out.read_text())
+        except ValueError:
+            res = {}
+    res.setdefault("profiles", {})
+    new = collect(runs_by_kind, with_paused)
+    res["profiles"].update(new)
+    for k in new:
+        res.setdefault("meta", {})[k] = {
+            "host": facts, "args": {k2: v for k2, v in vars(a).items()}, "date": time.strftime("%Y-%m-%d %H:%M UTC",
+                                                                                        time.gmtime()),
+            "sysctl_before": sysctl_before, "tuned": tuned, "nofile": nofile,
+            "limits_per_sandbox": {"memory_mb": LIMITS_MB, "cpu": LIMITS_CPU, "pids": LIMITS_PIDS}}
+    res["bench"] = "density"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=1, default=str) + "\n")
+    render(res, png)
+    console.print(f"wrote {out} and {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

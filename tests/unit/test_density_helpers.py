@@ -1,0 +1,116 @@
+"""The pure helpers of bench/density.py: parsing, per-sandbox deltas, steps, the stop rule, spreads."""
+from __future__ import annotations
+
+import errno
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "density.py"
+
+
+@pytest.fixture(scope="module")
+def d():
+    spec = importlib.util.spec_from_file_location("density_bench", BENCH)
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["density_bench"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_pct_and_spread(d):
+    xs = [float(i) for i in range(1, 101)]
+    assert d.pct(xs, 0.5) == 51.0 and d.pct(xs, 0.99) == 99.0 and d.pct(xs, 0) == 1.0 and d.pct(xs, 1) == 100.0
+    assert d.pct([5.0], 0.99) == 5.0
+    with pytest.raises(ValueError):
+        d.pct([], 0.5)
+    assert d.spread([3.0, 1.0, 2.0]) == {"min": 1.0, "median": 2.0, "max": 3.0, "n": 3}
+    with pytest.raises(ValueError):
+        d.spread([])
+    s = d.lat_stats([0.001, 0.002, 0.003])
+    assert s["p50"] == pytest.approx(2.0) and s["max"] == pytest.approx(3.0) and s["count"] == 3
+    assert d.lat_stats([]) is None
+
+
+def test_parse_meminfo_and_per_sandbox(d):
+    text = "MemTotal:       1000 kB\nMemAvailable:    600 kB\nAnonPages:        10 kB\nHugePages_Total:       0\n"
+    m = d.parse_meminfo(text)
+    assert m["MemTotal"] == 1000 * 1024 and m["used"] == 400 * 1024 and m["HugePages_Total"] == 0
+    after = dict(m, used=m["used"] + 10 * 2**20, AnonPages=m["AnonPages"] + 4 * 2**20)
+    per = d.per_sandbox(m, after, 4, ("used", "AnonPages", "Missing"))
+    assert per == {"used": 2.5 * 2**20, "AnonPages": 2**20}
+    with pytest.raises(ValueError):
+        d.per_sandbox(m, after, 0, ("used",))
+
+
+def test_cgroup_totals_v1_and_v2(d):
+    v1 = d.parse_memory_stat("rss 1\ntotal_rss 100\ntotal_cache 50\ntotal_shmem 7\ntotal_mapped_file 3\n")
+    assert d.cgroup_totals(v1, kmem=9) == {"anon": 100, "file": 50, "shmem": 7, "mapped_file": 3, "kernel": 9}
+    assert "kernel" not in d.cgroup_totals(v1)
+    v2 = d.parse_memory_stat("anon 10\nfile 20\nkernel 5\nshmem 1\nfile_mapped 2\n")
+    assert d.cgroup_totals(v2) == {"anon": 10, "file": 20, "shmem": 1, "mapped_file": 2, "kernel": 5}
+    old_v2 = d.parse_memory_stat("anon 10\nfile 20\nslab 4\nkernel_stack 2\npagetables 1\n")
+    assert d.cgroup_totals(old_v2)["kernel"] == 7
+
+
+def test_fill_steps(d):
+    assert d.fill_steps(2000) == [10, 20, 50, 100, 200, 500, 1000, 1500, 2000]
+    assert d.fill_steps(8) == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert d.fill_steps(10)[-1] == 10 and d.fill_steps(600)[-1] == 600 and 450 in d.fill_steps(600)
+    with pytest.raises(ValueError):
+        d.fill_steps(0)
+
+
+def test_stop_rule(d):
+    kw = dict(n=5, max_n=100, free_frac=0.5, free_min=0.1, recent_create_s=[0.01] * 50, p99_max_s=1.0, limits={})
+    assert d.stop_reason(**kw) is None
+    assert "free memory" in d.stop_reason(**dict(kw, free_frac=0.05))
+    assert "create p99" in d.stop_reason(**dict(kw, recent_create_s=[0.01] * 40 + [2.0] * 10))
+    assert d.stop_reason(**dict(kw, recent_create_s=[2.0] * 49)) is None  # judged on a full window of 50
+    lim = d.limit_usage({"kernel/pid_max": 1000, "kernel/threads-max": 5000}, {"threads": 960})
+    assert lim["threads (pid_max / threads-max)"]["limit"] == 1000
+    assert "kernel limit near: threads" in d.stop_reason(**dict(kw, limits=lim))
+    assert "--max 100" in d.stop_reason(**dict(kw, n=100))
+
+
+def test_limit_usage_uses_client_nofile(d):
+    lim = d.limit_usage({}, {"client_fds": 900, "client_nofile": 1000, "inotify": 10})
+    assert lim["client fds (RLIMIT_NOFILE)"]["frac"] == pytest.approx(0.9)
+    assert lim["inotify instances (max_user_instances)"]["limit"] == 128  # the kernel default when unread
+    assert "maps per process (vm.max_map_count)" not in lim  # no usage read, no row
+
+
+def test_classify_error(d):
+    assert "EAGAIN" in d.classify_error(OSError(errno.EAGAIN, "Resource temporarily unavailable"))
+    assert "EMFILE" in d.classify_error(RuntimeError("launch: Too many open files"))
+    try:
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError as inner:
+            raise RuntimeError("mount failed") from inner
+    except RuntimeError as outer:
+        assert "ENOSPC" in d.classify_error(outer)
+    assert d.classify_error(ValueError("bad image")).startswith("create failed: ValueError")
+
+
+def test_parse_fincore_and_tune_plan(d):
+    assert d.parse_fincore("4096\n") == 4096 and d.parse_fincore("") == 0
+    plan = d.tune_plan({"kernel/pid_max": 32768, "vm/max_map_count": 2000000}, {"kernel/pid_max": 4194304,
+                                                                                "vm/max_map_count": 1048576})
+    assert plan == {"kernel/pid_max": (32768, 4194304)}  # raises only, never lowers
+
+
+def test_summarize_spread_over_common_steps(d):
+    def run(n_held, used):
+        steps = [{"n": n, "meminfo_per_sb": {"used": used * 2**20, "AnonPages": 0}, "create_ms": {"p50": n / 10},
+                  "tasks_per_sb": 3.0} for n in (10, 20) if n <= n_held]
+        return {"n_held": n_held, "steps": steps}
+
+    s = d.summarize([run(20, 1.0), run(20, 2.0), run(10, 3.0)])
+    assert s["runs"] == 3 and s["n_held"] == {"min": 10, "median": 20, "max": 20, "n": 3}
+    assert [r["n"] for r in s["by_step"]] == [10]  # only the steps every run reached
+    assert s["last_common"]["mem_used_mib"] == {"min": 1.0, "median": 2.0, "max": 3.0, "n": 3}
+    assert "cg_anon_mib" not in s["last_common"]  # absent in the runs: no made-up figure
