@@ -29,14 +29,17 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from startup import pct  # noqa: E402
 
 from shoal import Host  # noqa: E402
 from shoal.core.contract import CreateRequest, ExecRequest  # noqa: E402
 from shoal.layers.busybox import make_busybox_tree  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
 
 
 def mount_count() -> int:

@@ -105,3 +105,15 @@ def test_cpu_quota_is_written_only_where_it_caps_something(root, base_image):
             Sandbox.create(base_image, root=root, cpu=0.25) as small:
         assert quota(full.id) is None
         assert quota(small.id) == 25_000
+
+
+def test_state_dir_count_matches_a_listing(root, base_image):
+    """The host limit counts state dirs from the directory's link count (O(1)), not a listing."""
+    be = Host.get(root).backend("container")
+    sbs = [Sandbox.create(base_image, root=root) for _ in range(3)]
+    try:
+        assert be.state_dir_count() == len(os.listdir(be.settings.sandboxes_dir)) >= 3
+    finally:
+        for sb in sbs:
+            sb.kill()
+    assert be.state_dir_count() == len(os.listdir(be.settings.sandboxes_dir))
