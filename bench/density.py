@@ -41,7 +41,8 @@ exists, else skipped and said so in the JSON.
 
 Writes bench/results/density.json (+ .png). Each invocation replaces the profiles it ran and keeps
 the others already in the file (so profiles can be run as separate <= 10 min jobs); --render-only
-redraws the PNG from the JSON. --quick: the shell profile to 8 sandboxes (a smoke test).
+redraws the PNG from the JSON. --quick: the shell profile to 8 sandboxes (a smoke test; writes
+/tmp/density-quick.json unless --out says otherwise).
 """
 from __future__ import annotations
 
@@ -73,6 +74,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 console = Console(width=160)
 RESULTS = Path(__file__).parent / "results"
 DEFAULT_OUT = RESULTS / "density.json"
+QUICK_OUT = Path(tempfile.gettempdir()) / "density-quick.json"  # a smoke run never overwrites the results
 MiB = 2**20
 PROFILES = ("shell", "python", "python-paused")
 DOCKER_CGROUP = "shoal-density-docker"
@@ -295,10 +297,44 @@ def parse_fincore(text: str) -> int:
     return total
 
 
+def parse_filefrag(text: str) -> list[tuple[int, int]]:
+    """(physical offset, length) in bytes of each extent from `filefrag -v -b1 FILE` (byte units). On a
+    file-backed EROFS mount the physical offset is the offset in the backing .erofs file."""
+    out = []
+    for line in text.splitlines():
+        parts = line.replace(":", " ").replace("..", " ").split()
+        # "0:  0.. 6832127:  7794688.. 14626815: 6832128:  flags" -> idx lstart lend pstart pend len ...
+        if len(parts) >= 6 and all(p.isdigit() for p in parts[:6]):
+            out.append((int(parts[3]), int(parts[5])))
+    return out
+
+
 def tune_plan(current: dict[str, int], wanted: dict[str, int] | None = None) -> dict[str, tuple[int, int]]:
     """sysctl -> (old, new) for each limit below what a dense host wants: only raises, never lowers."""
     wanted = TUNE if wanted is None else wanted
     return {k: (current[k], v) for k, v in wanted.items() if k in current and current[k] < v}
+
+
+def project_limits(step: dict, target_n: int, sysctl: dict[str, int], nofile: int) -> dict[str, dict]:
+    """What `target_n` sandboxes would need of each kernel limit, from the per-sandbox use at a step:
+    {limit: {per_sandbox, needed, limit, fits}}. Host-wide figures (tasks, mounts in the host namespace,
+    open files, inotify instances) and the client's fds (one process holds every sandbox's handles)."""
+    per = {
+        "kernel.pid_max / kernel.threads-max (tasks)": (
+            (step.get("attributed_per_sb") or {}).get("tasks", step.get("tasks_per_sb")),
+            min(sysctl.get("kernel/pid_max", 1 << 22), sysctl.get("kernel/threads-max", 1 << 22))),
+        "fs.mount-max (mounts in the host namespace)": (step.get("mounts_host_per_sb"), sysctl.get("fs/mount-max")),
+        "fs.file-max (open files, host)": (step.get("files_per_sb"), sysctl.get("fs/file-max")),
+        "fs.inotify.max_user_instances": (step.get("inotify_per_sb"), sysctl.get("fs/inotify/max_user_instances")),
+        "RLIMIT_NOFILE of the client process": ((step.get("client") or {}).get("fds_per_sb"), nofile),
+    }
+    out = {}
+    for name, (ps, lim) in per.items():
+        if ps is None or lim is None:
+            continue
+        need = max(0.0, ps) * target_n
+        out[name] = {"per_sandbox": ps, "needed": need, "limit": lim, "fits": need <= lim}
+    return out
 
 
 def summarize(runs: list[dict]) -> dict:
@@ -358,7 +394,11 @@ STEP_METRICS: dict[str, Callable[[dict], float | None]] = {
 
 
 # ------------------------------------------------------------------------------------------ host readings
-def read_sysctls(keys: Iterable[str] = tuple(TUNE) + ("fs/nr_open",)) -> dict[str, int]:
+NS_SYSCTLS = ("user/max_mnt_namespaces", "user/max_pid_namespaces", "user/max_net_namespaces",
+              "user/max_ipc_namespaces", "user/max_uts_namespaces", "user/max_cgroup_namespaces")
+
+
+def read_sysctls(keys: Iterable[str] = tuple(TUNE) + ("fs/nr_open",) + NS_SYSCTLS) -> dict[str, int]:
     out = {}
     for k in keys:
         try:
@@ -486,6 +526,86 @@ def fincore_bytes(path: Path) -> int | None:
     return parse_fincore(r.stdout) if r.returncode == 0 else None
 
 
+def mincore_bytes(path: Path, ranges: list[tuple[int, int]]) -> int:
+    """Bytes of `ranges` (offset, length) of `path` that sit in its page cache: mmap + mincore, nothing read."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    page = mmap.PAGESIZE
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        if size == 0:
+            return 0
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if addr in (None, ctypes.c_void_p(-1).value):
+            raise OSError(ctypes.get_errno(), f"mmap {path}")
+        total = 0
+        try:
+            for off, length in ranges:
+                start, end = off - off % page, min(size, off + length)
+                if end <= start:
+                    continue
+                vec = (ctypes.c_ubyte * ((end - start + page - 1) // page))()
+                if libc.mincore(addr + start, end - start, vec) != 0:
+                    raise OSError(ctypes.get_errno(), f"mincore {path}")
+                total += sum(v & 1 for v in vec) * page
+        finally:
+            libc.munmap(addr, size)
+        return total
+    finally:
+        os.close(fd)
+
+
+def backing_cache_of(file_in_mount: Path, backing: Path) -> dict | None:
+    """For a file on a file-backed EROFS mount: its bytes cached in the mount's own page cache, and the
+    same bytes cached in the backing .erofs file (its extents, from FIEMAP). Both non-zero = cached twice."""
+    if not shutil.which("filefrag") or not file_in_mount.exists() or not backing.exists():
+        return None
+    r = subprocess.run(["filefrag", "-v", "-b1", str(file_in_mount)], capture_output=True, text=True, check=False)
+    extents = parse_filefrag(r.stdout)
+    if r.returncode != 0 or not extents:
+        return None
+    return {"file_bytes": file_in_mount.stat().st_size, "in_mount_cache": fincore_bytes(file_in_mount),
+            "in_backing_file_cache": mincore_bytes(backing, extents), "extents": len(extents)}
+
+
+def double_cache_probe(backing: Path, rel: str) -> dict:
+    """Does a file-backed EROFS mount cache what it reads twice? For each mount option (default, and
+    `directio` where the kernel has it): drop the backing file's clean cache, mount the layer afresh (its
+    own page cache starts empty), read `rel` once, and count its bytes in both caches."""
+    from shoal.layers import erofs
+
+    out: dict[str, Any] = {"file": rel, "layer": backing.name}
+    for label, flags in (("default", ()), ("directio", ("directio",))):
+        fd = os.open(backing, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+        mnt = Path(tempfile.mkdtemp(prefix="shoal-density-probe-"))
+        try:
+            try:
+                erofs.mount_file_backed(backing, mnt, flags=flags)
+            except OSError as e:
+                out[label] = {"skipped": str(e)}
+                continue
+            try:
+                before = backing_cache_of(mnt / rel, backing)
+                (mnt / rel).read_bytes()
+                out[label] = {"before": before, "after_one_read": backing_cache_of(mnt / rel, backing)}
+            finally:
+                erofs.unmount(mnt, lazy=False)
+        finally:
+            mnt.rmdir()
+    return out
+
+
 def raise_nofile(want: int = 1 << 20) -> dict:
     """The in-process client holds ~5 fds per sandbox with a session open: lift RLIMIT_NOFILE."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -536,6 +656,10 @@ class Side:
 
     def cache_files(self) -> dict[str, Path]:
         """label -> path whose page cache the page-cache check reads."""
+        return {}
+
+    def double_cache(self) -> dict[str, dict | None]:
+        """Main files seen both through a mount and in a backing file's page cache (file-backed EROFS)."""
         return {}
 
     def kill_all(self, hs: list[Any]) -> None:
@@ -668,13 +792,25 @@ class ShoalSide(Side):
         stack = self.stack()
         mounts = store.ensure_mounted(stack)
         out: dict[str, Path] = {}
+        self._pairs: dict[str, tuple[Path, Path]] = {}
         for rel in MAIN_FILES["shell" if self.profile == "shell" else "python"]:
             for digest, mnt in reversed(list(zip(stack, mounts, strict=True))):
                 if (mnt / rel).exists() and not (mnt / rel).is_symlink():
                     out[f"{Path(rel).name} (in the EROFS mount)"] = mnt / rel
                     out[f"{Path(rel).name}'s layer (backing .erofs file)"] = store.image_path(digest)
+                    self._pairs[Path(rel).name] = (mnt / rel, store.image_path(digest))
                     break
         return out
+
+    def double_cache(self) -> dict[str, dict | None]:
+        return {name: backing_cache_of(f, b) for name, (f, b) in getattr(self, "_pairs", {}).items()}
+
+    def double_cache_probe(self) -> dict | None:
+        """double_cache_probe() on the profile's main file and the layer that holds it."""
+        self.cache_files()
+        name = MAIN_FILES["shell" if self.profile == "shell" else "python"][0]
+        pair = getattr(self, "_pairs", {}).get(Path(name).name)
+        return double_cache_probe(pair[1], name) if pair else None
 
     def kill_all(self, hs: list[Any]) -> None:
         def one(h: Any) -> None:
@@ -853,6 +989,7 @@ class Fill:
                 self.errors.append(f"exec: {type(e).__name__}: {str(e)[:200]}")
         step["exec_ms"] = lat_stats(ex)
         step["pagecache_bytes"] = {k: fincore_bytes(p) for k, p in base["cache_files"].items()}
+        step["double_cache"] = self.side.double_cache()
         fds = fd_count()
         step["client"] = {"fds": fds, "fds_per_sb": (fds - base["client_fds"]) / n,
                           "threads": threading.active_count(), "maps": map_count()}
@@ -862,6 +999,8 @@ class Fill:
                  "inotify": inotify_instances(), "client_fds": fds,
                  "client_nofile": resource.getrlimit(resource.RLIMIT_NOFILE)[0], "maps": maps}
         step["limits"] = limit_usage(read_sysctls(), usage)
+        step["files_per_sb"] = (usage["files"] - base["files"]) / n
+        step["inotify_per_sb"] = (usage["inotify"] - base["inotify"]) / n
         return step
 
     def run(self) -> dict:
@@ -876,7 +1015,8 @@ class Fill:
         time.sleep(0.5)
         base = {"meminfo": meminfo(), "cgroup": memcg_totals(side.cgroup) if side.cgroup else None,
                 "threads": nr_threads(), "processes": nr_processes(), "mounts": host_mounts(),
-                "helpers": helper_usage(side.helper_match),
+                "helpers": helper_usage(side.helper_match), "inotify": inotify_instances(),
+                "files": int(Path("/proc/sys/fs/file-nr").read_text().split()[0]),
                 "client_fds": fd_count(), "cache_files": side.cache_files()}
         steps_at = fill_steps(self.max_n)
         steps: list[dict] = []
@@ -915,6 +1055,10 @@ class Fill:
                                    limits=limits)
                 if len(self.errors) > 10:
                     stop = f"too many errors: {self.errors[-1]}"
+                budget, flag = ((a.docker_fill_budget_s, "--docker-fill-budget-s") if side.name == "docker"
+                                and a.docker_fill_budget_s else (a.fill_budget_s, "--fill-budget-s"))
+                if stop is None and budget and time.perf_counter() - t_start > budget:
+                    stop = f"{flag} {budget:g} reached"  # keeps one invocation <= 10 min
         fill_s = time.perf_counter() - t_start
         if self.handles and (not steps or steps[-1]["n"] != len(self.handles)):
             steps.append(self.measure(base, c0, r0))
@@ -989,6 +1133,7 @@ def run_kind(kind: str, args: argparse.Namespace, with_paused: bool) -> list[dic
     shoal = ShoalSide(Path(args.root), kind, Path(args.py_root), args.ksm)
     docker: DockerSide | None = None
     runs: list[dict] = []
+    probe = shoal.double_cache_probe()
     try:
         if args.docker:
             docker = DockerSide(shoal, kind)
@@ -1014,6 +1159,7 @@ def run_kind(kind: str, args: argparse.Namespace, with_paused: bool) -> list[dic
                 console.print(f"[bold]{kind} / {name}[/bold]: held {r['n_held']} ({r['stop']}), fill "
                               f"{r['fill_s']:.0f} s, kill {r_kill:.1f} s")
                 time.sleep(2)
+            out["shoal"]["double_cache_probe"] = probe
             runs.append(out)
     finally:
         if docker is not None:
@@ -1030,6 +1176,10 @@ def collect(runs_by_profile: dict[str, list[dict]], with_paused: bool) -> dict:
             rs = [r[side] for r in runs if side in r]
             if rs:
                 sides[side] = {"runs": rs, "summary": summarize(rs)}
+                last = rs[-1]["steps"][-1] if rs[-1].get("steps") else None
+                if last is not None:  # the limits 20,000 sandboxes would need, from the latest run's last step
+                    sides[side]["summary"]["limits_for_20000"] = project_limits(
+                        last, 20000, read_sysctls(), resource.getrlimit(resource.RLIMIT_NOFILE)[0])
         profiles[kind] = {"sides": sides}
         if kind == "python" and with_paused:
             psides: dict[str, Any] = {}
@@ -1066,13 +1216,16 @@ def render(res: dict, png: Path) -> None:
             for col, (metric, label) in enumerate((("mem_used_mib", "host memory per sandbox (MiB)"),
                                                    ("create_p50_ms", "create p50 (ms)"))):
                 pts = [(s["n"], s[metric]) for s in steps if metric in s]
+                if col == 0 and any(n >= 100 for n, _ in pts):
+                    pts = [(n, m) for n, m in pts if n >= 100]  # host-wide deltas over few sandboxes are noise
                 if not pts:
                     continue
                 ax = axes[row][col]
                 xs = [n for n, _ in pts]
                 who = "Shoal" if side == "shoal" else "Docker"
                 ax.plot(xs, [m["median"] for _, m in pts], "o-", color=colors[side],
-                        label=f"{who} (held {d['summary']['n_held']['median']:.0f})")
+                        label=f"{who}{': host-wide delta / N (N ≥ 100)' if col == 0 else ''} "
+                              f"(held {d['summary']['n_held']['median']:.0f})")
                 ax.fill_between(xs, [m["min"] for _, m in pts], [m["max"] for _, m in pts], color=colors[side],
                                 alpha=0.2)
                 att = [(s["n"], s["attributed_mib"]["median"]) for s in steps if "attributed_mib" in s]
@@ -1084,12 +1237,102 @@ def render(res: dict, png: Path) -> None:
                 ax.set_title(f"{kind}: {label}")
                 ax.set_xscale("log")
                 ax.grid(True, alpha=0.3)
-                ax.legend()
+                ax.legend(fontsize=8)
     runs = max((d["summary"]["runs"] for k in kinds for d in res["profiles"][k]["sides"].values()), default=1)
     fig.suptitle(f"Idle sandbox density, Shoal vs Docker (median of {runs} run(s), band = min–max)")
     fig.tight_layout()
     fig.savefig(png, dpi=110)
     plt.close(fig)
+
+
+def _cell(m: dict | None, fmt: str, unit: str = "", scale: float = 1.0) -> str:
+    """median [min–max] of a spread dict (one run: the value alone)."""
+    if not m:
+        return ""
+    f = lambda x: format(x / scale, fmt)  # noqa: E731
+    if m["min"] == m["max"]:
+        return f"{f(m['median'])}{unit}"
+    return f"{f(m['median'])} [{f(m['min'])}–{f(m['max'])}]{unit}"
+
+
+def _stops(runs: list[dict]) -> str:
+    seen: list[str] = []
+    for r in runs:
+        why = str(r.get("stop"))
+        if why not in seen:
+            seen.append(why)
+    return "; ".join(seen)
+
+
+def readme_rows(j: dict) -> list[list[str]]:
+    """README's density table (tests/test_docs_numbers.py, key `density`): figure | Shoal | Docker | goal."""
+    rows: list[list[str]] = []
+    P = j["profiles"]
+    for kind in ("shell", "python"):
+        if kind not in P:
+            continue
+        sides = P[kind]["sides"]
+        sm = {k: v["summary"] for k, v in sides.items()}
+
+        def at(side: str, key: str, step: int = -1, sm: dict = sm) -> dict | None:
+            by = sm.get(side, {}).get("by_step", [])
+            return by[step].get(key) if by else None
+
+        def n_at(side: str, step: int = -1, sm: dict = sm) -> str:
+            by = sm.get(side, {}).get("by_step", [])
+            return f"N = {by[step]['n']:,}" if by else ""
+
+        def both(key: str, fmt: str, unit: str, step: int = -1) -> list[str]:
+            return [f"{_cell(at(side, key, step), fmt, unit)} at {n_at(side, step)}" if at(side, key, step) else ""
+                    for side in ("shoal", "docker")]
+
+        held = [f"{_cell(sm[side]['n_held'], ',.0f')} ({_stops(sides[side]['runs'])})" if side in sm else ""
+                for side in ("shoal", "docker")]
+        runs = max(v["runs"] for v in sm.values())
+        top = sm["shoal"]["n_held"]["max"] if "shoal" in sm else 0
+        if kind == "shell":
+            goal = f"≥ 20,000: not reached ({top:,.0f} was this run's cap)"
+        else:
+            dk = sm.get("docker", {}).get("n_held", {}).get("median")
+            goal = "≥ 3,000 paused + reclaimed, ≥ 3× Docker: not measured (runs capped" + (
+                f"; {sm['shoal']['n_held']['median'] / dk:.1f}× Docker's count within the caps)" if dk else ")")
+        rows.append([f"{kind}: idle sandboxes held ({runs} run{'s' if runs > 1 else ''}; stop rule)", *held, goal])
+        rows.append([f"{kind}: host memory per idle sandbox (MemTotal − MemAvailable, delta / N)",
+                     *both("mem_used_mib", ".2f", " MiB"), ""])
+        rows.append([f"{kind}: memory in its own accounting (cgroup anon + shmem + kernel, + host helpers' PSS)",
+                     *both("attributed_mib", ".2f", " MiB"), ""])
+        rows.append([f"{kind}: tasks per sandbox (its cgroup + host helpers)", *both("attributed_tasks", ".1f", ""),
+                     ""])
+        rows.append([f"{kind}: create p50, first step", *both("create_p50_ms", ".1f", " ms", 0), ""])
+        c0, c1 = at("shoal", "create_p50_ms", 0), at("shoal", "create_p50_ms")
+        growth = c1["median"] / c0["median"] if c0 and c1 else None
+        rows.append([f"{kind}: create p50 / p99, last step",
+                     *[f"{_cell(at(side, 'create_p50_ms'), '.1f')} / {_cell(at(side, 'create_p99_ms'), '.0f')} ms at "
+                       f"{n_at(side)}" if at(side, "create_p50_ms") else "" for side in ("shoal", "docker")],
+                     f"p50 ≤ 2× an empty host at 20,000: Shoal's p50 is {growth:.1f}× its first step's already at "
+                     f"{n_at('shoal')}" + (": not met" if growth > 2 else "") if growth else ""])
+        if kind == "python":
+            rows.append(["python: ready p50 after the create returned (session up, package + pytest imported)",
+                         *both("ready_p50_ms", ".0f", " ms"), ""])
+        e0, e1 = at("shoal", "exec_p50_ms", 0), at("shoal", "exec_p50_ms")
+        eg = e1["median"] / e0["median"] if e0 and e1 else None
+        rows.append([f"{kind}: exec `true` p50 in a sample of the idle sandboxes, last step",
+                     *both("exec_p50_ms", ".1f", " ms"),
+                     f"≤ 1.5× an empty host: {eg:.1f}× the first step's" + (" (met)" if eg <= 1.5 else " (not met)")
+                     if eg else ""])
+    pp = P.get("python-paused", {}).get("sides", {})
+    if pp:
+        sh, dk = pp.get("shoal", {}).get("summary", {}), pp.get("docker", {}).get("summary", {})
+        rows.append(["python-paused: resume → first exec p50 / p99 (Shoal: exec on the paused sandbox; "
+                     "Docker: `docker unpause` + `docker exec`)",
+                     f"{_cell(sh.get('resume_total_p50_ms'), '.1f')} / {_cell(sh.get('resume_total_p99_ms'), '.0f')} ms"
+                     if sh else "",
+                     f"{_cell(dk.get('resume_total_p50_ms'), '.1f')} / {_cell(dk.get('resume_total_p99_ms'), '.0f')} ms"
+                     if dk else "", "p50 ≤ 100 ms (after reclaim)"])
+        rows.append(["python-paused: host memory given back by pausing, per sandbox (no reclaim)",
+                     _cell(sh.get("mem_freed_by_pause_mib"), ".2f", " MiB"),
+                     _cell(dk.get("mem_freed_by_pause_mib"), ".2f", " MiB"), "≤ 1/4 of before after reclaim"])
+    return rows
 
 
 def host_facts() -> dict:
@@ -1114,6 +1357,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--resume-sample", type=int, default=100, help="paused sandboxes resumed (python-paused)")
     ap.add_argument("--idle-s", type=float, default=5.0, help="idle period before pausing (python-paused)")
     ap.add_argument("--ready-workers", type=int, default=2, help="threads waiting for sandboxes to be ready")
+    ap.add_argument("--fill-budget-s", type=float, default=0.0, help="stop a side's fill after this long (0: none)")
+    ap.add_argument("--docker-fill-budget-s", type=float, default=0.0, help="the same for Docker (0: as above)")
     ap.add_argument("--tune-host", action="store_true", help="raise the kernel limits for the run (restored after)")
     ap.add_argument("--reclaim", action="store_true", help="reclaim paused sandboxes (when the API exists)")
     ap.add_argument("--reclaim-target", type=float, default=0.75, help="fraction of anon memory to reclaim")
@@ -1121,12 +1366,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--root", default="/var/tmp/shoal-density", help="Shoal root for the bench")
     ap.add_argument("--py-root", default=os.environ.get("SHOAL_PY_ROOT", "/var/tmp/shoal-py"),
                     help="a root with python:3.11 built (pulled from, hard-linked)")
-    ap.add_argument("--out", default=str(DEFAULT_OUT))
+    ap.add_argument("--out", default=None, help=f"default {DEFAULT_OUT} ({QUICK_OUT} with --quick)")
+    ap.add_argument("--append-runs", action="store_true",
+                    help="add this invocation's runs to those of the same profiles already in --out")
     ap.add_argument("--fresh", action="store_true", help="do not keep other profiles from an existing --out")
     ap.add_argument("--quick", action="store_true", help="smoke: shell profile, 8 sandboxes, 1 run")
     ap.add_argument("--render-only", action="store_true", help="redraw the PNG from --out")
     a = ap.parse_args(argv)
-    out = Path(a.out)
+    out = Path(a.out or (QUICK_OUT if a.quick else DEFAULT_OUT))
     png = out.with_suffix(".png")
     if a.render_only:
         render(json.loads(out.read_text()), png)
@@ -1177,14 +1424,22 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError:
             res = {}
     res.setdefault("profiles", {})
+    if a.append_runs:  # earlier runs of the same profiles first (each invocation <= 10 min)
+        for kind in kinds:
+            old = res["profiles"].get(kind, {}).get("sides", {})
+            n_old = max((len(v["runs"]) for v in old.values()), default=0)
+            prev = [{side: v["runs"][i] for side, v in old.items() if i < len(v["runs"])} for i in range(n_old)]
+            runs_by_kind[kind] = prev + runs_by_kind[kind]
     new = collect(runs_by_kind, with_paused)
     res["profiles"].update(new)
     for k in new:
-        res.setdefault("meta", {})[k] = {
+        entry = {
             "host": facts, "args": {k2: v for k2, v in vars(a).items()}, "date": time.strftime("%Y-%m-%d %H:%M UTC",
                                                                                         time.gmtime()),
             "sysctl_before": sysctl_before, "tuned": tuned, "nofile": nofile,
             "limits_per_sandbox": {"memory_mb": LIMITS_MB, "cpu": LIMITS_CPU, "pids": LIMITS_PIDS}}
+        meta = res.setdefault("meta", {})
+        meta[k] = (meta.get(k, []) if a.append_runs and isinstance(meta.get(k), list) else []) + [entry]
     res["bench"] = "density"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=1, default=str) + "\n")

@@ -36,6 +36,13 @@ class Settings:
     host_id: str = ""  # encoded in sandbox ids (sb-<host_id>-<hex>); default: this machine's hostname
     # named egress rules, e.g. {"pypi": ["<mirror host>:443"]}; only from the config file
     egress_presets: dict = field(default_factory=dict)
+    # ---- [density] memory safety (density-oom; docs/density-safety.md) -------------------------
+    oom_kill: str = "command"  # a sandbox's default oom_kill policy: "command" or "sandbox"
+    sandboxes_memory_mb: int = 0  # all sandboxes' memory together; 0 = RAM - memory_reserve_mb
+    memory_reserve_mb: int = 0  # RAM kept out of the sandboxes' reach; 0 = max(1 GiB, 10% of RAM)
+    system_cgroup: str = "shoal-system"  # shoald's own memory cgroup; "" = stay where started (systemd)
+    system_memory_min_mb: int = 256  # v2 memory.min of that cgroup (v1 has no such protection)
+    # ---- end of density-oom's fields ---------------------------------------------------------
     # ---- [density] reclaim of idle sandboxes (docs/density.md): zram swap, idle pause, reclaim
     zram_mb: int = 0  # size of Shoal's zram swap device; 0 = shoald sets none up
     zram_algorithm: str = "lz4"  # a compressor the kernel's zram offers (lz4, lzo-rle, zstd...)
@@ -127,5 +134,48 @@ def load_settings(root: str | os.PathLike | None = None) -> Settings:
     if "snapshot_exclude" in data:
         known["snapshot_exclude"] = tuple(str(p).strip("/") for p in data["snapshot_exclude"])
     known.update(_density_reclaim(data.get("density", {}), cfg_path))
+    known.update(_density_oom_settings(data.get("density"), cfg_path))
     unknown = set(data) - set(known) - {"root", "density"}
     return Settings(root=Path(chosen).absolute(), extra={k: data[k] for k in unknown}, **known)
+
+
+# ---- [density] memory safety (density-oom) -----------------------------------------------------
+_DENSITY_OOM_INTS = ("sandboxes_memory_mb", "memory_reserve_mb", "system_memory_min_mb")
+
+
+def _density_oom_settings(table: object, cfg_path: Path) -> dict:
+    """density-oom's fields of the [density] table (other [density] fields are read elsewhere)."""
+    if table is None:
+        return {}
+    if not isinstance(table, dict):
+        raise InvalidArgument(f"{cfg_path}: [density] must be a table")
+    out: dict = {}
+    for k in _DENSITY_OOM_INTS:
+        if k in table:
+            v = table[k]
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise InvalidArgument(f"{cfg_path}: density.{k} must be an integer >= 0 (MiB), got {v!r}")
+            out[k] = v
+    if "oom_kill" in table:
+        if table["oom_kill"] not in ("command", "sandbox"):
+            raise InvalidArgument(f"{cfg_path}: density.oom_kill must be 'command' or 'sandbox', "
+                                  f"got {table['oom_kill']!r}")
+        out["oom_kill"] = table["oom_kill"]
+    if "system_cgroup" in table:
+        v = table["system_cgroup"]
+        if not isinstance(v, str) or "/" in v or v.startswith("."):
+            raise InvalidArgument(f"{cfg_path}: density.system_cgroup must be a cgroup name (no '/'), got {v!r}")
+        out["system_cgroup"] = v
+    return out
+
+
+def sandboxes_memory_limit_mb(settings: Settings, total_mb: int | None = None) -> int:
+    """The memory all sandboxes of this root may use together (MiB): density.sandboxes_memory_mb if set,
+    else RAM minus density.memory_reserve_mb (default max(1 GiB, 10% of RAM)), at least 64 MiB."""
+    if settings.sandboxes_memory_mb:
+        return settings.sandboxes_memory_mb
+    if total_mb is None:
+        total_mb = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") >> 20
+    reserve = settings.memory_reserve_mb or max(1024, total_mb // 10)
+    return max(64, total_mb - reserve)
+# ---- end density-oom --------------------------------------------------------------------------

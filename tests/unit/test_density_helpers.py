@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import errno
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -114,3 +115,64 @@ def test_summarize_spread_over_common_steps(d):
     assert [r["n"] for r in s["by_step"]] == [10]  # only the steps every run reached
     assert s["last_common"]["mem_used_mib"] == {"min": 1.0, "median": 2.0, "max": 3.0, "n": 3}
     assert "cg_anon_mib" not in s["last_common"]  # absent in the runs: no made-up figure
+
+
+def test_parse_filefrag(d):
+    text = """Filesystem type is: e0f5e1e2
+File size of /m/usr/bin/python3.11 is 6834488 (6836224 blocks of 1 bytes)
+ ext:     logical_offset:        physical_offset: length:   expected: flags:
+   0:        0.. 6832127:    7794688..  14626815: 6832128:
+   1:  6832128.. 6834487:   14626880..  14629239:   2360:   14626816: last,not_aligned,inline,eof
+/m/usr/bin/python3.11: 2 extents found
+"""
+    assert d.parse_filefrag(text) == [(7794688, 6832128), (14626880, 2360)]
+    assert d.parse_filefrag("") == []
+
+
+def test_mincore_bytes_sees_what_was_read(d, tmp_path):
+    f = tmp_path / "f"
+    f.write_bytes(b"x" * (64 * 4096))
+    with open(f, "rb") as fh:  # just written: in the page cache
+        fh.read()
+    assert d.mincore_bytes(f, [(0, 4096)]) == 4096
+    assert d.mincore_bytes(f, [(4096 * 10, 3 * 4096)]) == 3 * 4096
+    fd = os.open(f, os.O_RDONLY)
+    os.fsync(fd)  # dirty pages cannot be dropped
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # drop them: mincore must say so
+    os.close(fd)
+    assert d.mincore_bytes(f, [(0, 64 * 4096)]) < 64 * 4096
+
+
+def test_double_cache_probe_tells_the_mount_options_apart(d, tmp_path):
+    """The page-cache check on a real file-backed EROFS mount: by default a read fills both the mount's
+    page cache and the backing file's; with `directio` only the mount's. Were the probe blind (mincore on
+    the wrong range, a cache it cannot see), one of these would fail."""
+    from shoal.layers import erofs
+
+    if os.geteuid() != 0 or not erofs.mkfs_available():
+        pytest.skip("needs root and mkfs.erofs")
+    src = tmp_path / "tree"
+    (src / "bin").mkdir(parents=True)
+    (src / "bin" / "blob").write_bytes(os.urandom(1 << 20))
+    image = tmp_path / "layer.erofs"
+    erofs.build_image(src, image)
+    res = d.double_cache_probe(image, "bin/blob")
+    default = res["default"]["after_one_read"]
+    assert default["in_mount_cache"] >= 1 << 20 and default["in_backing_file_cache"] >= 1 << 20  # cached twice
+    if "skipped" in res["directio"]:
+        pytest.skip(f"kernel without EROFS directio: {res['directio']['skipped']}")
+    direct = res["directio"]["after_one_read"]
+    assert direct["in_mount_cache"] >= 1 << 20 and direct["in_backing_file_cache"] < 64 << 10  # once
+
+
+def test_project_limits(d):
+    step = {"attributed_per_sb": {"tasks": 3.0}, "mounts_host_per_sb": 1.5, "files_per_sb": 10.0,
+            "inotify_per_sb": 0.0, "client": {"fds_per_sb": 5.0}}
+    p = d.project_limits(step, 20000, {"kernel/pid_max": 32768, "kernel/threads-max": 190000,
+                                       "fs/mount-max": 100000, "fs/file-max": 1 << 40,
+                                       "fs/inotify/max_user_instances": 128}, nofile=20000)
+    pid = p["kernel.pid_max / kernel.threads-max (tasks)"]
+    assert pid["needed"] == 60000 and pid["limit"] == 32768 and not pid["fits"]
+    assert p["fs.mount-max (mounts in the host namespace)"]["fits"]
+    assert not p["RLIMIT_NOFILE of the client process"]["fits"]  # 5 fds x 20,000 > 20,000
+    assert p["fs.inotify.max_user_instances"]["fits"]

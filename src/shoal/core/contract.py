@@ -15,6 +15,7 @@ from __future__ import annotations
 import abc
 import enum
 import math
+import time
 from collections.abc import Callable
 from typing import Any, ClassVar, Literal
 
@@ -62,7 +63,18 @@ class _Wire(BaseModel):
 
 # ------------------------------------------------------------------------------------ sandboxes
 UpperKind = Literal["tmpfs", "disk"]
+# what an OOM kill inside a sandbox (its own memory limit, or all sandboxes' together) ends: "command"
+# (the killed command reports oom_killed, the sandbox lives on) or "sandbox" (it ends, tombstone oom)
+OomKill = Literal["command", "sandbox"]
 NetworkMode = Literal["none", "host"]
+Priority = Literal["normal", "idle"]  # CPU class: "idle" runs only on CPU time nothing else wants
+
+# Density options of a sandbox (docs/ksm-and-scheduling.md); the same descriptions on every model
+_KSM = ("merge identical pages with other ksm sandboxes (prctl PR_SET_MEMORY_MERGE; Linux >= 6.4). "
+        "Opt-in: merged pages are a timing side channel between the sandboxes that share them")
+_ASLR = ("false: processes start with ASLR off (ADDR_NO_RANDOMIZE), so identical interpreters lay out "
+         "identically and KSM merges far more of them; weaker exploit mitigation inside the sandbox")
+_PRIORITY = "'normal', or 'idle': the sandbox's cgroup runs in the idle CPU class (cpu.idle), behind every normal one"
 
 
 class Limits(BaseModel):
@@ -76,6 +88,9 @@ class Limits(BaseModel):
     upper: UpperKind = Field(
         "tmpfs", description="where the writable upper lives: 'tmpfs' (memory-backed, size=disk_mb) or "
                              "'disk' (an ext4 file system of disk_mb on a loop device, on the Shoal root's disk)")
+    oom_kill: OomKill = Field(
+        "command", description="at the memory limit: 'command' (the OOM-killed command reports oom_killed, the "
+                               "sandbox lives on) or 'sandbox' (the whole sandbox ends, reason oom)")
 
     @field_validator("cpu", "memory_mb", "disk_mb", "pids")
     @classmethod
@@ -99,6 +114,7 @@ class CreateRequest(_Wire):
     disk_mb: int | None = Field(None, gt=0)
     pids: int | None = Field(None, gt=0)
     upper: UpperKind | None = Field(None, description="'tmpfs' (default) or 'disk'")
+    oom_kill: OomKill | None = Field(None, description="'command' or 'sandbox'; null = the host's default")
     ttl: float | None = Field(None, description="absolute lifetime in seconds from creation")
     idle_ttl: float | None = Field(None, description="seconds without any request before the sandbox ends")
     env: dict[str, str] | None = None
@@ -106,6 +122,9 @@ class CreateRequest(_Wire):
     workdir: str | None = Field(None, description="default working directory; null = the image's")
     network: NetworkMode = Field("none", description="'none': own network namespace with only lo; "
                                                      "'host': the host's network (image builds only)")
+    ksm: bool = Field(False, description=_KSM)
+    aslr: bool = Field(True, description=_ASLR)
+    priority: Priority = Field("normal", description=_PRIORITY)
 
     _ttl = field_validator("ttl", "idle_ttl")(_seconds)
 
@@ -123,6 +142,9 @@ class SandboxSpec(BaseModel):
     hostname: str | None = None
     workdir: str = Field("/", description="default working directory of commands")
     network: NetworkMode = "none"
+    ksm: bool = Field(False, description=_KSM)
+    aslr: bool = Field(True, description=_ASLR)
+    priority: Priority = Field("normal", description=_PRIORITY)
 
     _ttl = field_validator("ttl", "idle_ttl")(_seconds)
 
@@ -150,6 +172,9 @@ class SandboxInfo(BaseModel):
     base_env: dict[str, str] = Field(default_factory=dict)
     workdir: str = "/"
     network: str = "none"
+    ksm: bool = False
+    aslr: bool = True
+    priority: Priority = "normal"
 
 
 class TimeoutRequest(_Wire):
@@ -195,6 +220,8 @@ class ExecResult(BaseModel):
     timed_out: bool = False
     duration_s: float
     signal: int | None = None
+    oom_killed: bool = Field(False, description="the kernel's OOM killer ended the command (the sandbox's memory "
+                                                "limit, or all sandboxes' together); exit_code is then 137")
 
     @property
     def ok(self) -> bool:
@@ -216,6 +243,8 @@ class StartRequest(_Wire):
     env: dict[str, str] = Field(default_factory=dict)
     timeout: float | None = Field(None, description="seconds; null = runs until it exits or is killed")
     ring_bytes: int = Field(1 << 20, gt=0, le=MAX_OUTPUT_CAP)
+    stdin: bool = Field(False, description="keep a pipe to its stdin open (write_stdin / close_stdin); "
+                                           "false = stdin is /dev/null")
 
     _argv = field_validator("argv")(classmethod(lambda cls, v: _check_argv(v)))
     _timeout = field_validator("timeout")(_seconds)
@@ -365,6 +394,24 @@ class ProcessHandle(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Stop tracking it and free its buffers; kills it if still running."""
+
+    def wait_output(self, since: Cursor, timeout: float) -> ProcessOutput:
+        """Output since `since`, waiting up to `timeout` seconds for some (or for the exit) when there is
+        none yet: what a streaming front calls in a loop. Backends that can be woken override the poll."""
+        deadline = time.monotonic() + timeout
+        while True:
+            out = self.output(since)
+            if out.stdout or out.stderr or out.exit_code is not None or time.monotonic() >= deadline:
+                return out
+            time.sleep(0.005)
+
+    def write_stdin(self, data: bytes) -> None:
+        """Feed its stdin (started with stdin=True)."""
+        raise InvalidArgument(f"this backend's processes take no stdin ({type(self).__name__})")
+
+    def close_stdin(self) -> None:
+        """End of input for its stdin."""
+        raise InvalidArgument(f"this backend's processes take no stdin ({type(self).__name__})")
 
 
 class SessionHandle(abc.ABC):

@@ -47,6 +47,11 @@ class SandboxLost(SandboxNotFound):
     gone sandbox tolerates a lost one."""
 
 
+class SandboxOutOfMemory(SandboxNotFound):
+    """The sandbox ended because it ran out of memory (its own limit, or the limit on all of a host's
+    sandboxes together) and its oom_kill policy is "sandbox", or the OOM killer took its init."""
+
+
 class SandboxError(ShoalError):
     """The sandbox could not be created or an operation on it failed."""
 

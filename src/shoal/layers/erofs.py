@@ -26,7 +26,7 @@ _libc.syscall.restype = ctypes.c_long
 # generic syscall numbers, identical on x86_64 and aarch64
 _SYS_MOVE_MOUNT, _SYS_FSOPEN, _SYS_FSCONFIG, _SYS_FSMOUNT = 429, 430, 431, 432
 _FSOPEN_CLOEXEC = 0x1
-_FSCONFIG_SET_STRING, _FSCONFIG_CMD_CREATE = 1, 6
+_FSCONFIG_SET_FLAG, _FSCONFIG_SET_STRING, _FSCONFIG_CMD_CREATE = 0, 1, 6
 _FSMOUNT_CLOEXEC = 0x1
 _MOUNT_ATTR_RDONLY, _MOUNT_ATTR_NODEV = 0x1, 0x4
 _MOVE_MOUNT_F_EMPTY_PATH = 0x4
@@ -60,11 +60,15 @@ def _check(ret: int, what: str) -> int:
     return ret
 
 
-def mount_file_backed(image: Path, target: Path) -> None:
-    """Mount `image` read-only at `target` with the new mount API (no loop device)."""
+def mount_file_backed(image: Path, target: Path, flags: Sequence[str] = ()) -> None:
+    """Mount `image` read-only at `target` with the new mount API (no loop device). flags: EROFS flag
+    options, e.g. ("directio",) (6.13+: read the backing file with direct I/O, so its page cache does
+    not hold a second copy of what the mount's own page cache holds)."""
     sc = _libc.syscall
     fs_fd = _check(sc(_SYS_FSOPEN, b"erofs", _FSOPEN_CLOEXEC), "fsopen(erofs)")
     try:
+        for flag in flags:
+            _check(sc(_SYS_FSCONFIG, fs_fd, _FSCONFIG_SET_FLAG, flag.encode(), None, 0), f"fsconfig({flag})")
         _check(sc(_SYS_FSCONFIG, fs_fd, _FSCONFIG_SET_STRING, b"source", str(image).encode(), 0), "fsconfig(source)")
         _check(sc(_SYS_FSCONFIG, fs_fd, _FSCONFIG_CMD_CREATE, None, None, 0), "fsconfig(create)")
         mnt_fd = _check(sc(_SYS_FSMOUNT, fs_fd, _FSMOUNT_CLOEXEC, _MOUNT_ATTR_RDONLY | _MOUNT_ATTR_NODEV), "fsmount")

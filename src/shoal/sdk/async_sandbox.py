@@ -16,8 +16,10 @@ from ..core.contract import (
     ExecResult,
     FileEntry,
     NetworkPolicy,
+    OomKill,
     OutputCallback,
     OutputEvent,
+    Priority,
     ProcessHandle,
     ProcessOutput,
     ReclaimResult,
@@ -91,6 +93,20 @@ class AsyncProcessHandle:
     async def close(self) -> None:
         """Stop tracking it and free its buffers; kills it if still running."""
         await _t(self._sync.close)
+
+    async def wait_output(self, since: Cursor, timeout: float) -> ProcessOutput:
+        """Output since `since`, waiting up to `timeout` seconds for some (or for the exit) when there is
+        none yet: what a streaming front calls in a loop. Backends that can be woken override the poll.
+        """
+        return await _t(self._sync.wait_output, since=since, timeout=timeout)
+
+    async def write_stdin(self, data: bytes) -> None:
+        """Feed its stdin (started with stdin=True)."""
+        await _t(self._sync.write_stdin, data=data)
+
+    async def close_stdin(self) -> None:
+        """End of input for its stdin."""
+        await _t(self._sync.close_stdin)
 
 
 class AsyncSession:
@@ -236,8 +252,9 @@ class AsyncSandbox:
                      upper: UpperKind | None = None, ttl: float | None = None, idle_ttl: float | None = None,
                      env: dict[str, str] | None = None, hostname: str | None = None, workdir: str | None = None,
                      from_snapshot: str | SnapshotInfo | None = None, backend: str = "container",
-                     root: str | os.PathLike | None = None, url: str | None = None,
-                     api_key: str | None = None) -> AsyncSandbox:
+                     root: str | os.PathLike | None = None, url: str | None = None, api_key: str | None = None,
+                     oom_kill: OomKill | None = None, ksm: bool = False, aslr: bool = True,
+                     priority: Priority = "normal") -> AsyncSandbox:
         """Create a sandbox from an image (name[:tag]) and/or layers composed on top, bottom -> top,
         or restore a snapshot (`from_snapshot=` id or SnapshotInfo) as a new sandbox.
 
@@ -245,12 +262,18 @@ class AsyncSandbox:
         foreground command counts as activity). Either ends the sandbox and frees it. Limits left
         out take the host's defaults. backend: the isolation ("container", "gvisor"), or "local" for
         a container in this process (root only). url / api_key (or $SHOAL_URL / $SHOAL_API_KEY):
-        which shoald; url="local" runs in this process.
+        which shoald; url="local" runs in this process. oom_kill: what running out of memory ends,
+        "command" (it reports oom_killed) or "sandbox" (later calls raise SandboxOutOfMemory).
+
+        Density (docs/ksm-and-scheduling.md): ksm=True merges identical pages with other ksm
+        sandboxes (a side channel between them: opt in only among sandboxes that may share one);
+        aslr=False lays identical programs out identically, which is what lets KSM merge them;
+        priority="idle" runs the sandbox only on CPU time no normal sandbox wants.
         """
         return cls(await _t(Sandbox.create, image=image, layers=layers, cpu=cpu, memory_mb=memory_mb, disk_mb=disk_mb,
                             pids=pids, upper=upper, ttl=ttl, idle_ttl=idle_ttl, env=env, hostname=hostname,
                             workdir=workdir, from_snapshot=from_snapshot, backend=backend, root=root, url=url,
-                            api_key=api_key))
+                            api_key=api_key, oom_kill=oom_kill, ksm=ksm, aslr=aslr, priority=priority))
 
     @classmethod
     async def connect(cls, sandbox_id: str, *, root: str | os.PathLike | None = None, url: str | None = None,

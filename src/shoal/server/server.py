@@ -129,6 +129,9 @@ def serve(root: str | Path | None = None, socket_path: str | Path | None = None,
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1` dumps every thread's stack
     host = Host.get(root)
     daemon = Daemon(host, admission, admin_key=load_or_create_admin_key(host.settings.root))
+    from .protect import protect_from_settings
+
+    protect_from_settings(host.settings)  # after the backends: v2's memory controller is enabled by then
     app = create_app(daemon)
     unix = bind_socket(sock_path, socket_group(group))
     common: dict[str, Any] = dict(log_level=log_level, access_log=False, timeout_keep_alive=30,

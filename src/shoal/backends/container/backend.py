@@ -46,11 +46,11 @@ from ...core.contract import (
     check_seconds,
     to_ms,
 )
-from ...core.errors import InvalidArgument, QuotaExceeded, SandboxError, SandboxNotFound
+from ...core.errors import InvalidArgument, QuotaExceeded, SandboxError, SandboxNotFound, SandboxOutOfMemory
 from ..files import SandboxFiles
 from ..local import LocalBackend
 from ..pids import alive, starttime
-from . import initclient
+from . import initclient, ksm
 from .cgroups import CgroupDriver, cgroup_parent
 from .native import helper_path
 from .processes import ContainerProcess, ContainerSession
@@ -202,10 +202,28 @@ class ContainerBackend(LocalBackend):
             d.mkdir(parents=True, exist_ok=True)
         self.cgroups = CgroupDriver.detect(parent=cgroup_parent(settings.root))
         self.cgroups.prepare_parent()
+        self.bound_sandboxes_memory()
         self.helper = str(helper_path(settings.root / "bin"))
+        self.ksm_host = ksm.KsmHost(ksm.KsmConfig.from_settings(settings.extra))
         self._meta: dict[str, dict] = {}
         self._limits: dict[str, Limits] = {}  # committed()'s cache
         self._lock = threading.Lock()
+
+    def bound_sandboxes_memory(self, limit_mb: int | None = None) -> int | None:
+        """Limit all of this root's sandboxes together (density.sandboxes_memory_mb, default RAM minus
+        density.memory_reserve_mb): a full host then OOM-kills inside sandboxes, never shoald or the
+        host. Returns the limit set (MiB), None if the kernel refused it (logged, not fatal)."""
+        from ...config import sandboxes_memory_limit_mb
+
+        mb = limit_mb or sandboxes_memory_limit_mb(self.settings)
+        try:
+            self.cgroups.set_parent_memory_limit(mb)
+        except SandboxError as e:
+            import logging
+
+            logging.getLogger("shoal").warning("%s; sandboxes are bounded only one by one", e)
+            return None
+        return mb
 
     # ------------------------------------------------------------------ state
     def _dir(self, sandbox_id: str) -> Path:
@@ -224,7 +242,7 @@ class ContainerBackend(LocalBackend):
         try:
             meta = json.loads((self._dir(sandbox_id) / "meta.json").read_text())
         except (FileNotFoundError, NotADirectoryError):
-            raise SandboxNotFound(self._gone_message(sandbox_id)) from None
+            raise self._gone(sandbox_id) from None
         except ValueError as e:
             raise SandboxError(f"sandbox {sandbox_id}: unreadable state ({e})") from e
         if meta.get("init_pid"):
@@ -243,15 +261,20 @@ class ContainerBackend(LocalBackend):
         if tomb.exists():
             reason = tomb.read_text().strip() or "exited"
             explain = {"ttl": "its absolute TTL expired", "idle_ttl": "its idle TTL expired",
-                       "killed": "it was killed"}.get(reason, reason)
+                       "killed": "it was killed"}.get(reason) or _explain_oom(reason) or reason
             return f"sandbox {sandbox_id} no longer exists: {explain}"
         return f"sandbox {sandbox_id} not found"
+
+    def _gone(self, sandbox_id: str) -> SandboxNotFound:
+        """The error for a sandbox that ended: SandboxOutOfMemory when its tombstone says oom."""
+        msg = self._gone_message(sandbox_id)
+        return SandboxOutOfMemory(msg) if "ran out of memory" in msg else SandboxNotFound(msg)
 
     def _live_meta(self, sandbox_id: str) -> dict:
         meta = self._load(sandbox_id)
         if not alive(meta.get("init_pid"), meta.get("init_start")):
             self._meta.pop(sandbox_id, None)
-            raise SandboxNotFound(self._gone_message(sandbox_id))
+            raise self._gone(sandbox_id)
         return meta
 
     def _write_meta(self, meta: dict) -> None:
@@ -267,6 +290,10 @@ class ContainerBackend(LocalBackend):
             raise InvalidArgument("a sandbox needs at least one mounted layer")
         if self.state_dir_count() >= self.max_sandboxes:  # all processes on this host
             raise QuotaExceeded(f"host sandbox limit reached ({self.max_sandboxes}); kill some or retry later")
+        if spec.ksm and (why := ksm.probe(self.helper)) != "ok":
+            raise InvalidArgument(f"ksm=True is not available on this host: {why}")
+        if spec.ksm:
+            self.ksm_host.ensure_running()
         sysfs = ensure_sysfs_template(self.helper) if spec.network != "host" else None
         empty_dir = ensure_empty_dir()
         sandbox_id = f"{self.id_prefix}-{self.settings.host_tag}-{secrets.token_hex(6)}"
@@ -278,10 +305,13 @@ class ContainerBackend(LocalBackend):
         meta = {"id": sandbox_id, "image": spec.image, "layers": list(spec.layers), "limits": limits.model_dump(),
                 "created": time.time(), "ttl": spec.ttl, "idle_ttl": spec.idle_ttl, "env": spec.env,
                 "base_env": spec.base_env,
-                "hostname": spec.hostname or sandbox_id, "workdir": spec.workdir, "network": spec.network}
+                "hostname": spec.hostname or sandbox_id, "workdir": spec.workdir, "network": spec.network,
+                "ksm": spec.ksm, "aslr": spec.aslr, "priority": spec.priority}
         self._write_meta(meta)
         try:
             cg_dirs = self.cgroups.create(sandbox_id, limits)
+            if spec.priority == "idle":
+                self.cgroups.set_cpu_idle(sandbox_id, True)
             if self.settings.sandbox_swap > 0:  # [density] sandbox_swap: swap under its own pressure
                 mem = limits.memory_mb << 20
                 self.cgroups.allow_swap(sandbox_id, mem, int(mem * self.settings.sandbox_swap))
@@ -302,6 +332,7 @@ class ContainerBackend(LocalBackend):
                           "--tombstone", str(self.settings.tombstones_dir / sandbox_id)]
         for cg in cg_dirs:
             cmd += ["--cgroup", str(cg)]
+        cmd += ["--memory-cgroup", str(self.cgroups.memory_dir(sandbox_id)), "--oom-kill", limits.oom_kill]
         if limits.upper == "disk":
             cmd += ["--upper", "mounted"]
         if spec.network == "host":  # the host's netns: a fresh sysfs mount finds the host's superblock
@@ -314,6 +345,10 @@ class ContainerBackend(LocalBackend):
             cmd += ["--ttl-ms", str(to_ms(spec.ttl))]
         if spec.idle_ttl:
             cmd += ["--idle-ttl-ms", str(to_ms(spec.idle_ttl))]
+        if spec.ksm:
+            cmd += ["--ksm", "1"]
+        if not spec.aslr:
+            cmd += ["--aslr", "0"]
         # env={}: nothing of the host environment may leak into init (/proc/1/environ)
         proc = subprocess.run(cmd, capture_output=True, stdin=subprocess.DEVNULL, env={})
         line = proc.stdout.decode(errors="replace").strip()
@@ -342,6 +377,8 @@ class ContainerBackend(LocalBackend):
                            init_pid=meta.get("init_pid"), env=meta.get("env") or {},
                            base_env=meta.get("base_env") or {},
                            workdir=meta.get("workdir", "/"), network=meta.get("network", "none"),
+                           ksm=meta.get("ksm", False), aslr=meta.get("aslr", True),
+                           priority=meta.get("priority", "normal"),
                            memory_bytes=self.cgroups.memory_bytes(meta["id"]) if state != SandboxState.DEAD else None)
 
     def info(self, sandbox_id: str) -> SandboxInfo:
@@ -372,12 +409,13 @@ class ContainerBackend(LocalBackend):
     def live_layers(self) -> set[str]:
         return {l for info in self.list() for l in info.layers}
 
-    def kill(self, sandbox_id: str) -> None:
+    def kill(self, sandbox_id: str, reason: str = "killed") -> None:
+        """End the sandbox; `reason` is its tombstone (an OOM under oom_kill="sandbox" passes its own)."""
         meta = self._load(sandbox_id)
         if not alive(meta.get("init_pid"), meta.get("init_start")):
             self._meta.pop(sandbox_id, None)
             self._cleanup(sandbox_id)
-            raise SandboxNotFound(self._gone_message(sandbox_id))
+            raise self._gone(sandbox_id)
         # a frozen cgroup cannot die: thaw first so SIGKILL is delivered
         try:
             init_fd = os.pidfd_open(meta["init_pid"])
@@ -391,6 +429,9 @@ class ContainerBackend(LocalBackend):
                 sup_fd = None
         try:
             if init_fd is not None and starttime(meta["init_pid"]) == meta["init_start"]:
+                # said first: the supervisor keeps a tombstone already there, so it cannot take this
+                # SIGKILL for the OOM killer's
+                self._write_tombstone(sandbox_id, reason)
                 signal.pidfd_send_signal(init_fd, signal.SIGKILL)
             if self.cgroups.is_frozen(sandbox_id):
                 self.cgroups.freeze(sandbox_id, False)
@@ -405,7 +446,7 @@ class ContainerBackend(LocalBackend):
                     os.close(fd)
         with self._lock:
             self._meta.pop(sandbox_id, None)
-        self._cleanup(sandbox_id, reason="killed")
+        self._cleanup(sandbox_id, reason=reason)
 
     def _cleanup(self, sandbox_id: str, reason: str | None = None) -> None:
         """Release everything a sandbox holds on the host; safe to call twice."""
@@ -420,6 +461,12 @@ class ContainerBackend(LocalBackend):
         tomb = self.settings.tombstones_dir / sandbox_id
         if reason and not tomb.exists():
             tomb.write_text(reason)
+
+    def _write_tombstone(self, sandbox_id: str, reason: str) -> None:
+        tomb = self.settings.tombstones_dir / sandbox_id
+        tmp = tomb.with_name(f".{sandbox_id}.{threading.get_ident()}")
+        tmp.write_text(reason)
+        os.replace(tmp, tomb)
 
     def sweep(self) -> list[str]:
         """Reap sandboxes whose supervisor died (host crash, kill -9): kill leftovers, free resources."""
@@ -473,11 +520,19 @@ class ContainerBackend(LocalBackend):
 
     # ------------------------------------------------------------------ pause / TTL
     def pause(self, sandbox_id: str) -> None:
+        """Freeze the sandbox; it also moves to the idle CPU class until resumed, so that whatever
+        runs when it thaws (a resume racing a burst of work elsewhere) does not crowd out active ones."""
         self._live_meta(sandbox_id)
         self.cgroups.freeze(sandbox_id, True)
+        self.cgroups.set_cpu_idle(sandbox_id, True, missing_ok=True)
 
     def resume(self, sandbox_id: str) -> None:
-        self._live_meta(sandbox_id)
+        meta = self._live_meta(sandbox_id)
+        self._thaw(sandbox_id, meta)
+
+    def _thaw(self, sandbox_id: str, meta: dict) -> None:
+        # its own CPU class back first, so it runs at its priority from the first instruction
+        self.cgroups.set_cpu_idle(sandbox_id, meta.get("priority") == "idle", missing_ok=True)
         self.cgroups.freeze(sandbox_id, False)
 
     def reclaim(self, sandbox_id: str, req: ReclaimRequest) -> ReclaimResult:
@@ -510,7 +565,7 @@ class ContainerBackend(LocalBackend):
         """Any request to a paused sandbox resumes it first (DSec semantics)."""
         meta = self._live_meta(sandbox_id)
         if self.cgroups.is_frozen(sandbox_id):
-            self.cgroups.freeze(sandbox_id, False)
+            self._thaw(sandbox_id, meta)
         return meta
 
     def set_ttl(self, sandbox_id: str, req: TimeoutRequest) -> SandboxInfo:
@@ -539,7 +594,7 @@ class ContainerBackend(LocalBackend):
                 return
             time.sleep(0.01)
         self._meta.pop(sandbox_id, None)
-        raise SandboxNotFound(self._gone_message(sandbox_id)) from None
+        raise self._gone(sandbox_id) from None
 
     def touch(self, sandbox_id: str) -> None:
         """Count as activity for the idle TTL (used by file operations, which bypass init)."""
@@ -564,18 +619,53 @@ class ContainerBackend(LocalBackend):
     def exec(self, sandbox_id: str, req: ExecRequest, on_stdout: OutputCallback | None = None,
              on_stderr: OutputCallback | None = None) -> ExecResult:
         meta = self.ensure_running(sandbox_id)
+        oom_before = self.cgroups.oom_kills(sandbox_id)
+        own_before = self.cgroups.own_ooms(sandbox_id) if oom_before is not None else None
         try:
-            return initclient.run(self.sock_path(sandbox_id), sandbox_id, req.argv, self.env_for(sandbox_id, req.env),
-                                  cwd=req.cwd or meta.get("workdir", "/"), timeout=req.timeout, stdin=req.stdin,
-                                  output_cap=req.output_cap or self.settings.output_cap_bytes,
-                                  on_stdout=on_stdout, on_stderr=on_stderr)
+            result = initclient.run(self.sock_path(sandbox_id), sandbox_id, req.argv,
+                                    self.env_for(sandbox_id, req.env),
+                                    cwd=req.cwd or meta.get("workdir", "/"), timeout=req.timeout, stdin=req.stdin,
+                                    output_cap=req.output_cap or self.settings.output_cap_bytes,
+                                    on_stdout=on_stdout, on_stderr=on_stderr)
+            return self._mark_oom(sandbox_id, meta, result, oom_before, own_before)
         except initclient.SandboxGone:
             # say why it ended (TTL, killed...) once the supervisor has written the tombstone
             deadline = time.monotonic() + 2
             while not (self.settings.tombstones_dir / sandbox_id).exists() and time.monotonic() < deadline:
                 time.sleep(0.01)
             self._meta.pop(sandbox_id, None)
-            raise SandboxNotFound(self._gone_message(sandbox_id)) from None
+            raise self._gone(sandbox_id) from None
+
+    def _mark_oom(self, sandbox_id: str, meta: dict, result: ExecResult, before: int | None,
+                  own_before: int | None = None) -> ExecResult:
+        """oom_killed: the command ended by SIGKILL (itself, or a shell passing on its child's 137) while
+        the sandbox's OOM-kill count grew (the kernel counts before it signals). Commands running at
+        the same time in one sandbox cannot be told apart. Under oom_kill="sandbox" the sandbox is
+        ending: say so instead."""
+        killed = result.signal == signal.SIGKILL or result.exit_code == 128 + signal.SIGKILL
+        if not killed or result.timed_out or before is None:
+            return result
+        after = self.cgroups.oom_kills(sandbox_id)
+        if after is None or after <= before:
+            return result
+        result.oom_killed = True
+        if meta.get("limits", {}).get("oom_kill") == "sandbox":
+            # the supervisor ends it too where the kernel tells it (v2's memory.events); v1's memcg
+            # notifications do not fire for a kill, so the command's end is the signal here
+            try:
+                self.kill(sandbox_id, reason=self.cgroups.oom_reason(sandbox_id, own_before))
+            except SandboxNotFound:
+                pass
+            raise self._await_end(sandbox_id, meta)
+        return result
+
+    def _await_end(self, sandbox_id: str, meta: dict) -> SandboxNotFound:
+        """The error for a sandbox whose supervisor is ending it (waits for the tombstone briefly)."""
+        deadline = time.monotonic() + 5
+        while not (self.settings.tombstones_dir / sandbox_id).exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self._meta.pop(sandbox_id, None)
+        return self._gone(sandbox_id)
 
     def _spawn(self, sandbox_id: str, argv: list[str], env: dict[str, str] | None, cwd: str | None,
                timeout: float | None = None, stdin_pipe: bool = False) -> initclient.Process:
@@ -586,8 +676,9 @@ class ContainerBackend(LocalBackend):
                                   stdin_pipe=stdin_pipe)
 
     def start(self, sandbox_id: str, req: StartRequest) -> ContainerProcess:
-        proc = self._spawn(sandbox_id, req.argv, req.env, req.cwd, timeout=req.timeout)
-        return ContainerProcess(proc, req.ring_bytes, list(req.argv))
+        proc = self._spawn(sandbox_id, req.argv, req.env, req.cwd, timeout=req.timeout, stdin_pipe=req.stdin)
+        return ContainerProcess(proc, req.ring_bytes, list(req.argv),
+                                oom_kills=lambda: self.cgroups.oom_kills(sandbox_id))
 
     def open_session(self, sandbox_id: str, req: SessionRequest) -> ContainerSession:
         meta = self._live_meta(sandbox_id)
@@ -675,3 +766,14 @@ class ContainerBackend(LocalBackend):
             if meta.get("init_pid") and alive(meta["init_pid"], meta.get("init_start")):
                 out.append(self._info(meta))
         return out
+
+
+def _explain_oom(reason: str) -> str | None:
+    """A tombstone `oom <MiB>` / `oom <MiB> shared` (written by the supervisor) in words."""
+    parts = reason.split()
+    if not parts or parts[0] != "oom":
+        return None
+    mib = parts[1] if len(parts) > 1 and parts[1] != "0" else "?"
+    if "shared" in parts[2:]:
+        return f"it ran out of memory: this host's sandboxes together reached their limit of {mib} MiB"
+    return f"it ran out of memory: its limit of {mib} MiB"

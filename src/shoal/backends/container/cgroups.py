@@ -220,6 +220,45 @@ class CgroupDriver:
         except OSError:
             return False
 
+    # ------------------------------------------------------------------ CPU class
+    def set_cpu_idle(self, sandbox_id: str, idle: bool, missing_ok: bool = False) -> None:
+        """Put the sandbox's cgroup in the idle CPU class (priority="idle", and while paused) or back.
+        cpu.idle=1 (Linux >= 5.15, v1 and v2) makes the whole group SCHED_IDLE: it runs only on CPU
+        time no normal task wants, and its tasks cannot leave it from inside (the group is the unit).
+        Older kernels: the lowest weight instead (cpu.weight 1 / cpu.shares 2)."""
+        d = self._dir("cpu", sandbox_id)
+        try:
+            if (d / "cpu.idle").exists():
+                _write(d / "cpu.idle", "1" if idle else "0")
+            elif self.version == 2:
+                _write(d / "cpu.weight", "1" if idle else "100")
+            else:
+                _write(d / "cpu.shares", "2" if idle else "1024")
+        except OSError as e:
+            # a sandbox that ends meanwhile: its supervisor removes the cgroup (ENOENT, or ENODEV mid-removal)
+            if missing_ok and e.errno in (errno.ENOENT, errno.ENODEV):
+                return
+            raise SandboxError(f"{sandbox_id}: cannot set its CPU class: {e}") from e
+
+    def cpu_idle(self, sandbox_id: str) -> bool | None:
+        """Whether the sandbox's cgroup is in the idle CPU class; None if it is gone."""
+        d = self._dir("cpu", sandbox_id)
+        try:
+            if (d / "cpu.idle").exists():
+                return (d / "cpu.idle").read_text().strip() == "1"
+            if self.version == 2:
+                return int((d / "cpu.weight").read_text()) <= 1
+            return int((d / "cpu.shares").read_text()) <= 2
+        except (OSError, ValueError):
+            return None
+
+    def procs(self, sandbox_id: str) -> list[int]:
+        """The sandbox's processes (host pids), from its cgroup."""
+        try:
+            return [int(p) for p in (self._dir("pids", sandbox_id) / "cgroup.procs").read_text().split()]
+        except (OSError, ValueError):
+            return []
+
     def memory_bytes(self, sandbox_id: str) -> int | None:
         d = self._dir("memory", sandbox_id)
         name = "memory.current" if self.version == 2 else "memory.usage_in_bytes"
@@ -247,3 +286,87 @@ class CgroupDriver:
             return int((self._dir("pids", sandbox_id) / "pids.current").read_text())
         except (OSError, ValueError):
             return None
+
+    # ------------------------------------------------------------------ OOM (density-oom; memory_dir above)
+    def oom_kills(self, sandbox_id: str) -> int | None:
+        """Processes of the sandbox the OOM killer has killed so far (its own limit or an ancestor's);
+        None when unreadable (gone, or a v1 kernel older than 4.13)."""
+        d = self._dir("memory", sandbox_id)
+        try:
+            text = (d / ("memory.events" if self.version == 2 else "memory.oom_control")).read_text()
+        except OSError:
+            return None
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+        return None
+
+    def oom_reason(self, sandbox_id: str, own_before: int | None = None) -> str:
+        """The tombstone for an OOM kill just seen: "oom <limit MiB>" when the sandbox's own limit was
+        reached (v2: its `oom` count grew past own_before; v1: its peak usage reached its limit; the
+        peak is reset), else "oom <aggregate MiB> shared" (all sandboxes together)."""
+        d = self._dir("memory", sandbox_id)
+        own = False
+        try:
+            if self.version == 2:
+                for line in (d / "memory.events").read_text().splitlines():
+                    key, _, value = line.partition(" ")
+                    if key == "oom":
+                        own = int(value) > (own_before or 0)
+            else:
+                for usage, limit in (("memory.max_usage_in_bytes", "memory.limit_in_bytes"),
+                                     ("memory.memsw.max_usage_in_bytes", "memory.memsw.limit_in_bytes")):
+                    if (d / usage).exists():
+                        peak, lim = int((d / usage).read_text()), int((d / limit).read_text())
+                        own = own or peak + (1 << 20) >= lim
+                        _write(d / usage, "0")
+        except (OSError, ValueError):
+            pass
+        if own:
+            return f"oom {self._limit_mb(d) or 0}"
+        return f"oom {self.parent_memory_limit_mb() or 0} shared"
+
+    def own_ooms(self, sandbox_id: str) -> int | None:
+        """v2: how often the sandbox reached its own limit (memory.events `oom`); None on v1."""
+        if self.version != 2:
+            return None
+        try:
+            for line in (self._dir("memory", sandbox_id) / "memory.events").read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom":
+                    return int(value)
+        except (OSError, ValueError):
+            pass
+        return None
+
+    def _limit_mb(self, d: Path) -> int | None:
+        try:
+            raw = (d / ("memory.max" if self.version == 2 else "memory.limit_in_bytes")).read_text().strip()
+        except OSError:
+            return None
+        if raw == "max" or int(raw) >= 1 << 50:
+            return None
+        return int(raw) >> 20
+
+    def parent_memory_dir(self) -> Path:
+        """The cgroup holding all of this root's sandboxes: its limit bounds them together."""
+        return self.mounts["memory"] / self.parent
+
+    def set_parent_memory_limit(self, limit_mb: int) -> None:
+        """Bound all sandboxes together (the aggregate limit): past it the kernel OOM-kills inside the
+        sandboxes, never outside them. Sandboxes are never allowed to swap past it either (v2)."""
+        d = self.parent_memory_dir()
+        value = str(limit_mb << 20)
+        try:
+            if self.version == 2:
+                _write(d / "memory.max", value)
+            else:
+                _write(d / "memory.limit_in_bytes", value)
+        except OSError as e:
+            # v1: EBUSY when the sandboxes already use more than the new limit and cannot be reclaimed
+            raise SandboxError(f"cannot limit all sandboxes to {limit_mb} MiB ({d}): {e.strerror}") from e
+
+    def parent_memory_limit_mb(self) -> int | None:
+        """The aggregate limit now set (None: unlimited or unreadable)."""
+        return self._limit_mb(self.parent_memory_dir())

@@ -22,12 +22,18 @@ from . import initclient
 class ContainerProcess(ProcessHandle):
     """A background command: output since a cursor, wait, kill; a pump thread reads its pipes."""
 
-    def __init__(self, proc: initclient.Process, ring_bytes: int, argv: list[str]):
+    def __init__(self, proc: initclient.Process, ring_bytes: int, argv: list[str],
+                 oom_kills: Callable[[], int | None] | None = None):
         self._proc = proc
+        # the sandbox's OOM-kill count now and at the end tells an OOM kill from any other SIGKILL
+        self._oom_kills = oom_kills
+        self._oom_before = oom_kills() if oom_kills else None
+        self._oom_killed: bool | None = None
         self.id = "proc-" + secrets.token_hex(6)
         self.argv = argv
         self._out, self._err = initclient.RingLog(ring_bytes), initclient.RingLog(ring_bytes)
         self._done = threading.Event()
+        self._changed = threading.Condition()  # wakes wait_output: new output or the exit
         self._pump = threading.Thread(target=self._run, name=f"shoal-bg-{proc.sandbox_id}", daemon=True)
         self._pump.start()
         deadline = time.monotonic() + 5
@@ -56,6 +62,7 @@ class ContainerProcess(ProcessHandle):
                         streams -= 1
                     else:
                         key.data.add(data)
+                        self._notify()
                 if p.status is not None and streams:
                     # exited; give a lingering daemon's pipes 200 ms, then stop reading
                     for key, _ in sel.select(0.2):
@@ -68,6 +75,11 @@ class ContainerProcess(ProcessHandle):
             sel.close()
             p.close_pipes()  # a finished command keeps only its control socket
             self._done.set()
+            self._notify()
+
+    def _notify(self) -> None:
+        with self._changed:
+            self._changed.notify_all()
 
     @property
     def pid(self) -> int | None:  # type: ignore[override]  # read live: set once init reports the start
@@ -88,16 +100,49 @@ class ContainerProcess(ProcessHandle):
     def poll(self) -> int | None:
         return self._exit_code()
 
+    def wait_output(self, since: Cursor, timeout: float) -> ProcessOutput:
+        deadline = time.monotonic() + timeout
+        with self._changed:  # checked under the lock the pump notifies under: no wake-up is missed
+            while True:
+                out = self.output(since)
+                left = deadline - time.monotonic()
+                if out.stdout or out.stderr or out.exit_code is not None or left <= 0:
+                    return out
+                self._changed.wait(left)
+
+    def write_stdin(self, data: bytes) -> None:
+        p = self._proc
+        with p._close_lock:  # never write to an fd the pump has closed (and the number reused)
+            if p.stdin_w < 0:
+                raise InvalidArgument("the process's stdin is closed (or it was started without stdin=True)")
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(p.stdin_w, view):]
+            except BrokenPipeError:
+                raise InvalidArgument("the process no longer reads its stdin") from None
+
+    def close_stdin(self) -> None:
+        p = self._proc
+        with p._close_lock:
+            if p.stdin_w >= 0:
+                os.close(p.stdin_w)
+                p.stdin_w = -1
+
     def wait(self, timeout: float | None = None) -> ExecResult:
         if not self._done.wait(timeout):
             raise CommandTimeout(f"background command {self.argv!r} still running after {timeout} s")
         assert self._proc.status is not None  # the pump sets it before _done
         code, sig = initclient.decode_status(self._proc.status)
         o = self.output()
+        if self._oom_killed is None:  # decided once, at the first wait after the end
+            after = self._oom_kills() if self._oom_kills and code == 137 and not self._proc.timed_out else None
+            self._oom_killed = after is not None and self._oom_before is not None and after > self._oom_before
         return ExecResult(exit_code=code, signal=sig, stdout=o.stdout, stderr=o.stderr,
                           stdout_bytes=self._out.end, stderr_bytes=self._err.end,
                           stdout_truncated=self._out.start > 0, stderr_truncated=self._err.start > 0,
-                          timed_out=self._proc.timed_out, duration_s=time.monotonic() - self._proc.started)
+                          timed_out=self._proc.timed_out, duration_s=time.monotonic() - self._proc.started,
+                          oom_killed=self._oom_killed)
 
     def kill(self, signal: int = 9) -> None:
         self._proc.signal(signal)

@@ -64,11 +64,15 @@ def runsc_argv(runsc: str, state_root: Path, network: str) -> list[str]:
         argv += ["--debug", f"--debug-log={debug_dir.rstrip('/')}/"]
     return argv
 
+SANDBOX_OOM_SCORE_ADJ = 500
+
 
 def process_spec(argv: list[str], env: dict[str, str], cwd: str, nproc: int) -> dict:
     return {"user": {"uid": 0, "gid": 0}, "args": argv, "env": [f"{k}={v}" for k, v in env.items()], "cwd": cwd,
             "capabilities": {k: CAPS for k in ("bounding", "effective", "permitted")},
             "noNewPrivileges": True,
+            # as the container backend's init: a host-wide OOM takes sandboxes before shoald (-900)
+            "oomScoreAdj": SANDBOX_OOM_SCORE_ADJ,
             "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 1 << 20, "soft": 1 << 20},
                         {"type": "RLIMIT_NPROC", "hard": nproc, "soft": nproc}]}
 

@@ -45,8 +45,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
+#include <sys/personality.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
@@ -66,9 +68,23 @@
 #endif
 
 #define MAX_CGROUPS 16
+#ifndef PR_SET_MEMORY_MERGE /* Linux 6.4: KSM for every anonymous mapping of a process, inherited by children */
+#define PR_SET_MEMORY_MERGE 67
+#define PR_GET_MEMORY_MERGE 68
+#endif
 #define MAX_MSG (256 * 1024)
 
 enum { EXIT_OK = 0, EXIT_SETUP = 70, EXIT_TTL = 71, EXIT_IDLE = 72 };
+
+/* OOM scores (density-oom). The supervisor must outlive its sandbox's processes, so a host-wide OOM
+ * picks sandbox processes long before it (and shoald, -900 too). Init and everything under it start at
+ * +500; init writes it while it still holds CAP_SYS_RESOURCE, which makes 500 the kernel's floor
+ * (oom_score_adj_min) for the whole sandbox: without the capability no process in it can go lower.
+ * Commands go a little higher than init, so a sandbox at its own limit loses the command, not init. */
+#define SUPERVISOR_OOM_ADJ "-900"
+#define SANDBOX_OOM_ADJ "500"
+#define COMMAND_OOM_ADJ "600"
+enum { OOM_KILL_COMMAND = 0, OOM_KILL_SANDBOX = 1 };
 
 struct config {
     const char *rootfs, *disk, *lower, *sock, *hostname, *state_dir, *tombstone;
@@ -82,6 +98,10 @@ struct config {
     const char *sysfs; /* --sysfs DIR: a read-only sysfs template to bind at /sys (see sysfs_template) */
     int upper_detached; /* the upper (disk/) is a detached mount held on UPPER_FD, not in the host namespace */
     const char *empty_dir; /* --empty-dir DIR: the host's empty read-only tmpfs, bound over masked /proc dirs */
+    int ksm;           /* --ksm 1: every process of the sandbox is KSM-mergeable (create option ksm) */
+    int no_aslr;       /* --aslr 0: processes exec'd in the sandbox get ADDR_NO_RANDOMIZE (aslr=False) */
+    const char *memory_cgroup; /* --memory-cgroup: the sandbox's memory cgroup, watched for OOM kills */
+    int oom_kill;              /* --oom-kill command|sandbox: what an OOM kill inside the sandbox ends */
 };
 
 static struct config cfg;
@@ -560,6 +580,19 @@ static int build_seccomp(struct sock_filter *prog) {
     EMIT(BPF_JMP | BPF_JEQ | BPF_K, 0 /* PER_LINUX */, 1, 0);
     EMIT(BPF_RET | BPF_K, RET_DENIED, 0, 0);
     EMIT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW, 0, 0);
+    /* prctl(PR_SET_MEMORY_MERGE) and madvise(MADV_MERGEABLE): whether a sandbox's pages are merged
+     * with other tenants' (a timing side channel) is the host's choice, create option ksm, made in init
+     * before this filter; a sandbox cannot opt itself in (nor out) */
+    EMIT(BPF_JMP | BPF_JEQ | BPF_K, SYS_prctl, 0, 4);
+    EMIT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[0]), 0, 0);
+    EMIT(BPF_JMP | BPF_JEQ | BPF_K, PR_SET_MEMORY_MERGE, 0, 1);
+    EMIT(BPF_RET | BPF_K, RET_DENIED, 0, 0);
+    EMIT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW, 0, 0);
+    EMIT(BPF_JMP | BPF_JEQ | BPF_K, SYS_madvise, 0, 4);
+    EMIT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[2]), 0, 0);
+    EMIT(BPF_JMP | BPF_JEQ | BPF_K, 12 /* MADV_MERGEABLE */, 0, 1);
+    EMIT(BPF_RET | BPF_K, RET_DENIED, 0, 0);
+    EMIT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW, 0, 0);
     /* ioctl: compare the low 16 bits (type << 8 | nr) of the request */
     EMIT(BPF_JMP | BPF_JEQ | BPF_K, SYS_ioctl, 0, (uint8_t)(3 + 2 * n_ioctl));
     EMIT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[1]), 0, 0);
@@ -593,6 +626,7 @@ static int print_seccomp_table(void) {
     /* checked before the table: clone3 always ENOSYS, the others by their arguments */
     printf("%u special\n%u special\n%u special\n%u special\n%u special\n", (unsigned)SYS_clone3,
            (unsigned)SYS_clone, (unsigned)SYS_unshare, (unsigned)SYS_ioctl, (unsigned)SYS_personality);
+    printf("%u special\n%u special\n", (unsigned)SYS_prctl, (unsigned)SYS_madvise);
     int len = build_seccomp(prog);
     printf("insns %d\narch %u\n", len, (unsigned)SHOAL_AUDIT_ARCH);
     /* the program itself, so a test can run it on every number without a kernel in the way */
@@ -717,6 +751,7 @@ static void handle_exec(int ci, char *msg, ssize_t len, int *fds, int nfds) {
         sigprocmask(SIG_SETMASK, &all, NULL);
         for (int s = 1; s < NSIG; s++) signal(s, SIG_DFL);
         setsid();
+        write_file("/proc/self/oom_score_adj", COMMAND_OOM_ADJ); /* raising needs no capability */
         if (dup2(fds[0], 0) < 0 || dup2(fds[1], 1) < 0 || dup2(fds[2], 2) < 0) _exit(126);
         syscall(SYS_close_range, 3, ~0U, 0);
         if (chdir(cwd) < 0) {
@@ -903,6 +938,25 @@ struct init_args {
     int go_fd, status_fd, upper_detached;
 };
 
+/* Density options (docs/ksm-and-scheduling.md), set in init before seccomp so that every process of
+ * the sandbox inherits them: MMF_VM_MERGE_ANY survives fork and exec; the persona survives exec. The
+ * seccomp filter then refuses personality() changes other than back to PER_LINUX. */
+static void density_options(void) {
+    if (cfg.ksm && prctl(PR_SET_MEMORY_MERGE, 1, 0, 0, 0) < 0)
+        die("ksm: prctl(PR_SET_MEMORY_MERGE) failed (needs Linux >= 6.4 built with CONFIG_KSM)");
+    if (cfg.no_aslr && personality(PER_LINUX | ADDR_NO_RANDOMIZE) < 0) die("aslr: personality(ADDR_NO_RANDOMIZE)");
+}
+
+/* `shoal-init ksm-probe`: whether this kernel has per-process KSM (prints "ok" or why not) */
+static int ksm_probe(void) {
+    if (prctl(PR_SET_MEMORY_MERGE, 1, 0, 0, 0) < 0) {
+        printf("unsupported: prctl(PR_SET_MEMORY_MERGE): %s (needs Linux >= 6.4 with CONFIG_KSM)\n", strerror(errno));
+        return 1;
+    }
+    printf("ok\n");
+    return 0;
+}
+
 static int init_main(void *arg) {
     /* the fds come through the argument: static globals written just before clone() may be
      * optimised away, since the compiler cannot see clone() copy them into the child */
@@ -914,6 +968,8 @@ static int init_main(void *arg) {
     /* wait until the supervisor has placed us in our cgroups */
     if (read(go_fd, &b, 1) != 1) _exit(EXIT_SETUP);
     close(go_fd);
+    /* before the capabilities go: written with CAP_SYS_RESOURCE, 500 becomes the floor too */
+    if (write_file("/proc/self/oom_score_adj", SANDBOX_OOM_ADJ) < 0) die("oom_score_adj");
     ready_out_fd = -1;
     /* keep only fd 3 (listening socket), the upper (until it is attached) and the status pipe */
     int keep[3] = {3, status_fd < UPPER_FD ? status_fd : UPPER_FD, status_fd < UPPER_FD ? UPPER_FD : status_fd};
@@ -928,6 +984,7 @@ static int init_main(void *arg) {
     setup_rootfs();
     if (sethostname(cfg.hostname, strlen(cfg.hostname)) < 0) die("sethostname");
     if (!cfg.host_net) loopback_up();
+    density_options();
     prctl(PR_SET_PDEATHSIG, 0);
     if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0) die("dumpable");
     drop_capabilities();
@@ -955,7 +1012,12 @@ static void write_tombstone(const char *reason) {
     if (fd < 0) return;
     ssize_t w = write(fd, reason, strlen(reason));
     close(fd);
-    if (w != (ssize_t)strlen(reason) || rename(tmp, cfg.tombstone) < 0) unlink(tmp);
+    /* link, not rename: a tombstone already there (a kill through Shoal writes "killed" before its
+     * signal) says better why the sandbox ended than what this supervisor can see */
+    if (w == (ssize_t)strlen(reason)) {
+        if (link(tmp, cfg.tombstone) < 0 && errno != EEXIST) rename(tmp, cfg.tombstone);
+    }
+    unlink(tmp);
 }
 
 static void release_resources(void) {
@@ -977,12 +1039,145 @@ static void release_resources(void) {
     rmdir(cfg.state_dir);
 }
 
+/* ---- OOM watch (density-oom) ----------------------------------------------------------------
+ * The supervisor watches its sandbox's memory cgroup for OOM kills: v2 memory.events (poll wakes with
+ * POLLPRI when it changes), v1 an eventfd registered on memory.oom_control. A kill counts as the
+ * sandbox's own ("oom <its limit MiB>") when its own limit was hit (v2: the `oom` event; v1: its peak
+ * usage reached its limit, failcnt being no longer kept on recent kernels), else as the aggregate limit
+ * of all sandboxes, the parent cgroup's ("oom <MiB> shared"). */
+struct oom_watch {
+    int v2, fd, ctl_fd;     /* fd: what poll() watches; ctl_fd: v1's memory.oom_control */
+    long long kills, own;   /* counters as last read */
+    long long last_ms;      /* when the last kill was seen, 0 = never */
+    int shared;             /* the last kill came from the parent's (aggregate) limit */
+};
+
+static long long read_key(const char *path, const char *key) {
+    char buf[4096];
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return -1;
+    buf[n] = 0;
+    size_t kl = strlen(key);
+    for (char *line = buf; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+        if (key[0] == 0) return atoll(line); /* a single-number file */
+        if (!strncmp(line, key, kl) && line[kl] == ' ') return atoll(line + kl + 1);
+    }
+    return -1;
+}
+
+/* v1: 1 when the peak usage since the last call came within 1 MiB of the limit (the peak is reset) */
+static int v1_peak_at_limit(const char *usage, const char *limit) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", cfg.memory_cgroup, usage);
+    long long peak = read_key(path, "");
+    write_file(path, "0");
+    snprintf(path, sizeof path, "%s/%s", cfg.memory_cgroup, limit);
+    long long lim = read_key(path, "");
+    errno = 0;
+    return peak > 0 && lim > 0 && peak + (1 << 20) >= lim;
+}
+
+static void oom_counts(struct oom_watch *w, long long *kills, long long *own) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", cfg.memory_cgroup, w->v2 ? "memory.events" : "memory.oom_control");
+    *kills = read_key(path, "oom_kill");
+    if (w->v2) {
+        *own = read_key(path, "oom");
+    } else { /* a counter of our own: +1 each time the peak reached the limit (memory, or memory+swap) */
+        int hit = v1_peak_at_limit("memory.max_usage_in_bytes", "memory.limit_in_bytes");
+        hit |= v1_peak_at_limit("memory.memsw.max_usage_in_bytes", "memory.memsw.limit_in_bytes");
+        *own = w->own + hit;
+    }
+}
+
+static int oom_watch_open(struct oom_watch *w) {
+    char path[4096];
+    memset(w, 0, sizeof *w);
+    w->fd = w->ctl_fd = -1;
+    if (!cfg.memory_cgroup) return -1;
+    snprintf(path, sizeof path, "%s/memory.events", cfg.memory_cgroup);
+    if (access(path, R_OK) == 0) {
+        w->v2 = 1;
+        w->fd = open(path, O_RDONLY | O_CLOEXEC);
+    } else {
+        snprintf(path, sizeof path, "%s/memory.oom_control", cfg.memory_cgroup);
+        w->ctl_fd = open(path, O_RDONLY | O_CLOEXEC);
+        w->fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        char reg[64];
+        snprintf(reg, sizeof reg, "%d %d", w->fd, w->ctl_fd);
+        snprintf(path, sizeof path, "%s/cgroup.event_control", cfg.memory_cgroup);
+        if (w->ctl_fd < 0 || w->fd < 0 || write_file(path, reg) < 0) {
+            if (w->fd >= 0) close(w->fd);
+            if (w->ctl_fd >= 0) close(w->ctl_fd);
+            w->fd = w->ctl_fd = -1;
+        }
+    }
+    errno = 0;
+    oom_counts(w, &w->kills, &w->own);
+    return w->fd;
+}
+
+/* Read the counters after a wake-up (or at the end); returns 1 when a new OOM kill happened. */
+static int oom_check(struct oom_watch *w) {
+    if (w->fd >= 0 && !w->v2) {
+        uint64_t v;
+        while (read(w->fd, &v, sizeof v) > 0) {}
+    } else if (w->fd >= 0) {
+        /* kernfs keeps answering POLLPRI until the watched fd itself has read the new contents */
+        char buf[512];
+        if (lseek(w->fd, 0, SEEK_SET) == 0)
+            while (read(w->fd, buf, sizeof buf) > 0) {}
+        errno = 0;
+    }
+    long long kills, own;
+    oom_counts(w, &kills, &own);
+    if (kills <= w->kills) return 0;
+    w->shared = own <= w->own;
+    w->kills = kills;
+    w->own = own;
+    w->last_ms = now_ms();
+    return 1;
+}
+
+static long read_limit_mib(const char *dir) {
+    char path[4096];
+    char buf[64] = {0};
+    snprintf(path, sizeof path, "%s/memory.max", dir);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        snprintf(path, sizeof path, "%s/memory.limit_in_bytes", dir);
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+    }
+    if (fd < 0) return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    errno = 0;
+    if (n <= 0 || buf[0] < '0' || buf[0] > '9') return 0; /* "max": no limit */
+    long long b = atoll(buf);
+    return b >= (1LL << 50) ? 0 : (long)(b >> 20);
+}
+
+/* "oom <MiB>" (the sandbox's own limit) or "oom <MiB> shared" (the parent's: all sandboxes together) */
+static void oom_reason(const struct oom_watch *w, char *out, size_t len) {
+    char parent[4096];
+    snprintf(parent, sizeof parent, "%s", cfg.memory_cgroup);
+    char *slash = strrchr(parent, '/');
+    if (slash) *slash = 0;
+    if (w->shared) snprintf(out, len, "oom %ld shared", read_limit_mib(parent));
+    else snprintf(out, len, "oom %ld", read_limit_mib(cfg.memory_cgroup));
+}
+
 static int supervise(int ready_fd) {
     char opts[128];
     ready_out_fd = ready_fd;
     setsid();
     signal(SIGHUP, SIG_IGN);
     signal(SIGPIPE, SIG_IGN);
+    /* inherited by init, which raises its own to SANDBOX_OOM_ADJ first thing */
+    if (write_file("/proc/self/oom_score_adj", SUPERVISOR_OOM_ADJ) < 0) errno = 0;
 
     /* the upper, detached (see UPPER_FD); on kernels without the new mount API, mounted on disk/ */
     int ufd = -1;
@@ -1071,10 +1266,34 @@ static int supervise(int ready_fd) {
         if (devnull > 2) close(devnull);
     }
 
+    struct oom_watch ow;
+    int wfd = oom_watch_open(&ow);
+    int pfd = (int)syscall(SYS_pidfd_open, init_pid, 0);
+    int oom_ended = 0; /* --oom-kill sandbox: this supervisor ended it after an OOM kill */
+    while (pfd >= 0 && wfd >= 0) {
+        struct pollfd pf[2] = {{.fd = pfd, .events = POLLIN}, {.fd = wfd, .events = ow.v2 ? POLLPRI : POLLIN}};
+        if (poll(pf, 2, -1) < 0) {
+            if (errno == EINTR) continue;
+            break;
+        }
+        if (pf[1].revents && oom_check(&ow) && cfg.oom_kill == OOM_KILL_SANDBOX && !oom_ended) {
+            oom_ended = 1;
+            kill(init_pid, SIGKILL);
+        }
+        if (pf[0].revents) break;
+    }
     int status;
     while (waitpid(init_pid, &status, 0) < 0 && errno == EINTR) {}
     const char *reason = "exited";
+    char oom_buf[64];
     if (WIFSIGNALED(status)) reason = WTERMSIG(status) == SIGKILL ? "killed" : "crashed";
+    /* init killed by the OOM killer (a kill not yet read, or one just before its death), or ended by
+     * this supervisor for one: say so. A kill through Shoal wrote "killed" before its signal. */
+    if (WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL && cfg.memory_cgroup &&
+        (oom_check(&ow) || oom_ended || (ow.last_ms && now_ms() - ow.last_ms < 1000))) {
+        oom_reason(&ow, oom_buf, sizeof oom_buf);
+        reason = oom_buf;
+    }
     else if (WEXITSTATUS(status) == EXIT_TTL) reason = "ttl";
     else if (WEXITSTATUS(status) == EXIT_IDLE) reason = "idle_ttl";
     else if (WEXITSTATUS(status) == EXIT_SETUP) reason = "init_error";
@@ -1110,7 +1329,9 @@ static void usage(void) {
             "usage: shoal-init launch --state DIR --lower L1:L2 --hostname H --disk-mb N [--shm-mb N]\n"
             "                         [--cgroup DIR]... [--ttl-ms N] [--idle-ttl-ms N] [--tombstone FILE]\n"
             "                         [--net none|host] [--ca-bundle FILE] [--upper tmpfs|mounted]\n"
-            "                         [--sysfs DIR] [--empty-dir DIR]\n"
+            "                         [--memory-cgroup DIR] [--oom-kill command|sandbox]\n"
+            "                         [--ksm 0|1] [--aslr 0|1] [--sysfs DIR] [--empty-dir DIR]\n"
+            "       shoal-init seccomp-table | ksm-probe\n"
             "       shoal-init sysfs-template DIR NSFILE\n");
     exit(2);
 }
@@ -1118,6 +1339,7 @@ static void usage(void) {
 int main(int argc, char **argv) {
     if (argc == 2 && strcmp(argv[1], "seccomp-table") == 0) return print_seccomp_table();
     if (argc == 4 && strcmp(argv[1], "sysfs-template") == 0) return sysfs_template(argv[2], argv[3]);
+    if (argc == 2 && strcmp(argv[1], "ksm-probe") == 0) return ksm_probe();
     if (argc < 2 || strcmp(argv[1], "launch") != 0) usage();
     static char rootfs[4096], disk[4096], sock[4096];
     cfg.shm_mb = 64;
@@ -1133,9 +1355,19 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--ttl-ms")) cfg.ttl_ms = atoll(v);
         else if (!strcmp(a, "--idle-ttl-ms")) cfg.idle_ttl_ms = atoll(v);
         else if (!strcmp(a, "--tombstone")) cfg.tombstone = v;
+        else if (!strcmp(a, "--ksm") || !strcmp(a, "--aslr")) {
+            if (strcmp(v, "0") != 0 && strcmp(v, "1") != 0) usage();
+            if (a[2] == 'k') cfg.ksm = v[0] == '1';
+            else cfg.no_aslr = v[0] == '0';
+        }
         else if (!strcmp(a, "--ca-bundle")) cfg.ca_bundle = v;
         else if (!strcmp(a, "--sysfs")) cfg.sysfs = v;
         else if (!strcmp(a, "--empty-dir")) cfg.empty_dir = v;
+        else if (!strcmp(a, "--memory-cgroup")) cfg.memory_cgroup = v;
+        else if (!strcmp(a, "--oom-kill")) {
+            if (!strcmp(v, "sandbox")) cfg.oom_kill = OOM_KILL_SANDBOX;
+            else if (strcmp(v, "command") != 0) usage();
+        }
         else if (!strcmp(a, "--upper")) {
             if (!strcmp(v, "mounted")) cfg.upper_mounted = 1;
             else if (strcmp(v, "tmpfs") != 0) usage();
@@ -1158,6 +1390,7 @@ int main(int argc, char **argv) {
     if (cfg.ca_bundle) cfg.ca_bundle = strdup(cfg.ca_bundle);
     if (cfg.sysfs) cfg.sysfs = strdup(cfg.sysfs);
     if (cfg.empty_dir) cfg.empty_dir = strdup(cfg.empty_dir);
+    if (cfg.memory_cgroup) cfg.memory_cgroup = strdup(cfg.memory_cgroup);
     for (int i = 0; i < cfg.n_cgroups; i++) cfg.cgroups[i] = strdup(cfg.cgroups[i]);
     g_argv = argv;
     snprintf(rootfs, sizeof rootfs, "%s/rootfs", cfg.state_dir);

@@ -1,0 +1,68 @@
+"""The E2B-compatible server: the REST control plane and the envd front on one port, over any backend.
+
+Point the SDK at it with E2B_API_URL and E2B_SANDBOX_URL set to the same address (docs/e2b.md).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..core.contract import SandboxBackend
+from ..core.errors import InvalidArgument, QuotaExceeded, SandboxNotFound, ShoalError
+from . import control, envd
+from .front import ApiError, Front
+from .state import Keys
+from .templates import DEFAULT_TEMPLATES
+
+
+def make_app(backend: SandboxBackend, keys: Keys, templates: Mapping[str, str] | None = None,
+             default_timeout: float = 300.0) -> FastAPI:
+    front = Front(backend=backend, keys=keys, templates=dict(templates or DEFAULT_TEMPLATES),
+                  default_timeout=default_timeout)
+    app = FastAPI(title="Shoal E2B front", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.front = front
+    app.include_router(control.router(front))
+    app.include_router(envd.router(front))
+
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, e: ApiError) -> JSONResponse:
+        return JSONResponse({"code": e.status, "message": e.message}, status_code=e.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, e: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse({"code": e.status_code, "message": str(e.detail)}, status_code=e.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(_: Request, e: RequestValidationError) -> JSONResponse:
+        return JSONResponse({"code": 400, "message": f"bad request: {e.errors()}"}, status_code=400)
+
+    @app.exception_handler(ShoalError)
+    async def shoal_error(_: Request, e: ShoalError) -> JSONResponse:
+        status = 404 if isinstance(e, SandboxNotFound) else 400 if isinstance(e, InvalidArgument) \
+            else 429 if isinstance(e, QuotaExceeded) else 500
+        return JSONResponse({"code": status, "message": f"{type(e).__name__}: {e}"}, status_code=status)
+
+    @app.on_event("shutdown")
+    def _close() -> None:
+        front.close()
+
+    return app
+
+
+def default_keys_path(root: str | None = None) -> Path:
+    from ..config import load_settings
+
+    return load_settings(root).root / "e2b-keys.json"
+
+
+def serve(backend: SandboxBackend, keys: Keys, host: str = "127.0.0.1", port: int = 3000,
+          templates: Mapping[str, str] | None = None, log_level: str = "warning") -> None:
+    import uvicorn
+
+    uvicorn.run(make_app(backend, keys, templates), host=host, port=port, log_level=log_level,
+                http="h11", access_log=False, timeout_graceful_shutdown=2)  # open streams don't hold a stop

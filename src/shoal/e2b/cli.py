@@ -1,0 +1,86 @@
+"""`shoal e2b serve|key|templates`: the E2B-compatible endpoint from the command line."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from .templates import BASE_RECIPE, parse_template_args
+
+e2b_app = typer.Typer(help="An E2B-compatible endpoint: the unmodified `e2b` SDK against Shoal (docs/e2b.md).",
+                      no_args_is_help=True)
+key_app = typer.Typer(help="E2B API keys (e2b_...), each mapped to a tenant.", no_args_is_help=True)
+e2b_app.add_typer(key_app, name="key")
+console = Console()
+
+RootOpt = typer.Option(None, "--root", envvar="SHOAL_ROOT", help="Shoal state root (default /var/lib/shoal)")
+KeysOpt = typer.Option(None, "--keys", help="the key file (default <root>/e2b-keys.json)")
+TemplateOpt = typer.Option([], "--template", help="NAME=IMAGE: serve an image as an E2B template (repeatable)")
+
+
+def _keys(keys: Path | None, root: str | None):
+    from .app import default_keys_path
+    from .state import Keys
+
+    return Keys(keys or default_keys_path(root))
+
+
+@e2b_app.command("serve")
+def serve(listen: str = typer.Option("127.0.0.1:3000", "--listen", help="HOST:PORT"),
+          url: str | None = typer.Option(None, "--url", envvar="SHOAL_URL",
+                                         help="the Shoal backend: 'local' (in this process, root) or shoald's URL"),
+          api_key: str | None = typer.Option(None, "--shoal-key", envvar="SHOAL_API_KEY",
+                                             help="key for shoald (when --url is a daemon)"),
+          template: list[str] = TemplateOpt, keys: Path | None = KeysOpt, root: str | None = RootOpt,
+          log_level: str = typer.Option("warning", "--log-level")):
+    """Serve E2B's control plane and envd on one address: set E2B_API_URL and E2B_SANDBOX_URL to http://LISTEN."""
+    from ..backends import open_backend
+    from .app import serve as run
+
+    host, _, port = listen.rpartition(":")
+    backend = open_backend(url, api_key, root)
+    k = _keys(keys, root)
+    console.print(f"E2B front on http://{listen} ({len(k.tenants())} tenants); "
+                  f"E2B_API_URL=E2B_SANDBOX_URL=http://{listen}")
+    run(backend, k, host=host or "127.0.0.1", port=int(port), templates=parse_template_args(template),
+        log_level=log_level)
+
+
+@key_app.command("create")
+def key_create(tenant: str = typer.Argument(..., help="tenant the key acts as"), keys: Path | None = KeysOpt,
+               root: str | None = RootOpt):
+    """Make an API key (printed once; stored hashed)."""
+    print(_keys(keys, root).create(tenant))
+
+
+@key_app.command("list")
+def key_list(keys: Path | None = KeysOpt, root: str | None = RootOpt):
+    """Tenants and how many keys each has."""
+    for tenant, n in sorted(_keys(keys, root).tenants().items()):
+        console.print(f"{tenant}\t{n} key(s)")
+
+
+@key_app.command("revoke")
+def key_revoke(tenant: str = typer.Argument(...), keys: Path | None = KeysOpt, root: str | None = RootOpt):
+    """Remove every key of a tenant."""
+    console.print(f"revoked {_keys(keys, root).revoke_tenant(tenant)} key(s) of {tenant}")
+
+
+@e2b_app.command("templates")
+def templates(template: list[str] = TemplateOpt,
+              build: bool = typer.Option(False, "--build", help="build `base` (e2b-base:latest) from its recipe"),
+              recipe: bool = typer.Option(False, "--recipe", help="print the `base` recipe"),
+              root: str | None = RootOpt):
+    """The templates the front serves (NAME -> image); --build makes `base` on this host."""
+    if recipe:
+        print(BASE_RECIPE.strip())
+        return
+    if build:
+        from ..host import Host
+        from .templates import build_base
+
+        img = build_base(Host.get(root), log=lambda line: console.print(line.rstrip(), markup=False))
+        console.print(f"built {img.ref}")
+    for name, image in sorted(parse_template_args(template).items()):
+        console.print(f"{name}\t{image}")

@@ -1,0 +1,141 @@
+"""What the E2B front knows beyond the Shoal backend: API keys -> tenants, and per sandbox the E2B view
+(template, metadata, access token, end time, paused) plus its envd processes and watchers.
+
+The sandboxes themselves live in the backend; this is the front's index of the ones it created.
+It is kept in memory: a restarted front does not see the sandboxes an earlier one made (docs/e2b.md).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..core.errors import InvalidArgument
+
+KEY_PREFIX = "e2b_"
+ENVD_VERSION = "0.6.13"  # the envd whose protocol the front speaks; >= 0.6.4 turns on every SDK path
+
+
+def new_api_key() -> str:
+    """E2B's format: `e2b_` + 40 hex digits (the SDK checks `e2b_` + hex client-side)."""
+    return KEY_PREFIX + secrets.token_hex(20)
+
+
+def _hash(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+class Keys:
+    """API key -> tenant. Keys are stored hashed (sha256) in a JSON file, mode 0600."""
+
+    def __init__(self, path: Path | None = None, keys: dict[str, str] | None = None):
+        self.path = path
+        self._by_hash: dict[str, str] = {}
+        if path is not None and path.exists():
+            data = json.loads(path.read_text())
+            self._by_hash.update({h: t for h, t in data.get("keys", {}).items()})
+        for key, tenant in (keys or {}).items():
+            self._by_hash[_hash(key)] = tenant
+
+    def tenant(self, key: str | None) -> str | None:
+        if not key:
+            return None
+        return self._by_hash.get(_hash(key))
+
+    def create(self, tenant: str) -> str:
+        if not tenant or not tenant.replace("-", "").replace("_", "").isalnum() or len(tenant) > 64:
+            raise InvalidArgument(f"tenant names are 1-64 letters, digits, '-' or '_', got {tenant!r}")
+        key = new_api_key()
+        self._by_hash[_hash(key)] = tenant
+        self._save()
+        return key
+
+    def revoke_tenant(self, tenant: str) -> int:
+        gone = [h for h, t in self._by_hash.items() if t == tenant]
+        for h in gone:
+            del self._by_hash[h]
+        self._save()
+        return len(gone)
+
+    def tenants(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for t in self._by_hash.values():
+            out[t] = out.get(t, 0) + 1
+        return out
+
+    def _save(self) -> None:
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump({"keys": self._by_hash}, f)
+        os.replace(tmp, self.path)
+
+
+@dataclass
+class Box:
+    """One sandbox as E2B sees it."""
+
+    id: str
+    tenant: str
+    template: str
+    token: str
+    metadata: dict[str, str]
+    started: float
+    end: float
+    cpu: int
+    memory_mb: int
+    disk_mb: int
+    home: str = "/"  # where relative paths and commands start: /home/user when the image has it
+    has_home: bool = False
+    paused: bool = False
+    paused_left: float = 0.0  # seconds of lifetime left when paused (the clock stops meanwhile)
+    procs: dict[int, Any] = field(default_factory=dict)  # pid -> envd.Proc
+    watchers: dict[str, Any] = field(default_factory=dict)  # id -> envd.Watcher
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def state(self) -> str:
+        return "paused" if self.paused else "running"
+
+    def expired(self, now: float | None = None) -> bool:
+        return not self.paused and (now or time.time()) >= self.end
+
+
+class Boxes:
+    """The front's sandboxes by id, under one lock (handlers run on a thread pool)."""
+
+    def __init__(self) -> None:
+        self._boxes: dict[str, Box] = {}
+        self._lock = threading.Lock()
+
+    def add(self, box: Box) -> None:
+        with self._lock:
+            self._boxes[box.id] = box
+
+    def get(self, sandbox_id: str) -> Box | None:
+        with self._lock:
+            box = self._boxes.get(sandbox_id)
+            if box is not None and box.expired():
+                del self._boxes[sandbox_id]  # the backend's TTL ended it
+                return None
+            return box
+
+    def pop(self, sandbox_id: str) -> Box | None:
+        with self._lock:
+            return self._boxes.pop(sandbox_id, None)
+
+    def all(self) -> list[Box]:
+        now = time.time()
+        with self._lock:
+            for sid in [s for s, b in self._boxes.items() if b.expired(now)]:
+                del self._boxes[sid]
+            return list(self._boxes.values())

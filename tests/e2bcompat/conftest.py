@@ -1,0 +1,93 @@
+"""`shoal e2b serve` on loopback over the container backend (SHOAL_URL=local, the session's root), and
+the unmodified `e2b` SDK pointed at it.
+
+The template is `base` mapped to a busybox image with /bin/bash (a wrapper around busybox sh, since
+the SDK always runs `/bin/bash -l -c CMD`) and /home/user: the full Debian `base` (templates.py's
+recipe) needs debootstrap and apt, minutes, which this suite does not spend."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+BASH_WRAPPER = b'#!/bin/sh\nexec /bin/sh "$@"\n'
+
+
+@pytest.fixture(scope="session")
+def e2b_image(host, base_image, make_layer_session) -> str:
+    layer = make_layer_session({"bin/bash": BASH_WRAPPER, "home/user/.keep": b""})
+    busybox = host.store.get_image(base_image).layers
+    host.store.create_image("e2b-test:latest", [*busybox, layer])
+    return "e2b-test:latest"
+
+
+@pytest.fixture(scope="session")
+def make_layer_session(host, tmp_path_factory):
+    def _make(files: dict[str, bytes]) -> str:
+        d = tmp_path_factory.mktemp("e2blayer")
+        for rel, content in files.items():
+            p = d / rel
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_bytes(content)
+            if rel.startswith("bin/"):
+                p.chmod(0o755)
+        return host.store.build_from_dir(d, name="e2b-test").digest
+
+    return _make
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def e2b_server(root, e2b_image, base_image):
+    """The front as the CLI runs it; yields (url, api key, other tenant's key)."""
+    keys = root / "e2b-keys.json"
+    env = {**os.environ, "SHOAL_URL": "local", "SHOAL_ROOT": str(root)}
+    cli = [sys.executable, "-m", "shoal.cli", "e2b"]
+    key_a = subprocess.run([*cli, "key", "create", "alice", "--keys", str(keys)], env=env, check=True,
+                           capture_output=True, text=True).stdout.strip()
+    key_b = subprocess.run([*cli, "key", "create", "bob", "--keys", str(keys)], env=env, check=True,
+                           capture_output=True, text=True).stdout.strip()
+    port = _free_port()
+    proc = subprocess.Popen([*cli, "serve", "--listen", f"127.0.0.1:{port}", "--keys", str(keys),
+                             "--template", f"base={e2b_image}", "--template", f"bare={base_image}"], env=env)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            httpx.get(url + "/v2/sandboxes", timeout=1)
+            break
+        except httpx.TransportError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("shoal e2b serve did not come up") from None
+            time.sleep(0.1)
+    yield {"url": url, "key": key_a, "other_key": key_b, "proc": proc}
+    proc.terminate()
+    proc.wait(20)
+
+
+@pytest.fixture
+def opts(e2b_server) -> dict:
+    """Connection options for the SDK: what E2B_API_URL / E2B_SANDBOX_URL / E2B_API_KEY would set."""
+    return {"api_url": e2b_server["url"], "sandbox_url": e2b_server["url"], "api_key": e2b_server["key"]}
+
+
+@pytest.fixture
+def sbx(opts):
+    from e2b import Sandbox
+
+    s = Sandbox.create("base", timeout=120, **opts)
+    yield s
+    try:
+        s.kill()
+    except Exception:
+        pass
