@@ -388,6 +388,11 @@ def run(ctx: typer.Context, image: str = typer.Argument(..., help="image name[:t
         detach: bool = typer.Option(False, "--detach", "-d", help="keep the sandbox and print its id"),
         ttl: float | None = typer.Option(None, "--ttl", help="absolute TTL in seconds (with --detach)"),
         in_process: bool = typer.Option(False, "--in-process", help="run here even if a shoald is running"),
+        ksm: bool = typer.Option(False, "--ksm", help="merge identical pages with other --ksm sandboxes "
+                                                      "(a side channel between them; docs/ksm-and-scheduling.md)"),
+        no_aslr: bool = typer.Option(False, "--no-aslr", help="ASLR off inside: identical programs lay out "
+                                                              "identically, so KSM merges them"),
+        priority: str | None = typer.Option(None, "--priority", help="'normal' or 'idle' (CPU class)"),
         root: str | None = RootOpt):
     """Create a sandbox from IMAGE and run `-- CMD...` in it (removed afterwards unless --detach).
 
@@ -397,7 +402,7 @@ def run(ctx: typer.Context, image: str = typer.Argument(..., help="image name[:t
 
     opts = {"target": image, "cmd": list(ctx.args), "layers": layer or [], "memory_mb": memory_mb, "cpu": cpu,
             "disk_mb": disk_mb, "timeout": timeout, "detach": detach, "ttl": ttl, "root": root,
-            "in_process": in_process}
+            "in_process": in_process, "ksm": ksm, "no_aslr": no_aslr, "priority": priority}
     raise typer.Exit(dispatch("run", opts))
 
 
