@@ -55,6 +55,12 @@ def test_background_connect_and_stdin(sbx):
     assert sbx.commands.kill(999999) is False
 
 
+def test_utf8_split_across_writes(sbx):
+    # one character whose bytes arrive 0.2 s apart: it must not turn into two replacement characters
+    r = sbx.commands.run(r"printf '\303'; sleep 0.2; printf '\251\n'")
+    assert r.stdout == "\u00e9\n"
+
+
 def test_stream_callbacks(sbx):
     seen: list[str] = []
     r = sbx.commands.run("for i in 1 2 3; do echo $i; sleep 0.05; done", on_stdout=seen.append)
