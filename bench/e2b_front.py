@@ -5,7 +5,8 @@ Both paths drive the same container backend on one private root: Shoal's SDK in 
 (`url="local"`), and the E2B SDK over loopback HTTP to `shoal e2b serve` (a separate process with
 SHOAL_URL=local). Per iteration, on each path: create, run (`/bin/bash -l -c "echo hi"`, the argv the
 E2B SDK sends), write (4 KiB), read, kill. The paths alternate, so drift hits both. --runs runs
-(default 3) of --n iterations each; reported: p50 per op and path, the overhead (E2B p50 - Shoal p50)
+(default 3) of --n iterations each; create and kill are also timed from plain httpx (the front
+alone, without the E2B SDK's own client work). Reported: p50 per op and path, the overhead (E2B p50 - Shoal p50)
 per run, and the min/median/max of that overhead over the runs.
 
 Writes bench/results/e2b_front.json. Needs root.
@@ -34,6 +35,7 @@ from shoal.layers.busybox import make_busybox_tree  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 OPS = ("create", "run", "write", "read", "kill")
+HTTP_OPS = {"create_http": "create", "kill_http": "kill"}  # E2B op measured with plain httpx -> Shoal op
 PAYLOAD = b"x" * 4096
 ARGV = ["/bin/bash", "-l", "-c", "echo hi"]
 
@@ -74,8 +76,19 @@ def start_front(root: Path, image: str) -> tuple[subprocess.Popen, str, str]:
     raise RuntimeError("shoal e2b serve did not come up")
 
 
-def one_e2b(opts: dict, t: dict[str, list[float]]) -> None:
+def one_e2b(opts: dict, t: dict[str, list[float]], http: httpx.Client) -> None:
     from e2b import Sandbox as E2BSandbox
+
+    # the front alone: the same REST calls from plain httpx, without the E2B SDK's own client work
+    key = {"X-API-KEY": opts["api_key"]}
+    h0 = time.perf_counter()
+    sid = http.post(opts["api_url"] + "/v2/sandboxes", json={"templateID": "base", "timeout": 120},
+                    headers=key).json()["sandboxID"]
+    h1 = time.perf_counter()
+    assert http.delete(opts["api_url"] + f"/sandboxes/{sid}", headers=key).status_code == 204
+    h2 = time.perf_counter()
+    t["create_http"].append(h1 - h0)
+    t["kill_http"].append(h2 - h1)
 
     t0 = time.perf_counter()
     s = E2BSandbox.create("base", timeout=120, **opts)
@@ -123,36 +136,39 @@ def main() -> None:
         image = build_image(root)
         proc, url, key = start_front(root, image)
         opts = {"api_url": url, "sandbox_url": url, "api_key": key}
+        http = httpx.Client()
         for _ in range(args.warmup):
-            one_e2b(opts, {op: [] for op in OPS})
+            one_e2b(opts, {op: [] for op in (*OPS, *HTTP_OPS)}, http)
             one_shoal(image, root, {op: [] for op in OPS})
         runs = []
         for run in range(args.runs):
-            e2b: dict[str, list[float]] = {op: [] for op in OPS}
+            e2b: dict[str, list[float]] = {op: [] for op in (*OPS, *HTTP_OPS)}
             shoal: dict[str, list[float]] = {op: [] for op in OPS}
             for _ in range(args.n):
-                one_e2b(opts, e2b)
+                one_e2b(opts, e2b, http)
                 one_shoal(image, root, shoal)
             row = {}
-            for op in OPS:
-                pe, ps = statistics.median(e2b[op]) * 1000, statistics.median(shoal[op]) * 1000
+            for op in (*OPS, *HTTP_OPS):
+                pe, ps = statistics.median(e2b[op]) * 1000, statistics.median(shoal[HTTP_OPS.get(op, op)]) * 1000
                 row[op] = {"e2b_p50_ms": round(pe, 3), "shoal_p50_ms": round(ps, 3), "overhead_ms": round(pe - ps, 3)}
             runs.append(row)
             print(f"run {run + 1}: " + ", ".join(f"{op} +{row[op]['overhead_ms']:.2f} ms" for op in OPS), flush=True)
         summary = {}
-        for op in OPS:
+        for op in (*OPS, *HTTP_OPS):
             ov = sorted(r[op]["overhead_ms"] for r in runs)
             summary[op] = {"overhead_ms": {"min": ov[0], "median": round(statistics.median(ov), 3), "max": ov[-1]},
                            "e2b_p50_ms_median": round(statistics.median(r[op]["e2b_p50_ms"] for r in runs), 3),
                            "shoal_p50_ms_median": round(statistics.median(r[op]["shoal_p50_ms"] for r in runs), 3)}
         out = {"bench": "e2b_front", "what": "E2B SDK through `shoal e2b serve` vs Shoal's SDK in-process, same "
-                                             "container backend and root; overhead = E2B p50 - Shoal p50 per run",
+                                             "container backend and root; overhead = E2B p50 - Shoal p50 per run; "
+                                             "create_http / kill_http: the same REST calls from plain httpx "
+                                             "(the front alone, without the E2B SDK's client-side work)",
                "e2b_sdk": _version("e2b"), "runs": args.runs, "n_per_run": args.n, "payload_bytes": len(PAYLOAD),
                "cpus": os.cpu_count(), "note": "shared 2-core machine, other work running: noisy",
                "summary": summary, "per_run": runs}
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(out, indent=1) + "\n")
-        for op in OPS:
+        for op in (*OPS, *HTTP_OPS):
             s = summary[op]
             print(f"{op:7s} e2b {s['e2b_p50_ms_median']:8.2f} ms  shoal {s['shoal_p50_ms_median']:8.2f} ms  "
                   f"overhead median {s['overhead_ms']['median']:+.2f} ms "

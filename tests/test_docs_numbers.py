@@ -223,6 +223,7 @@ TABLES: dict[str, tuple[str, Callable[[dict], list[list[str]]]]] = {
     "fleet": ("bench/results/fleet.json", _bench_renderer("fleet", "rows")),
     "training": ("docs/results/opd_repro.json", training_rows),
     "lazy": ("bench/results/lazy.json", _bench_renderer("lazy", "readme_rows")),
+    "density": ("bench/results/density.json", _bench_renderer("density", "readme_rows")),
 }
 
 

@@ -26,6 +26,9 @@ app.add_typer(layer_app, name="layer")
 app.add_typer(image_app, name="image")
 tenant_app = typer.Typer(help="Tenants and API keys (through the local shoald, as admin).", no_args_is_help=True)
 app.add_typer(tenant_app, name="tenant")
+zram_app = typer.Typer(help="Shoal's zram swap device, where reclaimed sandbox memory goes ([density] zram_mb).",
+                       no_args_is_help=True)
+app.add_typer(zram_app, name="zram")
 env_app = typer.Typer(help="Ready-made environments: Debian base, Python toolchain, real workspaces.",
                       no_args_is_help=True)
 app.add_typer(env_app, name="env")
@@ -385,6 +388,11 @@ def run(ctx: typer.Context, image: str = typer.Argument(..., help="image name[:t
         detach: bool = typer.Option(False, "--detach", "-d", help="keep the sandbox and print its id"),
         ttl: float | None = typer.Option(None, "--ttl", help="absolute TTL in seconds (with --detach)"),
         in_process: bool = typer.Option(False, "--in-process", help="run here even if a shoald is running"),
+        ksm: bool = typer.Option(False, "--ksm", help="merge identical pages with other --ksm sandboxes "
+                                                      "(a side channel between them; docs/ksm-and-scheduling.md)"),
+        no_aslr: bool = typer.Option(False, "--no-aslr", help="ASLR off inside: identical programs lay out "
+                                                              "identically, so KSM merges them"),
+        priority: str | None = typer.Option(None, "--priority", help="'normal' or 'idle' (CPU class)"),
         root: str | None = RootOpt):
     """Create a sandbox from IMAGE and run `-- CMD...` in it (removed afterwards unless --detach).
 
@@ -394,7 +402,7 @@ def run(ctx: typer.Context, image: str = typer.Argument(..., help="image name[:t
 
     opts = {"target": image, "cmd": list(ctx.args), "layers": layer or [], "memory_mb": memory_mb, "cpu": cpu,
             "disk_mb": disk_mb, "timeout": timeout, "detach": detach, "ttl": ttl, "root": root,
-            "in_process": in_process}
+            "in_process": in_process, "ksm": ksm, "no_aslr": no_aslr, "priority": priority}
     raise typer.Exit(dispatch("run", opts))
 
 
@@ -470,6 +478,44 @@ def reclaim(sandbox_id: str, target: float = typer.Option(0.75, "--target", "-t"
     r = _backend(root).reclaim(sandbox_id, req)
     console.print(f"{sandbox_id}: {_size(r.memory_before)} -> {_size(r.memory_after)} in memory, "
                   f"{_size(r.swapped)} in swap ({r.duration_s * 1000:.0f} ms)")
+
+
+@zram_app.command("up")
+def zram_up(size_mb: int | None = typer.Option(None, "--size-mb", help="default: [density] zram_mb"),
+            algorithm: str | None = typer.Option(None, "--algorithm", help="default: [density] zram_algorithm"),
+            root: str | None = RootOpt):
+    """Set up the zram swap device (what shoald does at start when zram_mb is set); idempotent."""
+    from .backends.container import zram
+    from .config import load_settings
+
+    s = load_settings(root)
+    cfg = zram.ZramConfig(size_mb if size_mb is not None else s.zram_mb, algorithm or s.zram_algorithm,
+                          s.zram_priority)
+    dev = zram.setup(cfg)
+    console.print(f"{dev.path}: {dev.size_mb} MiB, {dev.algorithm}, swap priority {dev.priority}")
+
+
+@zram_app.command("status")
+def zram_status():
+    """The device, and how well what it holds compresses."""
+    from .backends.container import zram
+
+    dev = zram.current()
+    if dev is None:
+        console.print("no Shoal zram device")
+        raise typer.Exit(1)
+    st = dev.stats()
+    console.print(f"{dev.path}: {dev.size_mb} MiB, {dev.algorithm}, priority {dev.priority}; holds "
+                  f"{_size(int(st['orig_data_size']))} in {_size(int(st['mem_used_total']))} of RAM "
+                  f"(ratio {st['compression_ratio']}x, {st['ratio_with_overhead']}x with overhead)")
+
+
+@zram_app.command("down")
+def zram_down():
+    """Swap off and remove the device (its pages come back into RAM first)."""
+    from .backends.container import zram
+
+    console.print("removed" if zram.teardown() else "no Shoal zram device")
 
 
 @app.command()

@@ -174,7 +174,7 @@ class Host(SandboxBackend):
             spec = SandboxSpec(image=label, layers=digests, limits=limits, ttl=req.ttl, idle_ttl=req.idle_ttl,
                                env={**config.get("env", {}), **(req.env or {})}, base_env=config.get("env", {}),
                                hostname=req.hostname, workdir=req.workdir or config.get("workdir", "/"),
-                               network=req.network)
+                               network=req.network, ksm=req.ksm, aslr=req.aslr, priority=req.priority)
         except ValidationError as e:
             raise InvalidArgument(describe(e)) from None
         return spec, self.store.ensure_mounted(digests)
@@ -233,7 +233,8 @@ class Host(SandboxBackend):
                               memory_mb=req.memory_mb or info.limits.memory_mb,
                               disk_mb=req.disk_mb or info.limits.disk_mb, pids=req.pids or info.limits.pids,
                               upper=req.upper or info.limits.upper, oom_kill=info.limits.oom_kill, ttl=ttl,
-                              idle_ttl=idle_ttl, env=env)
+                              idle_ttl=idle_ttl, env=env,
+                              ksm=info.ksm, aslr=info.aslr, priority=info.priority)  # as the parent
         reply = ForkReply(snapshot=snap, sandboxes=[])
         for i in range(req.n):
             try:

@@ -13,9 +13,11 @@ from shoal.backends.container import zram
 HERE = Path(__file__).parent
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def zram_swap(tmp_path_factory):
-    """Shoal's zram device, made by the code under test on a private state file; torn down after."""
+    """Shoal's zram device, made by the code under test on a private state file; torn down after the
+    module (swap on the host changes what other modules see: an aggregate limit spills to swap
+    instead of OOM-killing)."""
     state = tmp_path_factory.mktemp("zram") / "zram.json"
     try:
         dev = zram.setup(zram.ZramConfig(size_mb=1024, algorithm="lz4"), state)
@@ -26,8 +28,8 @@ def zram_swap(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def hog_image(host, tmp_path_factory, base_image) -> str:
-    """busybox + /usr/bin/memhog (tests/density/memhog.c, static): holds N MiB of anonymous memory."""
+def memhog_tree(tmp_path_factory) -> Path:
+    """A layer tree with /usr/bin/memhog (tests/density/memhog.c, static): holds N MiB of anonymous memory."""
     if not shutil.which("gcc"):
         pytest.skip("gcc is needed to build the memory-holding test program")
     d = tmp_path_factory.mktemp("hog")
@@ -35,9 +37,18 @@ def hog_image(host, tmp_path_factory, base_image) -> str:
     binary.parent.mkdir(parents=True)
     subprocess.run(["gcc", "-static", "-O2", "-o", str(binary), str(HERE / "memhog.c")], check=True)
     binary.chmod(0o755)
-    layer = host.store.build_from_dir(d, source="memhog")
-    img = host.store.create_image("density-hog:test", [*host.store.get_image(base_image).layers, layer.digest])
-    return img.ref
+    return d
+
+
+def add_hog_image(host, memhog_tree: Path, base_image: str) -> str:
+    layer = host.store.build_from_dir(memhog_tree, source="memhog")
+    return host.store.create_image("density-hog:test", [*host.store.get_image(base_image).layers, layer.digest]).ref
+
+
+@pytest.fixture(scope="session")
+def hog_image(host, memhog_tree, base_image) -> str:
+    """busybox + memhog on the session's root."""
+    return add_hog_image(host, memhog_tree, base_image)
 
 
 def start_hog(sb, mib: int):

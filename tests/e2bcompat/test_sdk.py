@@ -55,6 +55,12 @@ def test_background_connect_and_stdin(sbx):
     assert sbx.commands.kill(999999) is False
 
 
+def test_utf8_split_across_writes(sbx):
+    # one character whose bytes arrive 0.2 s apart: it must not turn into two replacement characters
+    r = sbx.commands.run(r"printf '\303'; sleep 0.2; printf '\251\n'")
+    assert r.stdout == "\u00e9\n"
+
+
 def test_stream_callbacks(sbx):
     seen: list[str] = []
     r = sbx.commands.run("for i in 1 2 3; do echo $i; sleep 0.05; done", on_stdout=seen.append)
@@ -80,6 +86,11 @@ def test_files(sbx):
     moved = sbx.files.rename("notes/a.txt", "notes/c.txt")
     assert moved.path == "/home/user/notes/c.txt"
     assert sbx.files.read("notes/c.txt") == "hello file" and not sbx.files.exists("notes/a.txt")
+    infos = sbx.files.write_files([{"path": "multi/one", "data": "1"}, {"path": "/tmp/two", "data": b"2\r\n--x"}])
+    assert [i.path for i in infos] == ["/home/user/multi/one", "/tmp/two"]
+    assert sbx.files.read("/tmp/two", format="bytes") == b"2\r\n--x"
+    sbx.files.write("/tmp/big.gz", b"z" * 100_000, gzip=True)  # octet-stream + Content-Encoding: gzip
+    assert sbx.files.read("/tmp/big.gz", format="bytes") == b"z" * 100_000
     sbx.files.remove("notes/c.txt")
     assert not sbx.files.exists("notes/c.txt")
     from e2b.exceptions import NotFoundException
@@ -251,3 +262,45 @@ def test_signed_urls(sbx):
     expired = sbx.download_url("/tmp/signed.txt", use_signature_expiration=-10)
     r = httpx.get(expired)
     assert r.status_code == 401 and "expired" in r.json()["message"]
+
+
+def test_template_without_home(opts):
+    """An image with no /home/user (nor bash): relative paths resolve in its workdir."""
+    s = Sandbox.create("bare", timeout=30, **opts)
+    try:
+        info = s.files.write("rel.txt", "x")
+        assert info.path == "/rel.txt"
+    finally:
+        s.kill()
+
+
+def test_connect_never_shortens_and_metrics(opts):
+    s = Sandbox.create("base", timeout=120, **opts)
+    try:
+        end = Sandbox.get_info(s.sandbox_id, **opts).end_at.timestamp()
+        Sandbox.connect(s.sandbox_id, timeout=5, **opts)
+        assert Sandbox.get_info(s.sandbox_id, **opts).end_at.timestamp() >= end - 1
+        Sandbox.connect(s.sandbox_id, timeout=600, **opts)
+        assert Sandbox.get_info(s.sandbox_id, **opts).end_at.timestamp() > time.time() + 500
+        m = s.get_metrics()
+        assert len(m) == 1 and m[0].mem_total > 0
+    finally:
+        s.kill()
+
+
+def test_base_recipe_and_cli(root):
+    """The shipped `base` recipe parses (building it needs debootstrap + apt: `shoal e2b templates --build`)."""
+    import subprocess
+    import sys
+
+    from shoal.e2b.templates import BASE_RECIPE
+    from shoal.envs.recipe import parse_recipe
+
+    recipe = parse_recipe(BASE_RECIPE)
+    assert recipe is not None
+    out = subprocess.run([sys.executable, "-m", "shoal.cli", "e2b", "templates", "--recipe"], check=True,
+                         capture_output=True, text=True).stdout
+    assert "useradd" in out and "sudo" in out and "git" in out and "curl" in out and "python3" in out
+    listed = subprocess.run([sys.executable, "-m", "shoal.cli", "e2b", "templates", "--template", "x=y:1"],
+                            check=True, capture_output=True, text=True).stdout
+    assert "base" in listed and "x" in listed

@@ -131,6 +131,12 @@ static int fixed_list(const char *only) {
     TRY("personality_query", syscall(SYS_personality, 0xffffffffUL));
     TRY("personality_no_aslr", syscall(SYS_personality, 0x0040000UL /* ADDR_NO_RANDOMIZE */));
     TRY("personality_linux32", syscall(SYS_personality, 0x0008UL /* PER_LINUX32 */));
+    TRY("prctl_memory_merge", syscall(SYS_prctl, 67UL /* PR_SET_MEMORY_MERGE */, 1UL, 0UL, 0UL, 0UL));
+    {
+        static char page[8192] __attribute__((aligned(4096)));
+        TRY("madvise_mergeable", syscall(SYS_madvise, page, 4096UL, 12UL /* MADV_MERGEABLE */));
+        TRY("madvise_dontneed", syscall(SYS_madvise, page, 4096UL, 4UL /* MADV_DONTNEED: still allowed */));
+    }
     TRY("unknown_syscall", syscall(1000, 0, 0, 0, 0, 0, 0)); /* not on any list: ENOSYS */
 #if defined(__x86_64__)
     TRY("x32_getpid", syscall(0x40000000 | SYS_getpid));

@@ -96,6 +96,11 @@ def test_the_bpf_program_gives_every_number_the_table_s_verdict():
         assert _run_bpf(prog, ioctl, arch, (0, 0x5401)) == RET_ALLOW  # TCGETS
         assert _run_bpf(prog, personality, arch, (0xFFFFFFFF,)) == RET_ALLOW
         assert _run_bpf(prog, personality, arch, (0x0040000,)) == RET_ERRNO | EPERM
+        prctl, madvise = 157, 28
+        assert _run_bpf(prog, prctl, arch, (67, 1)) == RET_ERRNO | EPERM  # PR_SET_MEMORY_MERGE
+        assert _run_bpf(prog, prctl, arch, (15, 0)) == RET_ALLOW  # PR_SET_NAME
+        assert _run_bpf(prog, madvise, arch, (0, 4096, 12)) == RET_ERRNO | EPERM  # MADV_MERGEABLE
+        assert _run_bpf(prog, madvise, arch, (0, 4096, 4)) == RET_ALLOW  # MADV_DONTNEED
 
 
 def _lines(out: str, prefix: str = "") -> dict[str, str]:
@@ -107,7 +112,7 @@ def test_every_call_off_the_allowlist_is_refused(probed):
     assert len(allowed) > 200 and len(denied) > 40
     assert not allowed & denied
     top = max(allowed | denied | special) + 64  # past the table: calls a later kernel adds
-    skip = sorted(allowed | special)  # clone, unshare, ioctl, personality: argument checks, tried by name
+    skip = sorted(allowed | special)  # clone, unshare, ioctl, personality, prctl, madvise: by name
     r = probed.commands.run(["probe", "sweep", ",".join(map(str, skip)), str(top)], timeout=120)
     assert r.exit_code == 0, r.stderr
     got = {int(k.split(":")[1]): v for k, v in _lines(r.stdout, "sweep:").items()}
@@ -136,6 +141,9 @@ def test_named_dangerous_calls_answer_eperm(probed):
         assert res[name] == "EPERM", f"{name}: {res[name]}"
     assert res["personality_no_aslr"] == "EPERM" and res["personality_linux32"] == "EPERM"
     assert res["personality_query"] == "OK"  # reading the persona stays allowed
+    # KSM is the host's choice (create option ksm): a sandbox cannot make its pages mergeable itself
+    assert res["prctl_memory_merge"] == "EPERM" and res["madvise_mergeable"] == "EPERM"
+    assert res["madvise_dontneed"] == "OK"
     assert res["clone3"] == "ENOSYS"  # libc falls back to clone, whose flags the filter reads
     assert res["unknown_syscall"] == "ENOSYS"
     if os.uname().machine == "x86_64":

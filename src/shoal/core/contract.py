@@ -67,6 +67,14 @@ UpperKind = Literal["tmpfs", "disk"]
 # (the killed command reports oom_killed, the sandbox lives on) or "sandbox" (it ends, tombstone oom)
 OomKill = Literal["command", "sandbox"]
 NetworkMode = Literal["none", "host"]
+Priority = Literal["normal", "idle"]  # CPU class: "idle" runs only on CPU time nothing else wants
+
+# Density options of a sandbox (docs/ksm-and-scheduling.md); the same descriptions on every model
+_KSM = ("merge identical pages with other ksm sandboxes (prctl PR_SET_MEMORY_MERGE; Linux >= 6.4). "
+        "Opt-in: merged pages are a timing side channel between the sandboxes that share them")
+_ASLR = ("false: processes start with ASLR off (ADDR_NO_RANDOMIZE), so identical interpreters lay out "
+         "identically and KSM merges far more of them; weaker exploit mitigation inside the sandbox")
+_PRIORITY = "'normal', or 'idle': the sandbox's cgroup runs in the idle CPU class (cpu.idle), behind every normal one"
 
 
 class Limits(BaseModel):
@@ -114,6 +122,9 @@ class CreateRequest(_Wire):
     workdir: str | None = Field(None, description="default working directory; null = the image's")
     network: NetworkMode = Field("none", description="'none': own network namespace with only lo; "
                                                      "'host': the host's network (image builds only)")
+    ksm: bool = Field(False, description=_KSM)
+    aslr: bool = Field(True, description=_ASLR)
+    priority: Priority = Field("normal", description=_PRIORITY)
 
     _ttl = field_validator("ttl", "idle_ttl")(_seconds)
 
@@ -131,6 +142,9 @@ class SandboxSpec(BaseModel):
     hostname: str | None = None
     workdir: str = Field("/", description="default working directory of commands")
     network: NetworkMode = "none"
+    ksm: bool = Field(False, description=_KSM)
+    aslr: bool = Field(True, description=_ASLR)
+    priority: Priority = Field("normal", description=_PRIORITY)
 
     _ttl = field_validator("ttl", "idle_ttl")(_seconds)
 
@@ -158,6 +172,9 @@ class SandboxInfo(BaseModel):
     base_env: dict[str, str] = Field(default_factory=dict)
     workdir: str = "/"
     network: str = "none"
+    ksm: bool = False
+    aslr: bool = True
+    priority: Priority = "normal"
 
 
 class TimeoutRequest(_Wire):

@@ -90,15 +90,19 @@ def router(front: Front) -> APIRouter:
         timeout = _timeout(body.get("timeout"), front.default_timeout)
         metadata = _str_map(body.get("metadata"), "metadata")
         env = _str_map(body.get("envVars"), "envVars")
-        env = {"HOME": front.home, "USER": front.user, **env}
         try:
             info = front.backend.create(CreateRequest(image=image, ttl=timeout, env=env))
         except ImageNotFound as e:
             raise ApiError(404, f"template {template!r}: {e}") from None
+        try:
+            has_home = front.backend.stat_file(info.id, front.home).type == "dir"
+        except ShoalError:
+            has_home = False
         now = time.time()
         box = Box(id=info.id, tenant=tenant, template=template, token=secrets.token_urlsafe(24), metadata=metadata,
                   started=now, end=now + timeout, cpu=max(1, math.ceil(info.limits.cpu)),
-                  memory_mb=info.limits.memory_mb, disk_mb=info.limits.disk_mb)
+                  memory_mb=info.limits.memory_mb, disk_mb=info.limits.disk_mb,
+                  home=front.home if has_home else info.workdir or "/", has_home=has_home)
         front.boxes.add(box)
         return _json(201, sandbox_json(box))
 
@@ -210,8 +214,18 @@ def router(front: Front) -> APIRouter:
 
     @r.get("/sandboxes/{sandbox_id}/metrics")
     def metrics(request: Request, sandbox_id: str) -> Response:
-        owned(request, sandbox_id)
-        return _json(200, [])
+        """One sample, now: memory from the backend's info (no history is kept; CPU and disk use are
+        not in the contract's info, so they read 0)."""
+        box = owned(request, sandbox_id)
+        try:
+            info = front.backend.info(sandbox_id)
+        except SandboxNotFound:
+            raise ApiError(404, f"sandbox {sandbox_id!r} not found") from None
+        now = time.time()
+        return _json(200, [{"timestamp": rfc3339(now), "timestampUnix": int(now), "cpuCount": box.cpu,
+                            "cpuUsedPct": 0.0, "memUsed": info.memory_bytes or 0,
+                            "memTotal": info.limits.memory_mb << 20, "memCache": 0, "diskUsed": 0,
+                            "diskTotal": info.limits.disk_mb << 20}])
 
     return r
 

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import email.parser
-import email.policy
 import gzip
 import hashlib
 import posixpath
+import re
 import secrets
 import shlex
 import stat as st
@@ -129,10 +128,11 @@ def router(front: Front) -> APIRouter:
                 return box
         raise ApiError(401, "invalid signature")
 
-    def resolve(path: Any) -> str:
+    def resolve(box: Box, path: Any) -> str:
+        """Relative paths resolve under the user's home (or the sandbox's workdir when it has none)."""
         if not isinstance(path, str) or not path:
             raise wire.RpcError("invalid_argument", "path is required")
-        return posixpath.normpath(path if path.startswith("/") else posixpath.join(front.home, path))
+        return posixpath.normpath(path if path.startswith("/") else posixpath.join(box.home, path))
 
     # ------------------------------------------------------------------ unary + stream plumbing
     def unary(name: str, fn: Callable[[Box, dict[str, Any]], dict[str, Any]]) -> None:
@@ -231,8 +231,9 @@ def router(front: Front) -> APIRouter:
                 raise wire.RpcError("unimplemented", "PTYs are not supported by Shoal's E2B front yet")
             args = [str(a) for a in cfg.get("args") or []]
             envs = {str(k): str(v) for k, v in (cfg.get("envs") or {}).items()}
-            cwd = resolve(cfg["cwd"]) if cfg.get("cwd") else front.home
-            sreq = StartRequest(argv=[cmd, *args], cwd=cwd, env=envs, stdin=bool(req.get("stdin")), ring_bytes=RING)
+            cwd = resolve(box, cfg["cwd"]) if cfg.get("cwd") else box.home
+            env = {"HOME": box.home, "USER": front.user, **envs} if box.has_home else envs
+            sreq = StartRequest(argv=[cmd, *args], cwd=cwd, env=env, stdin=bool(req.get("stdin")), ring_bytes=RING)
             handle = await run_in_threadpool(be.start, box.id, sreq)
             if handle.pid is None:
                 handle.close()
@@ -317,11 +318,11 @@ def router(front: Front) -> APIRouter:
 
     # ------------------------------------------------------------------ filesystem.Filesystem
     def stat(box: Box, req: dict[str, Any]) -> dict[str, Any]:
-        path = resolve(req.get("path"))
+        path = resolve(box, req.get("path"))
         return {"entry": entry_json(be.stat_file(box.id, path), path)}
 
     def list_dir(box: Box, req: dict[str, Any]) -> dict[str, Any]:
-        path = resolve(req.get("path"))
+        path = resolve(box, req.get("path"))
         depth = wire.as_int(req.get("depth"), "depth", 1) or 1
         if depth < 1:
             raise wire.RpcError("invalid_argument", "depth must be >= 1")
@@ -341,7 +342,7 @@ def router(front: Front) -> APIRouter:
         return {"entries": out}
 
     def make_dir(box: Box, req: dict[str, Any]) -> dict[str, Any]:
-        path = resolve(req.get("path"))
+        path = resolve(box, req.get("path"))
         try:
             be.stat_file(box.id, path)
         except FileOpError:
@@ -352,7 +353,7 @@ def router(front: Front) -> APIRouter:
         return {"entry": entry_json(be.stat_file(box.id, path), path)}
 
     def move(box: Box, req: dict[str, Any]) -> dict[str, Any]:
-        src, dst = resolve(req.get("source")), resolve(req.get("destination"))
+        src, dst = resolve(box, req.get("source")), resolve(box, req.get("destination"))
         be.stat_file(box.id, src)  # not_found before anything runs
         # no rename in the contract: mv inside the sandbox (its own view of the paths)
         res = be.exec(box.id, ExecRequest(argv=["/bin/sh", "-c", f"mv -f -- {shlex.quote(src)} {shlex.quote(dst)}"],
@@ -362,7 +363,7 @@ def router(front: Front) -> APIRouter:
         return {"entry": entry_json(be.stat_file(box.id, dst), dst)}
 
     def remove(box: Box, req: dict[str, Any]) -> dict[str, Any]:
-        path = resolve(req.get("path"))
+        path = resolve(box, req.get("path"))
         be.stat_file(box.id, path)  # a missing path is not_found, as envd answers
         be.remove_file(box.id, path)
         return {}
@@ -397,7 +398,7 @@ def router(front: Front) -> APIRouter:
 
     def watch_dir(box: Box, req: dict[str, Any], request: Request) -> AsyncIterator[dict]:
         async def gen() -> AsyncIterator[dict]:
-            path = resolve(req.get("path"))
+            path = resolve(box, req.get("path"))
             recursive = bool(req.get("recursive"))
             top = await run_in_threadpool(be.stat_file, box.id, path)
             if top.type != "dir":
@@ -423,7 +424,7 @@ def router(front: Front) -> APIRouter:
         return gen()
 
     def create_watcher(box: Box, req: dict[str, Any]) -> dict[str, Any]:
-        path = resolve(req.get("path"))
+        path = resolve(box, req.get("path"))
         recursive = bool(req.get("recursive"))
         if be.stat_file(box.id, path).type != "dir":
             raise wire.RpcError("invalid_argument", f"path {path!r} is not a directory")
@@ -463,7 +464,7 @@ def router(front: Front) -> APIRouter:
     @r.get("/files")
     def download(request: Request, path: str | None = None) -> Response:
         box = box_for_files(request, "read")
-        p = _http_path(resolve, path)
+        p = _http_path(resolve, box, path)
         try:
             data = be.read_file(box.id, p)
         except SandboxNotFound:
@@ -483,15 +484,12 @@ def router(front: Front) -> APIRouter:
         ctype = request.headers.get("content-type", "")
         files: list[tuple[str, bytes]] = []
         if ctype.startswith("multipart/form-data"):
-            msg = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
-                b"Content-Type: " + ctype.encode() + b"\r\n\r\n" + body)
-            parts = [p for p in msg.iter_parts() if p.get_param("name", header="content-disposition") == "file"]
-            for part in parts:
-                name = part.get_filename() or (path if len(parts) == 1 else None)
+            parts = [(n, f, d) for n, f, d in parse_multipart(body, ctype) if n == "file"]
+            for _, fname, payload in parts:
+                name = fname or (path if len(parts) == 1 else None)
                 if not name:
                     raise ApiError(400, "each multipart file needs a filename (its path)")
-                payload = part.get_payload(decode=True)
-                files.append((name, payload if isinstance(payload, bytes) else b""))
+                files.append((name, payload))
         else:
             if not path:
                 raise ApiError(400, "an octet-stream upload needs ?path=")
@@ -505,7 +503,7 @@ def router(front: Front) -> APIRouter:
             raise ApiError(400, "no file in the upload")
         out = []
         for name, data in files:
-            p = _http_path(resolve, name)
+            p = _http_path(resolve, box, name)
             try:
                 await run_in_threadpool(be.write_file, box.id, p, data)
             except SandboxNotFound:
@@ -521,15 +519,38 @@ def router(front: Front) -> APIRouter:
 POLL_S = 0.05  # WatchDir polls the directory this often (no inotify through the contract yet)
 
 
+_DISPOSITION = re.compile(rb'(?i)^content-disposition:.*?;\s*name="([^"]*)"(?:.*?;\s*filename="([^"]*)")?', re.M)
+
+
+def parse_multipart(body: bytes, ctype: str) -> list[tuple[str, str | None, bytes]]:
+    """(field name, filename, content) of each part of a multipart/form-data body."""
+    m = re.search(r'boundary="?([^";]+)"?', ctype)
+    if not m:
+        raise ApiError(400, "multipart body without a boundary")
+    delim = b"\r\n--" + m.group(1).encode()
+    out = []
+    for part in (b"\r\n" + body).split(delim)[1:]:
+        if part.startswith(b"--"):
+            break  # the closing delimiter
+        head, sep, data = part.partition(b"\r\n\r\n")
+        d = _DISPOSITION.search(head)
+        if not sep or d is None:
+            raise ApiError(400, "malformed multipart part")
+        fname = d.group(2)
+        out.append((d.group(1).decode(errors="replace"), fname.decode(errors="replace") if fname is not None else None,
+                    data))
+    return out
+
+
 def sign(path: str, operation: str, user: str, token: str, expiration: str | None) -> str:
     """E2B's v1 file-URL signature: sha256 of `path:operation:user:token[:expiration]`, base64 unpadded."""
     raw = f"{path}:{operation}:{user}:{token}" + (f":{expiration}" if expiration is not None else "")
     return "v1_" + base64.b64encode(hashlib.sha256(raw.encode()).digest()).rstrip(b"=").decode()
 
 
-def _http_path(resolve: Callable[[Any], str], path: str | None) -> str:
+def _http_path(resolve: Callable[[Box, Any], str], box: Box, path: str | None) -> str:
     try:
-        return resolve(path)
+        return resolve(box, path)
     except wire.RpcError as e:
         raise ApiError(400, e.message) from None
 

@@ -94,6 +94,8 @@ class Box:
     cpu: int
     memory_mb: int
     disk_mb: int
+    home: str = "/"  # where relative paths and commands start: /home/user when the image has it
+    has_home: bool = False
     paused: bool = False
     paused_left: float = 0.0  # seconds of lifetime left when paused (the clock stops meanwhile)
     procs: dict[int, Any] = field(default_factory=dict)  # pid -> envd.Proc

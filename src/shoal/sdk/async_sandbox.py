@@ -19,6 +19,7 @@ from ..core.contract import (
     OomKill,
     OutputCallback,
     OutputEvent,
+    Priority,
     ProcessHandle,
     ProcessOutput,
     ReclaimResult,
@@ -252,7 +253,8 @@ class AsyncSandbox:
                      env: dict[str, str] | None = None, hostname: str | None = None, workdir: str | None = None,
                      from_snapshot: str | SnapshotInfo | None = None, backend: str = "container",
                      root: str | os.PathLike | None = None, url: str | None = None, api_key: str | None = None,
-                     oom_kill: OomKill | None = None) -> AsyncSandbox:
+                     oom_kill: OomKill | None = None, ksm: bool = False, aslr: bool = True,
+                     priority: Priority = "normal") -> AsyncSandbox:
         """Create a sandbox from an image (name[:tag]) and/or layers composed on top, bottom -> top,
         or restore a snapshot (`from_snapshot=` id or SnapshotInfo) as a new sandbox.
 
@@ -262,11 +264,16 @@ class AsyncSandbox:
         a container in this process (root only). url / api_key (or $SHOAL_URL / $SHOAL_API_KEY):
         which shoald; url="local" runs in this process. oom_kill: what running out of memory ends,
         "command" (it reports oom_killed) or "sandbox" (later calls raise SandboxOutOfMemory).
+
+        Density (docs/ksm-and-scheduling.md): ksm=True merges identical pages with other ksm
+        sandboxes (a side channel between them: opt in only among sandboxes that may share one);
+        aslr=False lays identical programs out identically, which is what lets KSM merge them;
+        priority="idle" runs the sandbox only on CPU time no normal sandbox wants.
         """
         return cls(await _t(Sandbox.create, image=image, layers=layers, cpu=cpu, memory_mb=memory_mb, disk_mb=disk_mb,
                             pids=pids, upper=upper, ttl=ttl, idle_ttl=idle_ttl, env=env, hostname=hostname,
                             workdir=workdir, from_snapshot=from_snapshot, backend=backend, root=root, url=url,
-                            api_key=api_key, oom_kill=oom_kill))
+                            api_key=api_key, oom_kill=oom_kill, ksm=ksm, aslr=aslr, priority=priority))
 
     @classmethod
     async def connect(cls, sandbox_id: str, *, root: str | os.PathLike | None = None, url: str | None = None,

@@ -70,6 +70,7 @@ from ..core.contract import (
     OomKill,
     OutputCallback,
     OutputEvent,
+    Priority,
     ProcessHandle,
     ProcessOutput,
     ReclaimResult,

@@ -40,6 +40,7 @@ from ..core.contract import (
     OomKill,
     OutputCallback,
     OutputEvent,
+    Priority,
     ProcessHandle,
     ReclaimRequest,
     ReclaimResult,
@@ -240,7 +241,8 @@ class Sandbox:
                env: dict[str, str] | None = None, hostname: str | None = None, workdir: str | None = None,
                from_snapshot: str | SnapshotInfo | None = None, backend: str = "container",
                root: str | os.PathLike | None = None, url: str | None = None,
-               api_key: str | None = None, oom_kill: OomKill | None = None) -> Sandbox:
+               api_key: str | None = None, oom_kill: OomKill | None = None, ksm: bool = False, aslr: bool = True,
+               priority: Priority = "normal") -> Sandbox:
         """Create a sandbox from an image (name[:tag]) and/or layers composed on top, bottom -> top,
         or restore a snapshot (`from_snapshot=` id or SnapshotInfo) as a new sandbox.
 
@@ -249,12 +251,18 @@ class Sandbox:
         out take the host's defaults. backend: the isolation ("container", "gvisor"), or "local" for
         a container in this process (root only). url / api_key (or $SHOAL_URL / $SHOAL_API_KEY):
         which shoald; url="local" runs in this process. oom_kill: what running out of memory ends,
-        "command" (it reports oom_killed) or "sandbox" (later calls raise SandboxOutOfMemory)."""
+        "command" (it reports oom_killed) or "sandbox" (later calls raise SandboxOutOfMemory).
+
+        Density (docs/ksm-and-scheduling.md): ksm=True merges identical pages with other ksm
+        sandboxes (a side channel between them: opt in only among sandboxes that may share one);
+        aslr=False lays identical programs out identically, which is what lets KSM merge them;
+        priority="idle" runs the sandbox only on CPU time no normal sandbox wants."""
         be, isolation = _backend_for(backend, url, api_key, root)
         snap = from_snapshot.id if isinstance(from_snapshot, SnapshotInfo) else from_snapshot
         req = _model(CreateRequest, image=image, layers=layers, from_snapshot=snap, backend=isolation, cpu=cpu,
                      memory_mb=memory_mb, disk_mb=disk_mb, pids=pids, upper=upper, ttl=ttl, idle_ttl=idle_ttl,
-                     env=env, hostname=hostname, workdir=workdir, oom_kill=oom_kill)
+                     env=env, hostname=hostname, workdir=workdir, oom_kill=oom_kill, ksm=ksm, aslr=aslr,
+                     priority=priority)
         return cls(be, be.create(req))
 
     @classmethod

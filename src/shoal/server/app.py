@@ -21,4 +21,9 @@ def create_app(daemon: Served | None, title: str = "shoald") -> FastAPI:
     errors.install(app, daemon.counters if daemon is not None else None)
     for router in ROUTERS:
         app.include_router(router)
+    policy = getattr(daemon, "idle", None)
+    if policy is not None:  # a host's daemon with an idle policy: requests are its activity
+        from .idle import ActivityMiddleware
+
+        app.add_middleware(ActivityMiddleware, policy=policy)
     return app

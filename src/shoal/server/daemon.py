@@ -17,6 +17,7 @@ from ..core import errors as E
 from ..core.contract import CreateRequest, ForkReply, ForkRequest, Limits, SandboxBackend, SandboxInfo
 from .admission import Admission, AdmissionConfig
 from .handles import HandleTable
+from .idle import IdlePolicy
 from .quotas import QuotaBook, limits_of
 from .served import Handles, Served
 from .state import DaemonState, Tenant
@@ -63,8 +64,33 @@ class Daemon(Served):
         self.quotas = QuotaBook(self)
         # creates under one idempotency key run one at a time (striped: no lock per key to forget)
         self._create_locks = [threading.Lock() for _ in range(64)]
+        self._start_zram()
         self._start_backends()
         threading.Thread(target=self._reap, args=(reap_every_s,), name="shoald-reaper", daemon=True).start()
+        self.idle: IdlePolicy | None = self._idle_policy()
+
+    def _idle_policy(self) -> IdlePolicy | None:
+        """[density] idle_pause_s / reclaim_after_s: pause, then reclaim, sandboxes left idle (idle.py)."""
+        s = self.settings
+        if not (s.idle_pause_s or s.reclaim_after_s):
+            return None
+        policy = IdlePolicy(self.backend, s.idle_pause_s, s.reclaim_after_s, s.reclaim_target, self.counters)
+        policy.start()
+        return policy
+
+    def _start_zram(self) -> None:
+        """Shoal's zram swap device, when the config enables it ([density] zram_mb): made once, reused
+        by a restarted daemon, left in place at exit (live sandboxes may have pages in it)."""
+        from ..backends.container import zram
+
+        cfg = zram.config_of(self.settings)
+        if cfg is None:
+            return
+        try:
+            dev = zram.setup(cfg)
+            log.info("zram swap: %s (%d MiB, %s, priority %d)", dev.path, dev.size_mb, dev.algorithm, dev.priority)
+        except E.ShoalError as e:  # serve anyway: reclaim then says why it cannot
+            log.error("zram swap not set up: %s", e)
 
     def _start_backends(self) -> None:
         """Sweep orphans and reattach to the live sandboxes of every local backend before serving."""
@@ -148,7 +174,20 @@ class Daemon(Served):
         return {"sandboxes": len(live), "sandboxes_starting": self.admission.starting,
                 "sandbox_memory_bytes": sum(i.memory_bytes or 0 for i in live),
                 "background_commands": self.commands.count(), "sessions": self.sessions.count(),
-                "open_fds": len(os.listdir("/proc/self/fd"))}
+                "open_fds": len(os.listdir("/proc/self/fd")), **self._density_gauges()}
+
+    def _density_gauges(self) -> dict[str, float]:
+        """The idle policy's state and what Shoal's zram device holds (original vs RAM used)."""
+        out: dict[str, float] = {}
+        if self.idle is not None:
+            out.update(sandboxes_idle_paused=len(self.idle.paused), sandboxes_idle_reclaimed=len(self.idle.reclaimed))
+        from ..backends.container import zram
+
+        dev = zram.current() if self.settings.zram_mb else None
+        if dev is not None:
+            st = dev.stats()
+            out.update(zram_stored_bytes=st["orig_data_size"], zram_ram_bytes=st["mem_used_total"])
+        return out
 
     def totals(self) -> dict[str, int]:
         return {**self.counters, "admission_refusals": self.admission.refusals}

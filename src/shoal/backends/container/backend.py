@@ -47,7 +47,7 @@ from ...core.errors import InvalidArgument, QuotaExceeded, SandboxError, Sandbox
 from ..files import SandboxFiles
 from ..local import LocalBackend
 from ..pids import alive, starttime
-from . import initclient
+from . import initclient, ksm
 from .cgroups import CgroupDriver, cgroup_parent
 from .native import helper_path
 from .processes import ContainerProcess, ContainerSession
@@ -191,6 +191,7 @@ class ContainerBackend(LocalBackend):
         self.cgroups.prepare_parent()
         self.bound_sandboxes_memory()
         self.helper = str(helper_path(settings.root / "bin"))
+        self.ksm_host = ksm.KsmHost(ksm.KsmConfig.from_settings(settings.extra))
         self._meta: dict[str, dict] = {}
         self._lock = threading.Lock()
 
@@ -268,6 +269,10 @@ class ContainerBackend(LocalBackend):
             raise InvalidArgument("a sandbox needs at least one mounted layer")
         if len(os.listdir(self.settings.sandboxes_dir)) >= self.max_sandboxes:  # all processes on this host
             raise QuotaExceeded(f"host sandbox limit reached ({self.max_sandboxes}); kill some or retry later")
+        if spec.ksm and (why := ksm.probe(self.helper)) != "ok":
+            raise InvalidArgument(f"ksm=True is not available on this host: {why}")
+        if spec.ksm:
+            self.ksm_host.ensure_running()
         sandbox_id = f"{self.id_prefix}-{self.settings.host_tag}-{secrets.token_hex(6)}"
         d = self._dir(sandbox_id)
         d.mkdir()
@@ -277,10 +282,13 @@ class ContainerBackend(LocalBackend):
         meta = {"id": sandbox_id, "image": spec.image, "layers": list(spec.layers), "limits": limits.model_dump(),
                 "created": time.time(), "ttl": spec.ttl, "idle_ttl": spec.idle_ttl, "env": spec.env,
                 "base_env": spec.base_env,
-                "hostname": spec.hostname or sandbox_id, "workdir": spec.workdir, "network": spec.network}
+                "hostname": spec.hostname or sandbox_id, "workdir": spec.workdir, "network": spec.network,
+                "ksm": spec.ksm, "aslr": spec.aslr, "priority": spec.priority}
         self._write_meta(meta)
         try:
             cg_dirs = self.cgroups.create(sandbox_id, limits)
+            if spec.priority == "idle":
+                self.cgroups.set_cpu_idle(sandbox_id, True)
             if self.settings.sandbox_swap > 0:  # [density] sandbox_swap: swap under its own pressure
                 mem = limits.memory_mb << 20
                 self.cgroups.allow_swap(sandbox_id, mem, int(mem * self.settings.sandbox_swap))
@@ -311,6 +319,10 @@ class ContainerBackend(LocalBackend):
             cmd += ["--ttl-ms", str(to_ms(spec.ttl))]
         if spec.idle_ttl:
             cmd += ["--idle-ttl-ms", str(to_ms(spec.idle_ttl))]
+        if spec.ksm:
+            cmd += ["--ksm", "1"]
+        if not spec.aslr:
+            cmd += ["--aslr", "0"]
         # env={}: nothing of the host environment may leak into init (/proc/1/environ)
         proc = subprocess.run(cmd, capture_output=True, stdin=subprocess.DEVNULL, env={})
         line = proc.stdout.decode(errors="replace").strip()
@@ -336,6 +348,8 @@ class ContainerBackend(LocalBackend):
                            init_pid=meta.get("init_pid"), env=meta.get("env") or {},
                            base_env=meta.get("base_env") or {},
                            workdir=meta.get("workdir", "/"), network=meta.get("network", "none"),
+                           ksm=meta.get("ksm", False), aslr=meta.get("aslr", True),
+                           priority=meta.get("priority", "normal"),
                            memory_bytes=self.cgroups.memory_bytes(meta["id"]) if state != SandboxState.DEAD else None)
 
     def info(self, sandbox_id: str) -> SandboxInfo:
@@ -473,11 +487,19 @@ class ContainerBackend(LocalBackend):
 
     # ------------------------------------------------------------------ pause / TTL
     def pause(self, sandbox_id: str) -> None:
+        """Freeze the sandbox; it also moves to the idle CPU class until resumed, so that whatever
+        runs when it thaws (a resume racing a burst of work elsewhere) does not crowd out active ones."""
         self._live_meta(sandbox_id)
         self.cgroups.freeze(sandbox_id, True)
+        self.cgroups.set_cpu_idle(sandbox_id, True, missing_ok=True)
 
     def resume(self, sandbox_id: str) -> None:
-        self._live_meta(sandbox_id)
+        meta = self._live_meta(sandbox_id)
+        self._thaw(sandbox_id, meta)
+
+    def _thaw(self, sandbox_id: str, meta: dict) -> None:
+        # its own CPU class back first, so it runs at its priority from the first instruction
+        self.cgroups.set_cpu_idle(sandbox_id, meta.get("priority") == "idle", missing_ok=True)
         self.cgroups.freeze(sandbox_id, False)
 
     def reclaim(self, sandbox_id: str, req: ReclaimRequest) -> ReclaimResult:
@@ -510,7 +532,7 @@ class ContainerBackend(LocalBackend):
         """Any request to a paused sandbox resumes it first (DSec semantics)."""
         meta = self._live_meta(sandbox_id)
         if self.cgroups.is_frozen(sandbox_id):
-            self.cgroups.freeze(sandbox_id, False)
+            self._thaw(sandbox_id, meta)
         return meta
 
     def set_ttl(self, sandbox_id: str, req: TimeoutRequest) -> SandboxInfo:

@@ -207,6 +207,45 @@ class CgroupDriver:
         except OSError:
             return False
 
+    # ------------------------------------------------------------------ CPU class
+    def set_cpu_idle(self, sandbox_id: str, idle: bool, missing_ok: bool = False) -> None:
+        """Put the sandbox's cgroup in the idle CPU class (priority="idle", and while paused) or back.
+        cpu.idle=1 (Linux >= 5.15, v1 and v2) makes the whole group SCHED_IDLE: it runs only on CPU
+        time no normal task wants, and its tasks cannot leave it from inside (the group is the unit).
+        Older kernels: the lowest weight instead (cpu.weight 1 / cpu.shares 2)."""
+        d = self._dir("cpu", sandbox_id)
+        try:
+            if (d / "cpu.idle").exists():
+                _write(d / "cpu.idle", "1" if idle else "0")
+            elif self.version == 2:
+                _write(d / "cpu.weight", "1" if idle else "100")
+            else:
+                _write(d / "cpu.shares", "2" if idle else "1024")
+        except OSError as e:
+            # a sandbox that ends meanwhile: its supervisor removes the cgroup (ENOENT, or ENODEV mid-removal)
+            if missing_ok and e.errno in (errno.ENOENT, errno.ENODEV):
+                return
+            raise SandboxError(f"{sandbox_id}: cannot set its CPU class: {e}") from e
+
+    def cpu_idle(self, sandbox_id: str) -> bool | None:
+        """Whether the sandbox's cgroup is in the idle CPU class; None if it is gone."""
+        d = self._dir("cpu", sandbox_id)
+        try:
+            if (d / "cpu.idle").exists():
+                return (d / "cpu.idle").read_text().strip() == "1"
+            if self.version == 2:
+                return int((d / "cpu.weight").read_text()) <= 1
+            return int((d / "cpu.shares").read_text()) <= 2
+        except (OSError, ValueError):
+            return None
+
+    def procs(self, sandbox_id: str) -> list[int]:
+        """The sandbox's processes (host pids), from its cgroup."""
+        try:
+            return [int(p) for p in (self._dir("pids", sandbox_id) / "cgroup.procs").read_text().split()]
+        except (OSError, ValueError):
+            return []
+
     def memory_bytes(self, sandbox_id: str) -> int | None:
         d = self._dir("memory", sandbox_id)
         name = "memory.current" if self.version == 2 else "memory.usage_in_bytes"

@@ -21,8 +21,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ...core.errors import BackendUnavailable, InvalidArgument, SandboxError
+
+if TYPE_CHECKING:
+    from ...config import Settings
 
 STATE_PATH = Path("/run/shoal/zram.json")
 ZRAM_CONTROL = Path("/sys/class/zram-control")
@@ -70,6 +74,13 @@ class ZramDevice:
                 "same_pages": int(fields[5]) if len(fields) > 5 else 0,
                 "compression_ratio": round(orig / compr, 3) if compr else 0.0,
                 "ratio_with_overhead": round(orig / used, 3) if used else 0.0}
+
+
+def config_of(settings: Settings) -> ZramConfig | None:
+    """The zram device the config asks for ([density] zram_mb, zram_algorithm, zram_priority), or None."""
+    if not settings.zram_mb:
+        return None
+    return ZramConfig(settings.zram_mb, settings.zram_algorithm, settings.zram_priority)
 
 
 def _libc() -> ctypes.CDLL:

@@ -230,6 +230,9 @@ class GvisorBackend(LocalBackend):
             raise InvalidArgument("a sandbox needs at least one mounted layer")
         if len(self.live_ids()) >= self.max_sandboxes:
             raise QuotaExceeded(f"host gvisor sandbox limit reached ({self.max_sandboxes}); kill some or retry later")
+        if spec.ksm or not spec.aslr or spec.priority != "normal":
+            raise InvalidArgument("ksm, aslr=False and priority='idle' are options of the container backend; "
+                                  "gVisor sandboxes do not take them")
         runsc = oci.runsc_argv(self.runsc, self.runsc_root, spec.network)
         sandbox_id = f"gv-{self.settings.host_tag}-{secrets.token_hex(6)}"
         d = self._dir(sandbox_id)

@@ -48,6 +48,7 @@
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
+#include <sys/personality.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
@@ -67,6 +68,10 @@
 #endif
 
 #define MAX_CGROUPS 16
+#ifndef PR_SET_MEMORY_MERGE /* Linux 6.4: KSM for every anonymous mapping of a process, inherited by children */
+#define PR_SET_MEMORY_MERGE 67
+#define PR_GET_MEMORY_MERGE 68
+#endif
 #define MAX_MSG (256 * 1024)
 
 enum { EXIT_OK = 0, EXIT_SETUP = 70, EXIT_TTL = 71, EXIT_IDLE = 72 };
@@ -90,6 +95,8 @@ struct config {
     int host_net; /* builds only: keep the host network namespace (package registries reachable) */
     const char *ca_bundle; /* builds only: host CA bundle, bound read-only at /run/shoal-build/ca.crt */
     int upper_mounted; /* --upper mounted: the caller mounted a disk-backed fs on disk/ (no tmpfs) */
+    int ksm;           /* --ksm 1: every process of the sandbox is KSM-mergeable (create option ksm) */
+    int no_aslr;       /* --aslr 0: processes exec'd in the sandbox get ADDR_NO_RANDOMIZE (aslr=False) */
     const char *memory_cgroup; /* --memory-cgroup: the sandbox's memory cgroup, watched for OOM kills */
     int oom_kill;              /* --oom-kill command|sandbox: what an OOM kill inside the sandbox ends */
 };
@@ -501,6 +508,19 @@ static int build_seccomp(struct sock_filter *prog) {
     EMIT(BPF_JMP | BPF_JEQ | BPF_K, 0 /* PER_LINUX */, 1, 0);
     EMIT(BPF_RET | BPF_K, RET_DENIED, 0, 0);
     EMIT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW, 0, 0);
+    /* prctl(PR_SET_MEMORY_MERGE) and madvise(MADV_MERGEABLE): whether a sandbox's pages are merged
+     * with other tenants' (a timing side channel) is the host's choice, create option ksm, made in init
+     * before this filter; a sandbox cannot opt itself in (nor out) */
+    EMIT(BPF_JMP | BPF_JEQ | BPF_K, SYS_prctl, 0, 4);
+    EMIT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[0]), 0, 0);
+    EMIT(BPF_JMP | BPF_JEQ | BPF_K, PR_SET_MEMORY_MERGE, 0, 1);
+    EMIT(BPF_RET | BPF_K, RET_DENIED, 0, 0);
+    EMIT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW, 0, 0);
+    EMIT(BPF_JMP | BPF_JEQ | BPF_K, SYS_madvise, 0, 4);
+    EMIT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[2]), 0, 0);
+    EMIT(BPF_JMP | BPF_JEQ | BPF_K, 12 /* MADV_MERGEABLE */, 0, 1);
+    EMIT(BPF_RET | BPF_K, RET_DENIED, 0, 0);
+    EMIT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW, 0, 0);
     /* ioctl: compare the low 16 bits (type << 8 | nr) of the request */
     EMIT(BPF_JMP | BPF_JEQ | BPF_K, SYS_ioctl, 0, (uint8_t)(3 + 2 * n_ioctl));
     EMIT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[1]), 0, 0);
@@ -534,6 +554,7 @@ static int print_seccomp_table(void) {
     /* checked before the table: clone3 always ENOSYS, the others by their arguments */
     printf("%u special\n%u special\n%u special\n%u special\n%u special\n", (unsigned)SYS_clone3,
            (unsigned)SYS_clone, (unsigned)SYS_unshare, (unsigned)SYS_ioctl, (unsigned)SYS_personality);
+    printf("%u special\n%u special\n", (unsigned)SYS_prctl, (unsigned)SYS_madvise);
     int len = build_seccomp(prog);
     printf("insns %d\narch %u\n", len, (unsigned)SHOAL_AUDIT_ARCH);
     /* the program itself, so a test can run it on every number without a kernel in the way */
@@ -845,6 +866,25 @@ struct init_args {
     int go_fd, status_fd;
 };
 
+/* Density options (docs/ksm-and-scheduling.md), set in init before seccomp so that every process of
+ * the sandbox inherits them: MMF_VM_MERGE_ANY survives fork and exec; the persona survives exec. The
+ * seccomp filter then refuses personality() changes other than back to PER_LINUX. */
+static void density_options(void) {
+    if (cfg.ksm && prctl(PR_SET_MEMORY_MERGE, 1, 0, 0, 0) < 0)
+        die("ksm: prctl(PR_SET_MEMORY_MERGE) failed (needs Linux >= 6.4 built with CONFIG_KSM)");
+    if (cfg.no_aslr && personality(PER_LINUX | ADDR_NO_RANDOMIZE) < 0) die("aslr: personality(ADDR_NO_RANDOMIZE)");
+}
+
+/* `shoal-init ksm-probe`: whether this kernel has per-process KSM (prints "ok" or why not) */
+static int ksm_probe(void) {
+    if (prctl(PR_SET_MEMORY_MERGE, 1, 0, 0, 0) < 0) {
+        printf("unsupported: prctl(PR_SET_MEMORY_MERGE): %s (needs Linux >= 6.4 with CONFIG_KSM)\n", strerror(errno));
+        return 1;
+    }
+    printf("ok\n");
+    return 0;
+}
+
 static int init_main(void *arg) {
     /* the fds come through the argument: static globals written just before clone() may be
      * optimised away, since the compiler cannot see clone() copy them into the child */
@@ -871,6 +911,7 @@ static int init_main(void *arg) {
     setup_rootfs();
     if (sethostname(cfg.hostname, strlen(cfg.hostname)) < 0) die("sethostname");
     if (!cfg.host_net) loopback_up();
+    density_options();
     prctl(PR_SET_PDEATHSIG, 0);
     if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0) die("dumpable");
     drop_capabilities();
@@ -1178,12 +1219,15 @@ static void usage(void) {
             "usage: shoal-init launch --state DIR --lower L1:L2 --hostname H --disk-mb N [--shm-mb N]\n"
             "                         [--cgroup DIR]... [--ttl-ms N] [--idle-ttl-ms N] [--tombstone FILE]\n"
             "                         [--net none|host] [--ca-bundle FILE] [--upper tmpfs|mounted]\n"
-            "                         [--memory-cgroup DIR] [--oom-kill command|sandbox]\n");
+            "                         [--memory-cgroup DIR] [--oom-kill command|sandbox]\n"
+            "                         [--ksm 0|1] [--aslr 0|1]\n"
+            "       shoal-init seccomp-table | ksm-probe\n");
     exit(2);
 }
 
 int main(int argc, char **argv) {
     if (argc == 2 && strcmp(argv[1], "seccomp-table") == 0) return print_seccomp_table();
+    if (argc == 2 && strcmp(argv[1], "ksm-probe") == 0) return ksm_probe();
     if (argc < 2 || strcmp(argv[1], "launch") != 0) usage();
     static char rootfs[4096], disk[4096], sock[4096];
     cfg.shm_mb = 64;
@@ -1199,6 +1243,11 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--ttl-ms")) cfg.ttl_ms = atoll(v);
         else if (!strcmp(a, "--idle-ttl-ms")) cfg.idle_ttl_ms = atoll(v);
         else if (!strcmp(a, "--tombstone")) cfg.tombstone = v;
+        else if (!strcmp(a, "--ksm") || !strcmp(a, "--aslr")) {
+            if (strcmp(v, "0") != 0 && strcmp(v, "1") != 0) usage();
+            if (a[2] == 'k') cfg.ksm = v[0] == '1';
+            else cfg.no_aslr = v[0] == '0';
+        }
         else if (!strcmp(a, "--ca-bundle")) cfg.ca_bundle = v;
         else if (!strcmp(a, "--memory-cgroup")) cfg.memory_cgroup = v;
         else if (!strcmp(a, "--oom-kill")) {
