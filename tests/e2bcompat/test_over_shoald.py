@@ -28,6 +28,10 @@ def test_sdk_through_shoald(over_shoald):
         assert (r.stdout, r.stderr) == ("via shoald\n", "e\n")
         h = s.commands.run("sleep 0.2; echo bg", background=True)
         assert h.wait().stdout == "bg\n"
+        cat = s.commands.run("cat", background=True, stdin=True)
+        s.commands.send_stdin(cat.pid, "in\n")
+        s.commands.close_stdin(cat.pid)
+        assert cat.wait().stdout == "in\n"
         s.files.write("f.txt", "over http")
         assert s.files.read("f.txt") == "over http"
         assert {e.name for e in s.files.list(".")} >= {"f.txt"}
