@@ -225,6 +225,7 @@ def main() -> None:
             r = one_run(algo, args.sandboxes, target, args.root, args.zram_mb)
             r["run"] = i
             runs.append(r)
+            save(args, targets, runs)  # after every run: a cut-short invocation keeps what it measured
             print(f"run {i} {algo} target {target}: cgroup {r['per_sandbox_mib']['cgroup_before_median']} -> "
                   f"{r['per_sandbox_mib']['cgroup_after_median']} MiB, host x{r['host_mib']['after_over_before']} "
                   f"(accounted x{r['accounted_mib']['after_over_before']}), "
@@ -232,6 +233,10 @@ def main() -> None:
                   f"exec p50 {r['resume_to_first_exec']['reclaimed']['p50_ms']} ms, python p50 "
                   f"{r['resume_to_python_answer']['reclaimed']['p50_ms']} ms ({time.monotonic() - t:.0f} s)",
                   flush=True)
+    print(f"wrote {args.out}")
+
+
+def save(args: argparse.Namespace, targets: list[float], runs: list[dict]) -> None:
     data = {"bench": "reclaim", "targets": targets, "sandboxes": args.sandboxes,
             "host": {"kernel": platform.release(), "cpus": os.cpu_count(),
                      "cgroup": "v2" if Path("/sys/fs/cgroup/cgroup.controllers").exists() else "v1"},
@@ -240,7 +245,6 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(data, indent=1) + "\n")
     plot(data, args.out.with_suffix(".png"))
-    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
