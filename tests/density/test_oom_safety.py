@@ -236,7 +236,9 @@ def test_sandboxes_together_past_the_aggregate_limit_are_oom_killed_not_shoald(b
     p99 = lat[int(len(lat) * 0.99) - 1]
     print(f"health during the fill: n={len(lat)} p50={lat[len(lat) // 2] * 1e3:.1f} ms p99={p99 * 1e3:.1f} ms "
           f"max={lat[-1] * 1e3:.1f} ms; {len(killed)}/{len(boxes)} commands OOM-killed")
-    assert p99 < 1.0  # generous: the 100 ms goal is measured by bench/density.py, not asserted here
+    # generous (the 100 ms goal is measured by bench/oom_fill.py, not asserted here); a guest under
+    # software emulation (make test-vm without KVM) runs 10-30x slower
+    assert p99 < (5.0 if os.environ.get("SHOAL_VM_ACCEL") == "tcg" else 1.0)
     for sb in boxes:
         assert sb.commands.run("echo ok", timeout=10).stdout == "ok\n"
         sb.kill()
