@@ -214,7 +214,11 @@ def main() -> None:
     ap.add_argument("--root", default=os.environ.get("SHOAL_ROOT", "/var/tmp/shoal-py"),
                     help="a Shoal root holding python:3.11 (`shoal env python`)")
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--table", action="store_true", help="print the docs table from --out and exit")
     args = ap.parse_args()
+    if args.table:
+        print(table(json.loads(args.out.read_text())))
+        return
     if os.geteuid() != 0:
         sys.exit("bench/reclaim.py needs root (sandboxes in-process, zram)")
     runs = []
@@ -234,6 +238,38 @@ def main() -> None:
                   f"{r['resume_to_python_answer']['reclaimed']['p50_ms']} ms ({time.monotonic() - t:.0f} s)",
                   flush=True)
     print(f"wrote {args.out}")
+
+
+def table(data: dict) -> str:
+    """Markdown rows: median [min-max] over the runs, per compressor and target."""
+    def cell(runs: list[dict], *path: str, fmt: str = "{:.1f}") -> str:
+        xs = []
+        for r in runs:
+            v: object = r
+            for p in path:
+                v = v[p]  # type: ignore[index]
+            xs.append(float(v))  # type: ignore[arg-type]
+        med = statistics.median(xs)
+        return f"{fmt.format(med)} [{fmt.format(min(xs))}–{fmt.format(max(xs))}]"
+
+    kinds = sorted({(r["algorithm"], r["target"]) for r in data["runs"]}, key=lambda k: (k[1], k[0]))
+    rows = ["| compressor, target | runs | cgroup MiB/sandbox before → after | accounted after/before | "
+            "zram ratio | reclaim ms/sandbox | resume → exec p50 / p99 ms (paused → reclaimed) | "
+            "resume → python answered p50 ms (paused → reclaimed) |", "|---|---|---|---|---|---|---|---|"]
+    for algo, target in kinds:
+        rs = [r for r in data["runs"] if (r["algorithm"], r["target"]) == (algo, target)]
+        rows.append(
+            f"| {algo}, {target} | {len(rs)} | {cell(rs, 'per_sandbox_mib', 'cgroup_before_median')} → "
+            f"{cell(rs, 'per_sandbox_mib', 'cgroup_after_median')} | "
+            f"{cell(rs, 'accounted_mib', 'after_over_before', fmt='{:.2f}')} | "
+            f"{cell(rs, 'zram', 'compression_ratio', fmt='{:.2f}')} | {cell(rs, 'reclaim_ms_per_sandbox', 'p50')} | "
+            f"{cell(rs, 'resume_to_first_exec', 'paused', 'p50_ms')} / "
+            f"{cell(rs, 'resume_to_first_exec', 'paused', 'p99_ms')} → "
+            f"{cell(rs, 'resume_to_first_exec', 'reclaimed', 'p50_ms')} / "
+            f"{cell(rs, 'resume_to_first_exec', 'reclaimed', 'p99_ms')} | "
+            f"{cell(rs, 'resume_to_python_answer', 'paused', 'p50_ms')} → "
+            f"{cell(rs, 'resume_to_python_answer', 'reclaimed', 'p50_ms')} |")
+    return "\n".join(rows)
 
 
 def save(args: argparse.Namespace, targets: list[float], runs: list[dict]) -> None:
