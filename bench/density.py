@@ -1216,13 +1216,16 @@ def render(res: dict, png: Path) -> None:
             for col, (metric, label) in enumerate((("mem_used_mib", "host memory per sandbox (MiB)"),
                                                    ("create_p50_ms", "create p50 (ms)"))):
                 pts = [(s["n"], s[metric]) for s in steps if metric in s]
+                if col == 0 and any(n >= 100 for n, _ in pts):
+                    pts = [(n, m) for n, m in pts if n >= 100]  # host-wide deltas over few sandboxes are noise
                 if not pts:
                     continue
                 ax = axes[row][col]
                 xs = [n for n, _ in pts]
                 who = "Shoal" if side == "shoal" else "Docker"
                 ax.plot(xs, [m["median"] for _, m in pts], "o-", color=colors[side],
-                        label=f"{who} (held {d['summary']['n_held']['median']:.0f})")
+                        label=f"{who}{': host-wide delta / N (N ≥ 100)' if col == 0 else ''} "
+                              f"(held {d['summary']['n_held']['median']:.0f})")
                 ax.fill_between(xs, [m["min"] for _, m in pts], [m["max"] for _, m in pts], color=colors[side],
                                 alpha=0.2)
                 att = [(s["n"], s["attributed_mib"]["median"]) for s in steps if "attributed_mib" in s]
@@ -1234,7 +1237,7 @@ def render(res: dict, png: Path) -> None:
                 ax.set_title(f"{kind}: {label}")
                 ax.set_xscale("log")
                 ax.grid(True, alpha=0.3)
-                ax.legend()
+                ax.legend(fontsize=8)
     runs = max((d["summary"]["runs"] for k in kinds for d in res["profiles"][k]["sides"].values()), default=1)
     fig.suptitle(f"Idle sandbox density, Shoal vs Docker (median of {runs} run(s), band = min–max)")
     fig.tight_layout()

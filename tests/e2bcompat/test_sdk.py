@@ -55,6 +55,12 @@ def test_background_connect_and_stdin(sbx):
     assert sbx.commands.kill(999999) is False
 
 
+def test_utf8_split_across_writes(sbx):
+    # one character whose bytes arrive 0.2 s apart: it must not turn into two replacement characters
+    r = sbx.commands.run(r"printf '\303'; sleep 0.2; printf '\251\n'")
+    assert r.stdout == "\u00e9\n"
+
+
 def test_stream_callbacks(sbx):
     seen: list[str] = []
     r = sbx.commands.run("for i in 1 2 3; do echo $i; sleep 0.05; done", on_stdout=seen.append)
@@ -266,3 +272,67 @@ def test_template_without_home(opts):
         assert info.path == "/rel.txt"
     finally:
         s.kill()
+
+
+def test_connect_never_shortens_and_metrics(opts):
+    s = Sandbox.create("base", timeout=120, **opts)
+    try:
+        end = Sandbox.get_info(s.sandbox_id, **opts).end_at.timestamp()
+        Sandbox.connect(s.sandbox_id, timeout=5, **opts)
+        assert Sandbox.get_info(s.sandbox_id, **opts).end_at.timestamp() >= end - 1
+        Sandbox.connect(s.sandbox_id, timeout=600, **opts)
+        assert Sandbox.get_info(s.sandbox_id, **opts).end_at.timestamp() > time.time() + 500
+        m = s.get_metrics()
+        assert len(m) == 1 and m[0].mem_total > 0
+    finally:
+        s.kill()
+
+
+def test_base_recipe_and_cli(root):
+    """The shipped `base` recipe parses (building it needs debootstrap + apt: `shoal e2b templates --build`)."""
+    import subprocess
+    import sys
+
+    from shoal.e2b.templates import BASE_RECIPE
+    from shoal.envs.recipe import parse_recipe
+
+    recipe = parse_recipe(BASE_RECIPE)
+    assert recipe is not None
+    out = subprocess.run([sys.executable, "-m", "shoal.cli", "e2b", "templates", "--recipe"], check=True,
+                         capture_output=True, text=True).stdout
+    assert "useradd" in out and "sudo" in out and "git" in out and "curl" in out and "python3" in out
+    listed = subprocess.run([sys.executable, "-m", "shoal.cli", "e2b", "templates", "--template", "x=y:1"],
+                            check=True, capture_output=True, text=True).stdout
+    assert "base" in listed and "x" in listed
+
+
+def test_restarted_front_finds_its_sandboxes(root, e2b_image):
+    """The index is written through to SQLite: a new front on the same state serves the same sandboxes."""
+    import os
+
+    from .conftest import start_front
+
+    env = {**os.environ, "SHOAL_URL": "local", "SHOAL_ROOT": str(root)}
+    args = ("--template", f"base={e2b_image}")
+    first = start_front(root, env, *args, name="restart")
+    opts = {"api_url": first["url"], "sandbox_url": first["url"], "api_key": first["key"]}
+    s = Sandbox.create("base", timeout=60, metadata={"who": "restart"}, **opts)
+    gone = Sandbox.create("base", timeout=60, **opts)
+    s.files.write("kept.txt", "still here")
+    first["proc"].terminate()
+    first["proc"].wait(20)
+    from shoal import Host
+
+    Host.get(root).kill(gone.sandbox_id)  # ended while no front ran: dropped from the index at start
+    second = start_front(root, env, *args, name="restart", keys=(first["key"], first["other_key"]))
+    try:
+        opts2 = {**opts, "api_url": second["url"], "sandbox_url": second["url"]}
+        again = Sandbox.connect(s.sandbox_id, **opts2)
+        assert again.files.read("kept.txt") == "still here"
+        assert again.commands.run("echo ok").stdout == "ok\n"
+        listed = [x.sandbox_id for x in Sandbox.list(**opts2).next_items()]
+        assert s.sandbox_id in listed and gone.sandbox_id not in listed
+        again.kill()
+    finally:
+        second["proc"].terminate()
+        second["proc"].wait(20)

@@ -167,6 +167,7 @@ def router(front: Front) -> APIRouter:
         with box.lock:
             if box.paused:
                 box.paused_left = timeout  # applies from the resume
+                front.boxes.save(box)
             else:
                 _set_ttl(front, box, timeout)
         return Response(status_code=204)
@@ -187,6 +188,7 @@ def router(front: Front) -> APIRouter:
                 front.boxes.pop(sandbox_id)
                 raise ApiError(404, f"sandbox {sandbox_id!r} not found") from None
             box.paused, box.paused_left = True, left
+            front.boxes.save(box)
         return Response(status_code=204)
 
     def connect(request: Request, sandbox_id: str, body: dict = Body(default_factory=dict)) -> Response:
@@ -214,8 +216,18 @@ def router(front: Front) -> APIRouter:
 
     @r.get("/sandboxes/{sandbox_id}/metrics")
     def metrics(request: Request, sandbox_id: str) -> Response:
-        owned(request, sandbox_id)
-        return _json(200, [])
+        """One sample, now: memory from the backend's info (no history is kept; CPU and disk use are
+        not in the contract's info, so they read 0)."""
+        box = owned(request, sandbox_id)
+        try:
+            info = front.backend.info(sandbox_id)
+        except SandboxNotFound:
+            raise ApiError(404, f"sandbox {sandbox_id!r} not found") from None
+        now = time.time()
+        return _json(200, [{"timestamp": rfc3339(now), "timestampUnix": int(now), "cpuCount": box.cpu,
+                            "cpuUsedPct": 0.0, "memUsed": info.memory_bytes or 0,
+                            "memTotal": info.limits.memory_mb << 20, "memCache": 0, "diskUsed": 0,
+                            "diskTotal": info.limits.disk_mb << 20}])
 
     return r
 
@@ -227,6 +239,7 @@ def _set_ttl(front: Front, box: Box, timeout: float) -> None:
         front.boxes.pop(box.id)
         raise ApiError(404, f"sandbox {box.id!r} not found") from None
     box.end = time.time() + timeout
+    front.boxes.save(box)
 
 
 def _token(box: Box) -> str:
