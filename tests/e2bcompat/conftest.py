@@ -47,16 +47,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_front(root, env: dict, *args: str) -> dict:
-    """`shoal e2b serve` with two tenants' keys; returns url, keys and the process."""
-    keys = root / f"e2b-keys-{_free_port()}.json"
+def start_front(root, env: dict, *args: str, name: str | None = None, keys: tuple[str, str] | None = None) -> dict:
+    """`shoal e2b serve` with two tenants' keys (made, or given) and its own index file under `name`;
+    returns url, keys, the process and the arguments that restart it."""
+    name = name or f"front-{_free_port()}"
+    keys_file = root / f"{name}-keys.json"
     cli = [sys.executable, "-m", "shoal.cli", "e2b"]
-    key_a = subprocess.run([*cli, "key", "create", "alice", "--keys", str(keys)], env=env, check=True,
-                           capture_output=True, text=True).stdout.strip()
-    key_b = subprocess.run([*cli, "key", "create", "bob", "--keys", str(keys)], env=env, check=True,
-                           capture_output=True, text=True).stdout.strip()
+    if keys is None:
+        keys = tuple(subprocess.run([*cli, "key", "create", who, "--keys", str(keys_file)], env=env, check=True,
+                                    capture_output=True, text=True).stdout.strip() for who in ("alice", "bob"))
+    key_a, key_b = keys
     port = _free_port()
-    proc = subprocess.Popen([*cli, "serve", "--listen", f"127.0.0.1:{port}", "--keys", str(keys), *args], env=env)
+    proc = subprocess.Popen([*cli, "serve", "--listen", f"127.0.0.1:{port}", "--keys", str(keys_file),
+                             "--state", str(root / f"{name}-state.db"), *args], env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while True:
@@ -68,7 +71,7 @@ def start_front(root, env: dict, *args: str) -> dict:
                 proc.kill()
                 raise RuntimeError("shoal e2b serve did not come up") from None
             time.sleep(0.1)
-    return {"url": url, "key": key_a, "other_key": key_b, "proc": proc}
+    return {"url": url, "key": key_a, "other_key": key_b, "proc": proc, "name": name, "args": args}
 
 
 @pytest.fixture(scope="session")

@@ -646,6 +646,10 @@ class ContainerBackend(LocalBackend):
         if not killed or result.timed_out or before is None:
             return result
         after = self.cgroups.oom_kills(sandbox_id)
+        if after is None and not alive(meta.get("init_pid"), meta.get("init_start")):
+            # the cgroup is gone with the sandbox: its supervisor ended it (v2 sees the OOM kill at once
+            # and, under oom_kill="sandbox", is quicker than this read); the tombstone says why
+            raise self._await_end(sandbox_id, meta)
         if after is None or after <= before:
             return result
         result.oom_killed = True
