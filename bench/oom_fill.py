@@ -46,11 +46,15 @@ def summary(lat: list[float], errors: int) -> dict:
             "p99_ms": round(pct(lat, 0.99) * 1e3, 2), "max_ms": round(max(lat) * 1e3, 2) if lat else None}
 
 
-def mem_available_mb() -> int:
+def meminfo_mb(key: str) -> int:
     for line in open("/proc/meminfo"):
-        if line.startswith("MemAvailable:"):
+        if line.startswith(key + ":"):
             return int(line.split()[1]) >> 10
     return -1
+
+
+def mem_available_mb() -> int:
+    return meminfo_mb("MemAvailable")
 
 
 class Prober(threading.Thread):
@@ -126,6 +130,8 @@ def one_run(args: argparse.Namespace, run: int) -> dict:
             except Exception as e:  # reported, not fatal: the run's verdict reads it
                 results[i] = e
 
+        # swap (a zram device, say) lets the kernel push the zero-filled buffers out instead of killing
+        swap_total = meminfo_mb("SwapTotal")
         t0 = time.perf_counter()
         threads = [threading.Thread(target=fill, args=(i,)) for i in range(len(boxes))]
         for t in threads:
@@ -151,7 +157,7 @@ def one_run(args: argparse.Namespace, run: int) -> dict:
                 "health_fill": summary(prober.lat["fill"], prober.err["fill"]),
                 "commands": len(boxes), "oom_killed": oom, "kernel_oom_kills": kernel_kills, "errors": failed[:5],
                 "sandboxes_alive_after": alive, "shoald_alive_after": daemon.poll() is None,
-                "aggregate_peak_mb": peak, "mem_available_min_mb": prober.mem_min,
+                "aggregate_peak_mb": peak, "mem_available_min_mb": prober.mem_min, "swap_total_mb": swap_total,
                 "timeline": [(round(t, 3), round(d * 1e3, 2)) for t, d in prober.timeline]}
     finally:
         for sb in boxes:

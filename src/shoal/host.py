@@ -200,8 +200,8 @@ class Host(SandboxBackend):
         for path in exclude:
             if not isinstance(path, str) or not path.strip("/") or "\0" in path:
                 raise InvalidArgument(f"snapshot exclude entries are non-empty sandbox paths without NUL, got {path!r}")
-        with self.frozen(sandbox_id) as be:
-            return self.store.build_from_dir(be.upper_dir(sandbox_id), source=source, exclude=exclude)
+        with self.frozen(sandbox_id) as be, be.upper_view(sandbox_id) as upper:
+            return self.store.build_from_dir(upper, source=source, exclude=exclude)
 
     def capture(self, be: SandboxBackend, sandbox_id: str, req: SnapshotRequest) -> SnapshotInfo:
         """pack_diff: the captured upper on top of the sandbox's stack, registered as `snapshots/<id>`."""

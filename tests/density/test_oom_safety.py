@@ -159,6 +159,14 @@ def bounded_daemon(tmp_path_factory):
     os.environ["SHOAL_CONFIG"] = str(cfg)
     try:
         host = Host.get(root)
+        # no swap for these sandboxes: with a swap device on the host (a zram another test set up) the
+        # kernel would push the zero-filled buffers out instead of killing, and nothing would be tested
+        parent = host.backend("container").cgroups.parent_memory_dir()  # type: ignore[attr-defined]
+        if (parent / "memory.swap.max").exists():
+            (parent / "memory.swap.max").write_text("0")
+        elif (parent / "memory.memsw.limit_in_bytes").exists():
+            (parent / "memory.limit_in_bytes").write_text(str(AGGREGATE_MB << 20))
+            (parent / "memory.memsw.limit_in_bytes").write_text(str(AGGREGATE_MB << 20))
         tree = make_busybox_tree(tmp_path_factory.mktemp("busybox-oom"))
         host.store.build_from_dir(tree, source="busybox", name="busybox")
         host.store.create_image("busybox:oom", ["busybox"])
@@ -228,7 +236,9 @@ def test_sandboxes_together_past_the_aggregate_limit_are_oom_killed_not_shoald(b
     p99 = lat[int(len(lat) * 0.99) - 1]
     print(f"health during the fill: n={len(lat)} p50={lat[len(lat) // 2] * 1e3:.1f} ms p99={p99 * 1e3:.1f} ms "
           f"max={lat[-1] * 1e3:.1f} ms; {len(killed)}/{len(boxes)} commands OOM-killed")
-    assert p99 < 1.0  # generous: the 100 ms goal is measured by bench/density.py, not asserted here
+    # generous (the 100 ms goal is measured by bench/oom_fill.py, not asserted here); a guest under
+    # software emulation (make test-vm without KVM) runs 10-30x slower
+    assert p99 < (5.0 if os.environ.get("SHOAL_VM_ACCEL") == "tcg" else 1.0)
     for sb in boxes:
         assert sb.commands.run("echo ok", timeout=10).stdout == "ok\n"
         sb.kill()

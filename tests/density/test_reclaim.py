@@ -135,3 +135,15 @@ def test_reclaim_through_shoald(zram_swap, daemon, hog_image):
         handle.close()
     finally:
         sb.kill()
+
+
+def test_gvisor_sandbox_reclaim_is_not_supported(make_sandbox, base_image):
+    """A backend without per-sandbox memory control answers NotSupported through the host's routing."""
+    import shutil
+
+    if not shutil.which("runsc"):
+        pytest.skip("runsc (gVisor) is not installed")
+    sb = make_sandbox(base_image, backend="gvisor", memory_mb=64, disk_mb=16)
+    with pytest.raises(NotSupported, match="gvisor"):
+        sb.reclaim(0.5)
+    assert sb.commands.run("echo ok").stdout == "ok\n"

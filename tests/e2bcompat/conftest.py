@@ -47,19 +47,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def e2b_server(root, e2b_image, base_image):
-    """The front as the CLI runs it; yields (url, api key, other tenant's key)."""
-    keys = root / "e2b-keys.json"
-    env = {**os.environ, "SHOAL_URL": "local", "SHOAL_ROOT": str(root)}
+def start_front(root, env: dict, *args: str, name: str | None = None, keys: tuple[str, str] | None = None) -> dict:
+    """`shoal e2b serve` with two tenants' keys (made, or given) and its own index file under `name`;
+    returns url, keys, the process and the arguments that restart it."""
+    name = name or f"front-{_free_port()}"
+    keys_file = root / f"{name}-keys.json"
     cli = [sys.executable, "-m", "shoal.cli", "e2b"]
-    key_a = subprocess.run([*cli, "key", "create", "alice", "--keys", str(keys)], env=env, check=True,
-                           capture_output=True, text=True).stdout.strip()
-    key_b = subprocess.run([*cli, "key", "create", "bob", "--keys", str(keys)], env=env, check=True,
-                           capture_output=True, text=True).stdout.strip()
+    if keys is None:
+        keys = tuple(subprocess.run([*cli, "key", "create", who, "--keys", str(keys_file)], env=env, check=True,
+                                    capture_output=True, text=True).stdout.strip() for who in ("alice", "bob"))
+    key_a, key_b = keys
     port = _free_port()
-    proc = subprocess.Popen([*cli, "serve", "--listen", f"127.0.0.1:{port}", "--keys", str(keys),
-                             "--template", f"base={e2b_image}", "--template", f"bare={base_image}"], env=env)
+    proc = subprocess.Popen([*cli, "serve", "--listen", f"127.0.0.1:{port}", "--keys", str(keys_file),
+                             "--state", str(root / f"{name}-state.db"), *args], env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while True:
@@ -68,11 +68,20 @@ def e2b_server(root, e2b_image, base_image):
             break
         except httpx.TransportError:
             if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
                 raise RuntimeError("shoal e2b serve did not come up") from None
             time.sleep(0.1)
-    yield {"url": url, "key": key_a, "other_key": key_b, "proc": proc}
-    proc.terminate()
-    proc.wait(20)
+    return {"url": url, "key": key_a, "other_key": key_b, "proc": proc, "name": name, "args": args}
+
+
+@pytest.fixture(scope="session")
+def e2b_server(root, e2b_image, base_image):
+    """The front as the CLI runs it, over the container backend in its own process (SHOAL_URL=local)."""
+    env = {**os.environ, "SHOAL_URL": "local", "SHOAL_ROOT": str(root)}
+    d = start_front(root, env, "--template", f"base={e2b_image}", "--template", f"bare={base_image}")
+    yield d
+    d["proc"].terminate()
+    d["proc"].wait(20)
 
 
 @pytest.fixture

@@ -55,6 +55,12 @@ def test_background_connect_and_stdin(sbx):
     assert sbx.commands.kill(999999) is False
 
 
+def test_utf8_split_across_writes(sbx):
+    # one character whose bytes arrive 0.2 s apart: it must not turn into two replacement characters
+    r = sbx.commands.run(r"printf '\303'; sleep 0.2; printf '\251\n'")
+    assert r.stdout == "\u00e9\n"
+
+
 def test_stream_callbacks(sbx):
     seen: list[str] = []
     r = sbx.commands.run("for i in 1 2 3; do echo $i; sleep 0.05; done", on_stdout=seen.append)
@@ -298,3 +304,35 @@ def test_base_recipe_and_cli(root):
     listed = subprocess.run([sys.executable, "-m", "shoal.cli", "e2b", "templates", "--template", "x=y:1"],
                             check=True, capture_output=True, text=True).stdout
     assert "base" in listed and "x" in listed
+
+
+def test_restarted_front_finds_its_sandboxes(root, e2b_image):
+    """The index is written through to SQLite: a new front on the same state serves the same sandboxes."""
+    import os
+
+    from .conftest import start_front
+
+    env = {**os.environ, "SHOAL_URL": "local", "SHOAL_ROOT": str(root)}
+    args = ("--template", f"base={e2b_image}")
+    first = start_front(root, env, *args, name="restart")
+    opts = {"api_url": first["url"], "sandbox_url": first["url"], "api_key": first["key"]}
+    s = Sandbox.create("base", timeout=60, metadata={"who": "restart"}, **opts)
+    gone = Sandbox.create("base", timeout=60, **opts)
+    s.files.write("kept.txt", "still here")
+    first["proc"].terminate()
+    first["proc"].wait(20)
+    from shoal import Host
+
+    Host.get(root).kill(gone.sandbox_id)  # ended while no front ran: dropped from the index at start
+    second = start_front(root, env, *args, name="restart", keys=(first["key"], first["other_key"]))
+    try:
+        opts2 = {**opts, "api_url": second["url"], "sandbox_url": second["url"]}
+        again = Sandbox.connect(s.sandbox_id, **opts2)
+        assert again.files.read("kept.txt") == "still here"
+        assert again.commands.run("echo ok").stdout == "ok\n"
+        listed = [x.sandbox_id for x in Sandbox.list(**opts2).next_items()]
+        assert s.sandbox_id in listed and gone.sandbox_id not in listed
+        again.kill()
+    finally:
+        second["proc"].terminate()
+        second["proc"].wait(20)

@@ -41,7 +41,7 @@ def test_task_sandbox_cannot_read_logs_queue_answers_or_other_uppers(host, few_t
     with Sandbox.create(task.base_image, layers=[task.base_commit, task.image], root=settings.root,
                         **TASK_LIMITS) as other:
         other.files.write("/tmp/other-upper-secret", f"not yours {token}")
-        other_upper = settings.sandboxes_dir / other.id / "disk" / "upper" / "tmp" / "other-upper-secret"
+        other_upper = host.backend("container").upper_dir(other.id) / "tmp" / "other-upper-secret"
         assert other_upper.read_text() == f"not yours {token}"  # the path is right: the host can read it
         targets = [*tmp_path.glob("traj.db*"), *tmp_path.glob("queue.db*"), suite, settings.db_path, other_upper,
                    settings.sandboxes_dir / other.id / "meta.json", settings.root / "admin.key"]

@@ -7,6 +7,8 @@ to layers, mounting them, capturing an upper as a snapshot layer, and forking.
 from __future__ import annotations
 
 import abc
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
@@ -60,6 +62,12 @@ class LocalBackend(SandboxBackend):
     @abc.abstractmethod
     def upper_dir(self, sandbox_id: str) -> Path:
         """Host path of the sandbox's writable upper: its whole diff against its layers."""
+
+    @contextlib.contextmanager
+    def upper_view(self, sandbox_id: str) -> Iterator[Path]:
+        """The upper at a plain host path for the duration of the block, for tools that resolve
+        their arguments (mkfs.erofs realpath()s its source: /proc/<pid>/fd/<n>/... would not do)."""
+        yield self.upper_dir(sandbox_id)
 
     # ---------------------------------------------------------------- files, on the host's view of the root
     @abc.abstractmethod

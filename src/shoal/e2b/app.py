@@ -16,14 +16,25 @@ from ..core.contract import SandboxBackend
 from ..core.errors import InvalidArgument, QuotaExceeded, SandboxNotFound, ShoalError
 from . import control, envd
 from .front import ApiError, Front
-from .state import Keys
+from .state import Boxes, BoxStore, Keys
 from .templates import DEFAULT_TEMPLATES
 
 
 def make_app(backend: SandboxBackend, keys: Keys, templates: Mapping[str, str] | None = None,
-             default_timeout: float = 300.0) -> FastAPI:
+             default_timeout: float = 300.0, state: Path | None = None) -> FastAPI:
+    """state: the index's SQLite file (None: memory only). Sandboxes it lists that the backend no
+    longer has are dropped at start."""
+    store = BoxStore(state) if state is not None else None
     front = Front(backend=backend, keys=keys, templates=dict(templates or DEFAULT_TEMPLATES),
-                  default_timeout=default_timeout)
+                  default_timeout=default_timeout, boxes=Boxes(store))
+    if store is not None:
+        for box in store.load():
+            try:
+                backend.info(box.id)
+            except SandboxNotFound:
+                store.delete(box.id)
+                continue
+            front.boxes.add(box)
     app = FastAPI(title="Shoal E2B front", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.front = front
     app.include_router(control.router(front))
@@ -50,6 +61,8 @@ def make_app(backend: SandboxBackend, keys: Keys, templates: Mapping[str, str] |
     @app.on_event("shutdown")
     def _close() -> None:
         front.close()
+        if store is not None:
+            store.close()
 
     return app
 
@@ -61,8 +74,8 @@ def default_keys_path(root: str | None = None) -> Path:
 
 
 def serve(backend: SandboxBackend, keys: Keys, host: str = "127.0.0.1", port: int = 3000,
-          templates: Mapping[str, str] | None = None, log_level: str = "warning") -> None:
+          templates: Mapping[str, str] | None = None, log_level: str = "warning", state: Path | None = None) -> None:
     import uvicorn
 
-    uvicorn.run(make_app(backend, keys, templates), host=host, port=port, log_level=log_level,
+    uvicorn.run(make_app(backend, keys, templates, state=state), host=host, port=port, log_level=log_level,
                 http="h11", access_log=False, timeout_graceful_shutdown=2)  # open streams don't hold a stop

@@ -33,9 +33,13 @@ def serve(listen: str = typer.Option("127.0.0.1:3000", "--listen", help="HOST:PO
           api_key: str | None = typer.Option(None, "--shoal-key", envvar="SHOAL_API_KEY",
                                              help="key for shoald (when --url is a daemon)"),
           template: list[str] = TemplateOpt, keys: Path | None = KeysOpt, root: str | None = RootOpt,
+          state: Path | None = typer.Option(None, "--state", help="the sandbox index (SQLite): a restarted front "
+                                                                 "finds its sandboxes (default <root>/e2b-state.db)"),
+          memory_only: bool = typer.Option(False, "--memory-only", help="keep the index in memory only"),
           log_level: str = typer.Option("warning", "--log-level")):
     """Serve E2B's control plane and envd on one address: set E2B_API_URL and E2B_SANDBOX_URL to http://LISTEN."""
     from ..backends import open_backend
+    from ..config import load_settings
     from .app import serve as run
 
     host, _, port = listen.rpartition(":")
@@ -44,7 +48,7 @@ def serve(listen: str = typer.Option("127.0.0.1:3000", "--listen", help="HOST:PO
     console.print(f"E2B front on http://{listen} ({len(k.tenants())} tenants); "
                   f"E2B_API_URL=E2B_SANDBOX_URL=http://{listen}")
     run(backend, k, host=host or "127.0.0.1", port=int(port), templates=parse_template_args(template),
-        log_level=log_level)
+        log_level=log_level, state=None if memory_only else state or load_settings(root).root / "e2b-state.db")
 
 
 @key_app.command("create")

@@ -167,6 +167,7 @@ def router(front: Front) -> APIRouter:
         with box.lock:
             if box.paused:
                 box.paused_left = timeout  # applies from the resume
+                front.boxes.save(box)
             else:
                 _set_ttl(front, box, timeout)
         return Response(status_code=204)
@@ -187,6 +188,7 @@ def router(front: Front) -> APIRouter:
                 front.boxes.pop(sandbox_id)
                 raise ApiError(404, f"sandbox {sandbox_id!r} not found") from None
             box.paused, box.paused_left = True, left
+            front.boxes.save(box)
         return Response(status_code=204)
 
     def connect(request: Request, sandbox_id: str, body: dict = Body(default_factory=dict)) -> Response:
@@ -237,6 +239,7 @@ def _set_ttl(front: Front, box: Box, timeout: float) -> None:
         front.boxes.pop(box.id)
         raise ApiError(404, f"sandbox {box.id!r} not found") from None
     box.end = time.time() + timeout
+    front.boxes.save(box)
 
 
 def _token(box: Box) -> str:

@@ -1,8 +1,9 @@
 """What the E2B front knows beyond the Shoal backend: API keys -> tenants, and per sandbox the E2B view
 (template, metadata, access token, end time, paused) plus its envd processes and watchers.
 
-The sandboxes themselves live in the backend; this is the front's index of the ones it created.
-It is kept in memory: a restarted front does not see the sandboxes an earlier one made (docs/e2b.md).
+The sandboxes themselves live in the backend; this is the front's index of the ones it created,
+in memory and, when given a path, written through to SQLite so a restarted front finds them again
+(background processes are not kept: they end with the front that started them).
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import hashlib
 import json
 import os
 import secrets
+import sqlite3
 import threading
 import time
 from dataclasses import dataclass, field
@@ -110,32 +112,86 @@ class Box:
         return not self.paused and (now or time.time()) >= self.end
 
 
+_PERSISTED = ("id", "tenant", "template", "token", "metadata", "started", "end", "cpu", "memory_mb", "disk_mb",
+              "home", "has_home", "paused", "paused_left")
+
+
+class BoxStore:
+    """The index on disk: one row per sandbox, its fields as JSON (SQLite, WAL)."""
+
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("CREATE TABLE IF NOT EXISTS boxes (id TEXT PRIMARY KEY, data TEXT NOT NULL)")
+        os.chmod(path, 0o600)  # it holds access tokens
+        self._lock = threading.Lock()
+
+    def save(self, box: Box) -> None:
+        data = {k: getattr(box, k) for k in _PERSISTED}
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO boxes (id, data) VALUES (?, ?)", (box.id, json.dumps(data)))
+
+    def delete(self, sandbox_id: str) -> None:
+        with self._lock:
+            self._db.execute("DELETE FROM boxes WHERE id = ?", (sandbox_id,))
+
+    def load(self) -> list[Box]:
+        with self._lock:
+            rows = self._db.execute("SELECT data FROM boxes").fetchall()
+        return [Box(**json.loads(r[0])) for r in rows]
+
+    def close(self) -> None:
+        self._db.close()
+
+
 class Boxes:
     """The front's sandboxes by id, under one lock (handlers run on a thread pool)."""
 
-    def __init__(self) -> None:
+    def __init__(self, store: BoxStore | None = None) -> None:
         self._boxes: dict[str, Box] = {}
         self._lock = threading.Lock()
+        self.store = store
 
     def add(self, box: Box) -> None:
         with self._lock:
             self._boxes[box.id] = box
+        self.save(box)
+
+    def save(self, box: Box) -> None:
+        """Write a changed box through to the store (pause, resume, a new end time)."""
+        if self.store is not None:
+            self.store.save(box)
 
     def get(self, sandbox_id: str) -> Box | None:
         with self._lock:
             box = self._boxes.get(sandbox_id)
             if box is not None and box.expired():
                 del self._boxes[sandbox_id]  # the backend's TTL ended it
-                return None
-            return box
+                box = None
+                gone = True
+            else:
+                gone = False
+        if gone and self.store is not None:
+            self.store.delete(sandbox_id)
+        return box
 
     def pop(self, sandbox_id: str) -> Box | None:
         with self._lock:
-            return self._boxes.pop(sandbox_id, None)
+            box = self._boxes.pop(sandbox_id, None)
+        if self.store is not None:
+            self.store.delete(sandbox_id)
+        return box
 
     def all(self) -> list[Box]:
         now = time.time()
         with self._lock:
-            for sid in [s for s, b in self._boxes.items() if b.expired(now)]:
+            gone = [s for s, b in self._boxes.items() if b.expired(now)]
+            for sid in gone:
                 del self._boxes[sid]
-            return list(self._boxes.values())
+            out = list(self._boxes.values())
+        if self.store is not None:
+            for sid in gone:
+                self.store.delete(sid)
+        return out

@@ -13,6 +13,7 @@ How a sandbox comes to life (see docs/architecture.md):
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -20,8 +21,10 @@ import select
 import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -51,6 +54,7 @@ from . import initclient, ksm
 from .cgroups import CgroupDriver, cgroup_parent
 from .native import helper_path
 from .processes import ContainerProcess, ContainerSession
+from .templates import ensure_empty_dir, ensure_sysfs_template
 
 if TYPE_CHECKING:
     from ...host import Host
@@ -154,6 +158,15 @@ def _loop_mount_ext4(img: Path, target: Path) -> None:
         os.close(backing)
 
 
+def _bind(src: Path, target: Path) -> None:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.mount(str(src).encode(), str(target).encode(), None, 4096, None) != 0:  # MS_BIND
+        err = ctypes.get_errno()
+        raise OSError(err, f"bind {src} on {target}: {os.strerror(err)}")
+
+
 def mount_disk_upper(root: Path, sandbox_id: str, disk_mb: int, target: Path) -> None:
     """Mount a fresh ext4 file system of disk_mb MiB (on a loop device, image under the Shoal root)
     at target. The image is unlinked at once: the loop device (autoclear) holds it, so unmounting
@@ -193,6 +206,7 @@ class ContainerBackend(LocalBackend):
         self.helper = str(helper_path(settings.root / "bin"))
         self.ksm_host = ksm.KsmHost(ksm.KsmConfig.from_settings(settings.extra))
         self._meta: dict[str, dict] = {}
+        self._limits: dict[str, Limits] = {}  # committed()'s cache
         self._lock = threading.Lock()
 
     def bound_sandboxes_memory(self, limit_mb: int | None = None) -> int | None:
@@ -235,6 +249,13 @@ class ContainerBackend(LocalBackend):
             self._meta[sandbox_id] = meta
         return meta
 
+    def state_dir_count(self) -> int:
+        """Sandbox state dirs on this root (every process's): O(1) from the directory's link count
+        (2 + subdirectories on ext4, tmpfs, xfs) where a listing is O(live sandboxes); a file system
+        that does not count (btrfs, a merged overlayfs dir: 1) gets the listing."""
+        n = os.stat(self.settings.sandboxes_dir).st_nlink
+        return n - 2 if n >= 2 else len(os.listdir(self.settings.sandboxes_dir))
+
     def _gone_message(self, sandbox_id: str) -> str:
         tomb = self.settings.tombstones_dir / sandbox_id
         if tomb.exists():
@@ -267,12 +288,14 @@ class ContainerBackend(LocalBackend):
         """Start a sandbox. `lower_dirs` are the mounted layers, bottom -> top."""
         if not lower_dirs:
             raise InvalidArgument("a sandbox needs at least one mounted layer")
-        if len(os.listdir(self.settings.sandboxes_dir)) >= self.max_sandboxes:  # all processes on this host
+        if self.state_dir_count() >= self.max_sandboxes:  # all processes on this host
             raise QuotaExceeded(f"host sandbox limit reached ({self.max_sandboxes}); kill some or retry later")
         if spec.ksm and (why := ksm.probe(self.helper)) != "ok":
             raise InvalidArgument(f"ksm=True is not available on this host: {why}")
         if spec.ksm:
             self.ksm_host.ensure_running()
+        sysfs = ensure_sysfs_template(self.helper) if spec.network != "host" else None
+        empty_dir = ensure_empty_dir()
         sandbox_id = f"{self.id_prefix}-{self.settings.host_tag}-{secrets.token_hex(6)}"
         d = self._dir(sandbox_id)
         d.mkdir()
@@ -305,16 +328,19 @@ class ContainerBackend(LocalBackend):
         lower = ":".join(str(p) for p in reversed(lower_dirs))
         cmd: list[str] = [self.helper, "launch", "--state", str(d), "--lower", lower,
                           "--hostname", str(meta["hostname"]), "--disk-mb", str(limits.disk_mb),
+                          "--empty-dir", str(empty_dir),
                           "--tombstone", str(self.settings.tombstones_dir / sandbox_id)]
         for cg in cg_dirs:
             cmd += ["--cgroup", str(cg)]
         cmd += ["--memory-cgroup", str(self.cgroups.memory_dir(sandbox_id)), "--oom-kill", limits.oom_kill]
         if limits.upper == "disk":
             cmd += ["--upper", "mounted"]
-        if spec.network == "host":
+        if spec.network == "host":  # the host's netns: a fresh sysfs mount finds the host's superblock
             cmd += ["--net", "host"]
             if os.path.isfile(HOST_CA_BUNDLE):
                 cmd += ["--ca-bundle", HOST_CA_BUNDLE]
+        else:
+            cmd += ["--sysfs", str(sysfs)]
         if spec.ttl:
             cmd += ["--ttl-ms", str(to_ms(spec.ttl))]
         if spec.idle_ttl:
@@ -330,8 +356,11 @@ class ContainerBackend(LocalBackend):
             self._cleanup(sandbox_id)
             detail = line[4:] if line.startswith("ERR ") else (line or proc.stderr.decode(errors="replace").strip())
             raise SandboxError(f"sandbox {sandbox_id} failed to start: {detail}")
-        init_pid, sup_pid = (int(x) for x in line.split()[1:3])
+        fields = line.split()
+        init_pid, sup_pid = int(fields[1]), int(fields[2])
         meta.update(init_pid=init_pid, sup_pid=sup_pid, init_start=starttime(init_pid), sup_start=starttime(sup_pid))
+        if len(fields) > 3:  # the supervisor holds the upper as a detached mount on this fd
+            meta["upper_fd"] = int(fields[3])
         self._write_meta(meta)
         with self._lock:
             self._meta[sandbox_id] = meta
@@ -359,16 +388,20 @@ class ContainerBackend(LocalBackend):
     def committed(self) -> list[Limits]:
         """Limits of every sandbox whose state dir exists (cheap: cached metadata, one listdir),
         for admission decisions that must not cost O(N) cgroup reads per create."""
-        out = []
+        known, limits = self._limits, {}
         for name in os.listdir(self.settings.sandboxes_dir):
-            meta = self._meta.get(name)
-            if meta is None:
-                try:
-                    meta = self._load(name)
-                except (SandboxNotFound, SandboxError):
-                    continue
-            out.append(Limits(**meta["limits"]))
-        return out
+            lim = known.get(name)  # parsed once per sandbox: a Limits() per live sandbox per create adds up
+            if lim is None:
+                meta = self._meta.get(name)
+                if meta is None:
+                    try:
+                        meta = self._load(name)
+                    except (SandboxNotFound, SandboxError):
+                        continue
+                lim = Limits(**meta["limits"])
+            limits[name] = lim
+        self._limits = limits  # ended sandboxes drop out with their dirs
+        return list(limits.values())
 
     def live_ids(self) -> set[str]:
         return set(os.listdir(self.settings.sandboxes_dir))
@@ -613,6 +646,10 @@ class ContainerBackend(LocalBackend):
         if not killed or result.timed_out or before is None:
             return result
         after = self.cgroups.oom_kills(sandbox_id)
+        if after is None and not alive(meta.get("init_pid"), meta.get("init_start")):
+            # the cgroup is gone with the sandbox: its supervisor ended it (v2 sees the OOM kill at once
+            # and, under oom_kill="sandbox", is quicker than this read); the tombstone says why
+            raise self._await_end(sandbox_id, meta)
         if after is None or after <= before:
             return result
         result.oom_killed = True
@@ -678,9 +715,41 @@ class ContainerBackend(LocalBackend):
         return NetworkPolicy(**(self._live_meta(sandbox_id).get("egress") or {}))
 
     def upper_dir(self, sandbox_id: str) -> Path:
-        """The sandbox's writable overlayfs upper (host path): its whole diff against its layers."""
-        self._live_meta(sandbox_id)
+        """The sandbox's writable overlayfs upper (host path): its whole diff against its layers.
+        The upper is mounted in no host mount namespace (one mount per live sandbox there would make
+        every create O(N)): its supervisor holds it on an fd, reached through /proc."""
+        meta = self._live_meta(sandbox_id)
+        if meta.get("upper_fd") is not None and alive(meta.get("sup_pid"), meta.get("sup_start")):
+            return Path(f"/proc/{meta['sup_pid']}/fd/{meta['upper_fd']}/upper")
         return self._dir(sandbox_id) / "disk" / "upper"
+
+    @contextlib.contextmanager
+    def upper_view(self, sandbox_id: str) -> Iterator[Path]:
+        """The upper bound at a temporary host path while the block runs (a snapshot's mkfs.erofs
+        resolves its source path, which a /proc/<pid>/fd path does not survive), unmounted after."""
+        upper = self.upper_dir(sandbox_id)
+        if str(upper).startswith(str(self.settings.sandboxes_dir)):  # an old supervisor's mounted upper
+            yield upper
+            return
+        from ...layers.erofs import unmount
+
+        view = Path(tempfile.mkdtemp(prefix=".upper-", dir=self.settings.sandboxes_dir.parent))
+        try:
+            try:
+                _bind(upper, view)
+            except OSError:
+                # a kernel that binds no detached mount (< 6.15 attaches the upper inside the sandbox's
+                # namespace, where no bind can reach it): a copy, slower but the same tree
+                subprocess.run(["cp", "-a", f"{upper}/.", str(view)], check=True, capture_output=True)
+                yield view
+                return
+            try:
+                yield view
+            finally:
+                unmount(view)
+        finally:
+            if not os.path.ismount(view):  # never rmtree through a bind that failed to come off
+                shutil.rmtree(view, ignore_errors=True)
 
     # ------------------------------------------------------------------ files
     def root_files(self, sandbox_id: str) -> SandboxFiles:

@@ -23,7 +23,20 @@ def cgroup_parent(root: Path) -> str:
     """One cgroup parent per Shoal root: sweeping one root's orphans must never touch the sandboxes
     of another root on the same host (tests, benchmarks, a second daemon)."""
     return "shoal-" + hashlib.sha256(str(Path(root).resolve()).encode()).hexdigest()[:10]
-CFS_PERIOD_US = 100_000
+CFS_PERIOD_US = 100_000  # the kernel's default period: a new cgroup has it without a write
+
+
+def cpu_quota_us(cpu: float) -> int | None:
+    """The CFS quota for `cpu` cores, or None where a quota would cap nothing (cpu >= the cores this
+    process may run on): every quota write walks all the host's task groups (tg_set_cfs_bandwidth),
+    O(live sandboxes), so a quota that cannot bind is not written. `cpu` is a cap, never a share."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except OSError:
+        cores = os.cpu_count() or 1
+    if cpu >= cores:
+        return None
+    return max(1000, int(cpu * CFS_PERIOD_US))
 
 
 def _write(path: Path, value: str) -> None:
@@ -102,23 +115,23 @@ class CgroupDriver:
             for d in dirs:
                 d.mkdir()
             mem = limits.memory_mb * 1024 * 1024
-            quota = max(1000, int(limits.cpu * CFS_PERIOD_US))
+            quota = cpu_quota_us(limits.cpu)
             if self.version == 2:
                 d = dirs[0]
                 _write(d / "memory.max", str(mem))
                 if (d / "memory.swap.max").exists():
                     _write(d / "memory.swap.max", "0")
                 _write(d / "pids.max", str(limits.pids))
-                _write(d / "cpu.max", f"{quota} {CFS_PERIOD_US}")
+                if quota is not None:
+                    _write(d / "cpu.max", f"{quota} {CFS_PERIOD_US}")
             else:
                 m = self._dir("memory", sandbox_id)
                 _write(m / "memory.limit_in_bytes", str(mem))
                 if (m / "memory.memsw.limit_in_bytes").exists():
                     _write(m / "memory.memsw.limit_in_bytes", str(mem))
                 _write(self._dir("pids", sandbox_id) / "pids.max", str(limits.pids))
-                c = self._dir("cpu", sandbox_id)
-                _write(c / "cpu.cfs_period_us", str(CFS_PERIOD_US))
-                _write(c / "cpu.cfs_quota_us", str(quota))
+                if quota is not None:  # the period is the kernel's default already: one write, one walk
+                    _write(self._dir("cpu", sandbox_id) / "cpu.cfs_quota_us", str(quota))
         except OSError as e:
             self.remove(sandbox_id)
             raise SandboxError(f"cannot set up cgroups for {sandbox_id}: {e}") from e

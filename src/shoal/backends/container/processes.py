@@ -19,6 +19,16 @@ from ..shell import MarkedCommand
 from . import initclient
 
 
+def _partial_utf8(data: bytes) -> int:
+    """Bytes at the end of `data` that start a UTF-8 character but do not finish it (0-3)."""
+    for back in range(1, min(4, len(data)) + 1):
+        b = data[-back]
+        if b & 0xC0 != 0x80:  # a lead byte (or ASCII): does its sequence fit in what follows it?
+            need = 2 if b & 0xE0 == 0xC0 else 3 if b & 0xF0 == 0xE0 else 4 if b & 0xF8 == 0xF0 else 1
+            return back if need > back else 0
+    return 0
+
+
 class ContainerProcess(ProcessHandle):
     """A background command: output since a cursor, wait, kill; a pump thread reads its pipes."""
 
@@ -94,6 +104,9 @@ class ContainerProcess(ProcessHandle):
         code = self._exit_code()  # read before the output: a finished process's output is complete
         out, c1, l1 = self._out.since(since[0])
         err, c2, l2 = self._err.since(since[1])
+        if code is None:  # still writing: a character split across reads waits for its last bytes
+            cut1, cut2 = _partial_utf8(out), _partial_utf8(err)
+            out, c1, err, c2 = out[:len(out) - cut1], c1 - cut1, err[:len(err) - cut2], c2 - cut2
         return ProcessOutput(stdout=out.decode("utf-8", "replace"), stderr=err.decode("utf-8", "replace"),
                              cursor=(c1, c2), lost_bytes=l1 + l2, exit_code=code)
 

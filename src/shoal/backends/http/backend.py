@@ -376,6 +376,18 @@ class HttpProcessHandle(ProcessHandle):
     def kill(self, signal: int = 9) -> None:
         self._be.call("POST", self._path + "/kill", params={"signal": signal})
 
+    def wait_output(self, since: Cursor, timeout: float) -> ProcessOutput:
+        wait = max(0.0, min(timeout, 60.0))  # the daemon waits (long poll): no 5 ms polling over HTTP
+        return ProcessOutput.model_validate(self._be.json(
+            "GET", self._path, params={"since_out": since[0], "since_err": since[1], "wait": wait},
+            timeout=wait + COMMAND_SLACK))
+
+    def write_stdin(self, data: bytes) -> None:
+        self._be.call("POST", self._path + "/stdin", content=data, headers={"content-type": "application/octet-stream"})
+
+    def close_stdin(self) -> None:
+        self._be.call("POST", self._path + "/stdin/close")
+
     def close(self) -> None:
         """Stop tracking (the daemon frees its pipes and buffers); kills the command if still running."""
         try:

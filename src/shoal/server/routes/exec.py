@@ -7,7 +7,7 @@ import queue
 import threading
 from collections.abc import Iterator
 
-from fastapi import APIRouter, Depends, Query, Response
+from fastapi import APIRouter, Body, Depends, Query, Response
 from fastapi.responses import StreamingResponse
 
 from ...core.contract import (
@@ -84,9 +84,26 @@ def start(sandbox_id: str, body: StartRequest, c: Caller = Depends(caller)) -> P
 
 @router.get("/commands/{command_id}")
 def output(sandbox_id: str, command_id: str, since_out: int = Query(0, ge=0), since_err: int = Query(0, ge=0),
-           c: Caller = Depends(caller)) -> ProcessOutput:
-    """Output since the cursor (since_out, since_err) and the exit code (null while running)."""
-    return c.d.lookup(c.d.commands, c.t, sandbox_id, command_id).output((since_out, since_err))
+           wait: float = Query(0, ge=0, le=60), c: Caller = Depends(caller)) -> ProcessOutput:
+    """Output since the cursor (since_out, since_err) and the exit code (null while running); with
+    wait > 0, waits up to that many seconds for some output (or the exit) when there is none yet."""
+    h = c.d.lookup(c.d.commands, c.t, sandbox_id, command_id)
+    return h.wait_output((since_out, since_err), wait) if wait else h.output((since_out, since_err))
+
+
+@router.post("/commands/{command_id}/stdin", status_code=204)
+def write_stdin(sandbox_id: str, command_id: str,
+                request_body: bytes = Body(b"", media_type="application/octet-stream"),
+                c: Caller = Depends(caller)) -> Response:
+    """Feed the command's stdin (started with stdin=true)."""
+    c.d.lookup(c.d.commands, c.t, sandbox_id, command_id).write_stdin(request_body)
+    return Response(status_code=204)
+
+
+@router.post("/commands/{command_id}/stdin/close", status_code=204)
+def close_stdin(sandbox_id: str, command_id: str, c: Caller = Depends(caller)) -> Response:
+    c.d.lookup(c.d.commands, c.t, sandbox_id, command_id).close_stdin()
+    return Response(status_code=204)
 
 
 @router.post("/commands/{command_id}/wait")

@@ -95,6 +95,9 @@ struct config {
     int host_net; /* builds only: keep the host network namespace (package registries reachable) */
     const char *ca_bundle; /* builds only: host CA bundle, bound read-only at /run/shoal-build/ca.crt */
     int upper_mounted; /* --upper mounted: the caller mounted a disk-backed fs on disk/ (no tmpfs) */
+    const char *sysfs; /* --sysfs DIR: a read-only sysfs template to bind at /sys (see sysfs_template) */
+    int upper_detached; /* the upper (disk/) is a detached mount held on UPPER_FD, not in the host namespace */
+    const char *empty_dir; /* --empty-dir DIR: the host's empty read-only tmpfs, bound over masked /proc dirs */
     int ksm;           /* --ksm 1: every process of the sandbox is KSM-mergeable (create option ksm) */
     int no_aslr;       /* --aslr 0: processes exec'd in the sandbox get ADDR_NO_RANDOMIZE (aslr=False) */
     const char *memory_cgroup; /* --memory-cgroup: the sandbox's memory cgroup, watched for OOM kills */
@@ -160,7 +163,10 @@ static void mkdir_p_in(const char *path, mode_t mode) {
 static void mask_path(const char *path) {
     struct stat st;
     if (stat(path, &st) < 0) { errno = 0; return; }
-    if (S_ISDIR(st.st_mode)) {
+    if (S_ISDIR(st.st_mode) && cfg.empty_dir) { /* a bind: no tmpfs superblock per sandbox and dir */
+        mount_or_die(cfg.empty_dir, path, NULL, MS_BIND, NULL);
+        mount_or_die(NULL, path, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+    } else if (S_ISDIR(st.st_mode)) {
         mount_or_die("tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=0,mode=0555");
     } else {
         mount_or_die("dev/null", path, NULL, MS_BIND, NULL);
@@ -181,13 +187,72 @@ static void make_dev(const char *name, unsigned maj, unsigned min) {
     chmod(name, 0666); /* umask-proof */
 }
 
+/* The writable upper (tmpfs, or the caller's ext4) is kept out of the host mount namespace: with one
+ * mount per live sandbox there, every clone(CLONE_NEWNS) copies all of them and the new init then
+ * detaches them again (copy_tree, umount_tree): O(N) per create. The supervisor holds the upper as a
+ * detached mount on UPPER_FD (the host reaches it at /proc/<supervisor>/fd/UPPER_FD), and init
+ * attaches it in its own namespace only. The new mount API has fixed syscall numbers on every arch. */
+#define UPPER_FD 10
+#define SH_STR2(x) #x
+#define SH_STR(x) SH_STR2(x)
+#define SH_SYS_open_tree 428
+#define SH_SYS_move_mount 429
+#define SH_SYS_fsopen 430
+#define SH_SYS_fsconfig 431
+#define SH_SYS_fsmount 432
+#define SH_FSCONFIG_SET_STRING 1
+#define SH_FSCONFIG_CMD_CREATE 6
+#define SH_MOUNT_ATTR_NOSUID 0x2
+#define SH_MOUNT_ATTR_NODEV 0x4
+#define SH_MOVE_MOUNT_F_EMPTY_PATH 0x4
+#define SH_OPEN_TREE_CLONE 1
+
+/* A size-capped tmpfs that is mounted nowhere: -1 (errno set) where the kernel lacks fsopen (< 5.2). */
+static int detached_tmpfs(long size_mb) {
+    int fs = (int)syscall(SH_SYS_fsopen, "tmpfs", 1 /* FSOPEN_CLOEXEC */);
+    if (fs < 0) return -1;
+    char size[32];
+    snprintf(size, sizeof size, "%ldm", size_mb);
+    int m = -1;
+    if (syscall(SH_SYS_fsconfig, fs, SH_FSCONFIG_SET_STRING, "size", size, 0) == 0 &&
+        syscall(SH_SYS_fsconfig, fs, SH_FSCONFIG_SET_STRING, "mode", "0755", 0) == 0 &&
+        syscall(SH_SYS_fsconfig, fs, SH_FSCONFIG_CMD_CREATE, NULL, NULL, 0) == 0)
+        m = (int)syscall(SH_SYS_fsmount, fs, 1 /* FSMOUNT_CLOEXEC */, SH_MOUNT_ATTR_NOSUID | SH_MOUNT_ATTR_NODEV);
+    int saved = errno;
+    close(fs);
+    errno = saved;
+    return m;
+}
+
+/* Close every fd from 3 up except those in keep[] (sorted ascending, each >= 3). */
+static void close_fds_except(const int *keep, int n) {
+    unsigned lo = 3;
+    for (int i = 0; i < n; i++) {
+        if ((unsigned)keep[i] > lo) syscall(SYS_close_range, lo, (unsigned)keep[i] - 1, 0);
+        if ((unsigned)keep[i] + 1 > lo) lo = (unsigned)keep[i] + 1;
+    }
+    syscall(SYS_close_range, lo, ~0U, 0);
+}
+
 static void setup_rootfs(void) {
     char path[4096], opts[8192];
 
     mount_or_die(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL);
-    int n = snprintf(opts, sizeof opts, "lowerdir=%s,upperdir=%s/upper,workdir=%s/work", cfg.lower, cfg.disk, cfg.disk);
+    /* overlayfs takes a detached upper by its fd path (Linux >= 6.15 clones a private mount of an
+     * anonymous namespace's root); older kernels refuse it: attach it in this namespace instead */
+    static const char *fd_disk = "/proc/self/fd/" SH_STR(UPPER_FD);
+    const char *disk = cfg.upper_detached ? fd_disk : cfg.disk;
+    int n = snprintf(opts, sizeof opts, "lowerdir=%s,upperdir=%s/upper,workdir=%s/work", cfg.lower, disk, disk);
     if (n >= (int)sizeof opts - 1) { errno = 0; die("overlay options too long (%d layers?)", n); }
-    mount_or_die("overlay", cfg.rootfs, "overlay", 0, opts);
+    if (mount("overlay", cfg.rootfs, "overlay", 0, opts) < 0) {
+        if (!cfg.upper_detached || errno != EINVAL) die("mount overlay on %s", cfg.rootfs);
+        if (syscall(SH_SYS_move_mount, UPPER_FD, "", AT_FDCWD, cfg.disk, SH_MOVE_MOUNT_F_EMPTY_PATH) < 0)
+            die("attach the upper on %s", cfg.disk);
+        snprintf(opts, sizeof opts, "lowerdir=%s,upperdir=%s/upper,workdir=%s/work", cfg.lower, cfg.disk, cfg.disk);
+        mount_or_die("overlay", cfg.rootfs, "overlay", 0, opts);
+    }
+    close(UPPER_FD);
+    errno = 0;
     if (chdir(cfg.rootfs) < 0) die("chdir rootfs");
 
     /* /dev: a small tmpfs with the usual character devices; no host device is reachable. */
@@ -226,9 +291,16 @@ static void setup_rootfs(void) {
                                NULL};
     for (int i = 0; ro[i]; i++) readonly_path(ro[i]);
 
-    /* /sys read-only (it belongs to the new network namespace, so it shows only `lo`). */
+    /* /sys read-only. With --sysfs: a bind of the host's one template (a sysfs of an empty network
+     * namespace, so /sys/class/net shows only `lo`); a fresh sysfs per sandbox would be one superblock
+     * per network namespace, and mounting one walks all of them (sget), O(N) in live sandboxes. */
     mkdir_p_in("sys", 0555);
-    if (mount("sysfs", "sys", "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0) errno = 0;
+    if (cfg.sysfs) {
+        mount_or_die(cfg.sysfs, "sys", NULL, MS_BIND, NULL);
+        mount_or_die(NULL, "sys", NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+    } else if (mount("sysfs", "sys", "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0) {
+        errno = 0;
+    }
     mkdir_p_in("tmp", 01777);
     chmod("tmp", 01777);
 
@@ -863,7 +935,7 @@ static int serve(int listen_fd) {
 }
 
 struct init_args {
-    int go_fd, status_fd;
+    int go_fd, status_fd, upper_detached;
 };
 
 /* Density options (docs/ksm-and-scheduling.md), set in init before seccomp so that every process of
@@ -891,6 +963,7 @@ static int init_main(void *arg) {
     struct init_args *ia = arg;
     int go_fd = ia->go_fd;
     status_fd = ia->status_fd;
+    cfg.upper_detached = ia->upper_detached;
     char b;
     /* wait until the supervisor has placed us in our cgroups */
     if (read(go_fd, &b, 1) != 1) _exit(EXIT_SETUP);
@@ -898,9 +971,9 @@ static int init_main(void *arg) {
     /* before the capabilities go: written with CAP_SYS_RESOURCE, 500 becomes the floor too */
     if (write_file("/proc/self/oom_score_adj", SANDBOX_OOM_ADJ) < 0) die("oom_score_adj");
     ready_out_fd = -1;
-    /* keep only fd 3 (listening socket) and the status pipe; everything else stays outside */
-    if (status_fd > 4) syscall(SYS_close_range, 4, (unsigned)status_fd - 1, 0);
-    syscall(SYS_close_range, (unsigned)status_fd + 1, ~0U, 0);
+    /* keep only fd 3 (listening socket), the upper (until it is attached) and the status pipe */
+    int keep[3] = {3, status_fd < UPPER_FD ? status_fd : UPPER_FD, status_fd < UPPER_FD ? UPPER_FD : status_fd};
+    close_fds_except(keep, 3);
     /* nothing of the host's stdio may stay open inside the sandbox */
     int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
     if (devnull < 0 || dup2(devnull, 0) < 0 || dup2(devnull, 1) < 0 || dup2(devnull, 2) < 0) die("stdio");
@@ -949,6 +1022,7 @@ static void write_tombstone(const char *reason) {
 
 static void release_resources(void) {
     char path[4096];
+    close(UPPER_FD);
     umount2(cfg.disk, MNT_DETACH);
     for (int i = 0; i < cfg.n_cgroups; i++) {
         /* a memory cgroup can stay busy for a moment after its last task is reaped */
@@ -1105,14 +1179,27 @@ static int supervise(int ready_fd) {
     /* inherited by init, which raises its own to SANDBOX_OOM_ADJ first thing */
     if (write_file("/proc/self/oom_score_adj", SUPERVISOR_OOM_ADJ) < 0) errno = 0;
 
-    snprintf(opts, sizeof opts, "size=%ldm,mode=0755", cfg.disk_mb);
-    if (!cfg.upper_mounted && mount("tmpfs", cfg.disk, "tmpfs", MS_NOSUID | MS_NODEV, opts) < 0)
-        die("mount disk tmpfs on %s", cfg.disk);
+    /* the upper, detached (see UPPER_FD); on kernels without the new mount API, mounted on disk/ */
+    int ufd = -1;
+    if (cfg.upper_mounted) {
+        ufd = (int)syscall(SH_SYS_open_tree, AT_FDCWD, cfg.disk, SH_OPEN_TREE_CLONE | O_CLOEXEC);
+        if (ufd >= 0 && umount2(cfg.disk, MNT_DETACH) < 0) die("detach the disk upper from %s", cfg.disk);
+    } else {
+        ufd = detached_tmpfs(cfg.disk_mb);
+        if (ufd < 0) {
+            snprintf(opts, sizeof opts, "size=%ldm,mode=0755", cfg.disk_mb);
+            if (mount("tmpfs", cfg.disk, "tmpfs", MS_NOSUID | MS_NODEV, opts) < 0)
+                die("mount disk tmpfs on %s", cfg.disk);
+        }
+    }
+    cfg.upper_detached = ufd >= 0;
+    if (ufd < 0) ufd = open(cfg.disk, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (ufd < 0 || (ufd != UPPER_FD && dup3(ufd, UPPER_FD, O_CLOEXEC) < 0)) die("hold the upper");
+    if (ufd != UPPER_FD) close(ufd);
+    errno = 0;
     char path[4096];
-    snprintf(path, sizeof path, "%s/upper", cfg.disk);
-    if (mkdir(path, 0755) < 0) die("mkdir upper");
-    snprintf(path, sizeof path, "%s/work", cfg.disk);
-    if (mkdir(path, 0755) < 0) die("mkdir work");
+    if (mkdirat(UPPER_FD, "upper", 0755) < 0) die("mkdir upper");
+    if (mkdirat(UPPER_FD, "work", 0755) < 0) die("mkdir work");
 
     /* the control socket is bound here, in the host mount namespace, before the sandbox exists */
     int lfd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -1137,6 +1224,7 @@ static int supervise(int ready_fd) {
     static struct init_args ia;
     ia.go_fd = go[0];
     ia.status_fd = st[1];
+    ia.upper_detached = cfg.upper_detached;
     pid_t init_pid = clone(init_main, stack + sizeof stack,
                            CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWUTS | CLONE_NEWIPC |
                                (cfg.host_net ? 0 : CLONE_NEWNET) | SIGCHLD, &ia);
@@ -1168,7 +1256,7 @@ static int supervise(int ready_fd) {
         dprintf(ready_fd, "ERR %s\n", err);
         _exit(1);
     }
-    dprintf(ready_fd, "OK %d %d\n", init_pid, getpid());
+    dprintf(ready_fd, "OK %d %d %d\n", init_pid, getpid(), UPPER_FD);
     close(ready_fd);
     int devnull = open("/dev/null", O_RDWR);
     if (devnull >= 0) {
@@ -1214,19 +1302,43 @@ static int supervise(int ready_fd) {
     return 0;
 }
 
+/* `shoal-init sysfs-template DIR NSFILE`: mount, read-only at DIR in the host mount namespace, the
+ * sysfs of a new, empty network namespace, which NSFILE holds alive (a bind of its nsfs file, as
+ * `ip netns add` does: a sysfs superblock holds only a passive reference, and without an active one
+ * the namespace is torn down, `lo` with it, and /sys/class/net would be empty). Sandboxes bind DIR
+ * (--sysfs DIR). */
+static int sysfs_template(const char *dir, const char *nsfile) {
+    if (mkdir(dir, 0555) < 0 && errno != EEXIST) { perror("mkdir"); return 1; }
+    int fd = open(nsfile, O_WRONLY | O_CREAT | O_CLOEXEC, 0444);
+    if (fd < 0) { perror("create netns file"); return 1; }
+    close(fd);
+    if (unshare(CLONE_NEWNET) < 0) { perror("unshare(CLONE_NEWNET)"); return 1; }
+    if (mount("/proc/self/ns/net", nsfile, NULL, MS_BIND, NULL) < 0) {
+        fprintf(stderr, "bind the netns on %s: %s\n", nsfile, strerror(errno));
+        return 1;
+    }
+    if (mount("sysfs", dir, "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0) {
+        fprintf(stderr, "mount sysfs on %s: %s\n", dir, strerror(errno));
+        return 1;
+    }
+    return 0;
+}
+
 static void usage(void) {
     fprintf(stderr,
             "usage: shoal-init launch --state DIR --lower L1:L2 --hostname H --disk-mb N [--shm-mb N]\n"
             "                         [--cgroup DIR]... [--ttl-ms N] [--idle-ttl-ms N] [--tombstone FILE]\n"
             "                         [--net none|host] [--ca-bundle FILE] [--upper tmpfs|mounted]\n"
             "                         [--memory-cgroup DIR] [--oom-kill command|sandbox]\n"
-            "                         [--ksm 0|1] [--aslr 0|1]\n"
-            "       shoal-init seccomp-table | ksm-probe\n");
+            "                         [--ksm 0|1] [--aslr 0|1] [--sysfs DIR] [--empty-dir DIR]\n"
+            "       shoal-init seccomp-table | ksm-probe\n"
+            "       shoal-init sysfs-template DIR NSFILE\n");
     exit(2);
 }
 
 int main(int argc, char **argv) {
     if (argc == 2 && strcmp(argv[1], "seccomp-table") == 0) return print_seccomp_table();
+    if (argc == 4 && strcmp(argv[1], "sysfs-template") == 0) return sysfs_template(argv[2], argv[3]);
     if (argc == 2 && strcmp(argv[1], "ksm-probe") == 0) return ksm_probe();
     if (argc < 2 || strcmp(argv[1], "launch") != 0) usage();
     static char rootfs[4096], disk[4096], sock[4096];
@@ -1249,6 +1361,8 @@ int main(int argc, char **argv) {
             else cfg.no_aslr = v[0] == '0';
         }
         else if (!strcmp(a, "--ca-bundle")) cfg.ca_bundle = v;
+        else if (!strcmp(a, "--sysfs")) cfg.sysfs = v;
+        else if (!strcmp(a, "--empty-dir")) cfg.empty_dir = v;
         else if (!strcmp(a, "--memory-cgroup")) cfg.memory_cgroup = v;
         else if (!strcmp(a, "--oom-kill")) {
             if (!strcmp(v, "sandbox")) cfg.oom_kill = OOM_KILL_SANDBOX;
@@ -1274,6 +1388,8 @@ int main(int argc, char **argv) {
     cfg.hostname = strdup(cfg.hostname);
     if (cfg.tombstone) cfg.tombstone = strdup(cfg.tombstone);
     if (cfg.ca_bundle) cfg.ca_bundle = strdup(cfg.ca_bundle);
+    if (cfg.sysfs) cfg.sysfs = strdup(cfg.sysfs);
+    if (cfg.empty_dir) cfg.empty_dir = strdup(cfg.empty_dir);
     if (cfg.memory_cgroup) cfg.memory_cgroup = strdup(cfg.memory_cgroup);
     for (int i = 0; i < cfg.n_cgroups; i++) cfg.cgroups[i] = strdup(cfg.cgroups[i]);
     g_argv = argv;

@@ -1,0 +1,287 @@
+#!/usr/bin/env python3
+"""Reclaim of idle python sandboxes into zram (issue 16, "Reclaim idle sandboxes"; docs/density.md).
+
+Each sandbox (python:3.11) runs a live Python process that has imported pytest, json, asyncio,
+sqlite3, email and http.client and holds a small working set, as an agent's session would; it
+answers on a FIFO by touching that whole working set. Per run and compressor (lz4, lzo-rle):
+
+  1. Shoal's zram device is set up with the compressor (zram.setup, a private state file);
+  2. --sandboxes sandboxes are created and their Python processes started; host memory is read;
+  3. all are paused; resume -> first exec (`true`) and resume -> the Python process answered are
+     timed on each (the paused-only baseline), then all are paused again;
+  4. each is reclaimed (sb.reclaim(target)), timed; per-sandbox cgroup memory before/after, host
+     memory after, and what the zram device holds (original bytes vs RAM used: the compression ratio);
+  5. resume -> first exec and resume -> Python answered are timed again on the reclaimed sandboxes.
+
+"Host memory for the sandboxes" is MemTotal - MemAvailable minus the same figure before any sandbox
+existed: it includes the zram device's own RAM, and whatever else the shared host did meanwhile;
+"accounted" is the sandboxes' cgroups before vs their cgroups after plus the zram device's RAM.
+The host is shared, so run >= 3 times (--runs) and read the spread. Run under
+`flock /tmp/shoal-bench.lock`. Writes bench/results/reclaim.json and .png.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "src"))
+OUT = REPO / "bench" / "results" / "reclaim.json"
+MIB = 1 << 20
+
+AGENT = r"""
+import asyncio, email.parser, http.client, json, os, sqlite3, sys
+import pytest
+state = {i: ("x%d" % i) * 8 for i in range(60000)}  # an agent's working set: dicts, strings
+os.mkfifo("/tmp/in"); os.mkfifo("/tmp/out")
+open("/tmp/ready", "w").write("1")
+while True:
+    with open("/tmp/in") as f:
+        f.read()
+    total = sum(len(v) for v in state.values()) + len(sys.modules)
+    with open("/tmp/out", "w") as f:
+        f.write(str(total))
+"""
+ASK = "echo go > /tmp/in; cat /tmp/out"
+
+
+def pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, int(round(q * len(s))) - 1))] if s else float("nan")
+
+
+def host_used() -> int:
+    info = {}
+    for line in open("/proc/meminfo"):
+        k, v = line.split(":")
+        info[k] = int(v.split()[0]) * 1024
+    return info["MemTotal"] - info["MemAvailable"]
+
+
+def lat(xs: list[float]) -> dict:
+    return {"n": len(xs), "p50_ms": round(pct(xs, 0.5) * 1e3, 2), "p99_ms": round(pct(xs, 0.99) * 1e3, 2),
+            "max_ms": round(max(xs) * 1e3, 2)}
+
+
+def wake_times(sbs: list) -> tuple[list[float], list[float]]:
+    """resume -> first exec (`true`), and resume -> the Python process answered, on paused sandboxes
+    (half are asked one way first, half the other, so neither always pays the page-ins)."""
+    first, answer = [], []
+    for i, sb in enumerate(sbs):
+        cmds = [("exec", "true"), ("answer", ASK)]
+        if i % 2:
+            cmds.reverse()
+        for kind, cmd in cmds:
+            sb.pause()
+            t = time.perf_counter()
+            r = sb.commands.run(cmd, timeout=60)
+            dt = time.perf_counter() - t
+            if not r.ok:
+                raise RuntimeError(f"{sb.id}: {cmd!r} failed: {r.stderr}")
+            (first if kind == "exec" else answer).append(dt)
+    return first, answer
+
+
+def one_run(algorithm: str, n: int, target: float, root: str, zram_mb: int) -> dict:
+    from shoal import Sandbox
+    from shoal.backends.container import zram
+
+    state = Path(tempfile.mkdtemp(prefix="shoal-reclaim-bench-")) / "zram.json"
+    dev = zram.setup(zram.ZramConfig(size_mb=zram_mb, algorithm=algorithm), state)
+    sbs: list = []
+    handles: list = []  # the Python processes live as long as their handles
+    try:
+        time.sleep(1.0)
+        base = host_used()
+        for _ in range(n):
+            sb = Sandbox.create("python:3.11", url="local", root=root, memory_mb=256, disk_mb=64)
+            sbs.append(sb)
+            handles.append(sb.commands.start(["python3", "-c", AGENT]))
+        for sb in sbs:
+            deadline = time.monotonic() + 60
+            while not sb.commands.run("test -e /tmp/ready").ok:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{sb.id}: the python process did not start")
+                time.sleep(0.05)
+            assert sb.commands.run(ASK, timeout=30).stdout.strip()
+        time.sleep(1.0)
+        used_before = host_used() - base
+        for sb in sbs:
+            sb.pause()
+        paused_first, paused_answer = wake_times(sbs)
+        for sb in sbs:
+            sb.pause()
+        results = []
+        for sb in sbs:
+            t = time.perf_counter()
+            r = sb.reclaim(target=target)
+            results.append((r, time.perf_counter() - t))
+        time.sleep(1.0)
+        used_after = host_used() - base
+        zst = dev.stats()
+        rec_first, rec_answer = wake_times(sbs)
+        before = [r.memory_before for r, _ in results]
+        after = [r.memory_after for r, _ in results]
+        return {
+            "algorithm": algorithm, "sandboxes": n, "target": target,
+            "per_sandbox_mib": {
+                "cgroup_before_median": round(statistics.median(before) / MIB, 2),
+                "cgroup_after_median": round(statistics.median(after) / MIB, 2),
+                "anon_before_median": round(statistics.median(r.anon_before for r, _ in results) / MIB, 2),
+                "anon_after_median": round(statistics.median(r.anon_after for r, _ in results) / MIB, 2),
+                "swapped_median": round(statistics.median(r.swapped for r, _ in results) / MIB, 2),
+                "after_over_before": round(sum(after) / sum(before), 3),
+            },
+            "host_mib": {"before": round(used_before / MIB, 1), "after": round(used_after / MIB, 1),
+                         "after_over_before": round(used_after / used_before, 3) if used_before > 0 else None,
+                         "zram_ram": round(zst["mem_used_total"] / MIB, 1)},
+            # the same from accounting alone (immune to other work on the host): the sandboxes' cgroups
+            # before, vs their cgroups after plus the RAM the zram device uses for what they pushed out
+            "accounted_mib": {"before": round(sum(before) / MIB, 1),
+                              "after": round((sum(after) + zst["mem_used_total"]) / MIB, 1),
+                              "after_over_before": round((sum(after) + zst["mem_used_total"]) / sum(before), 3)},
+            "zram": {"stored_mib": round(zst["orig_data_size"] / MIB, 1),
+                     "compressed_mib": round(zst["compr_data_size"] / MIB, 1),
+                     "ram_mib": round(zst["mem_used_total"] / MIB, 1),
+                     "compression_ratio": zst["compression_ratio"], "ratio_with_overhead": zst["ratio_with_overhead"]},
+            "reclaim_ms_per_sandbox": {"p50": round(pct([d for _, d in results], 0.5) * 1e3, 1),
+                                       "max": round(max(d for _, d in results) * 1e3, 1)},
+            "resume_to_first_exec": {"paused": lat(paused_first), "reclaimed": lat(rec_first)},
+            "resume_to_python_answer": {"paused": lat(paused_answer), "reclaimed": lat(rec_answer)},
+        }
+    finally:
+        for h in handles:
+            h.close()
+        for sb in sbs:
+            try:
+                sb.kill()
+            except Exception:
+                pass
+        zram.teardown(state)
+
+
+def plot(data: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
+    kinds = sorted({(r["algorithm"], r["target"]) for r in data["runs"]})
+    for k, (algo, target) in enumerate(kinds):
+        runs = [r for r in data["runs"] if (r["algorithm"], r["target"]) == (algo, target)]
+        off = (k - (len(kinds) - 1) / 2) * 0.15
+        for j, r in enumerate(runs):
+            axes[0].scatter([0 + off, 1 + off], [r["per_sandbox_mib"]["cgroup_before_median"],
+                                                 r["per_sandbox_mib"]["cgroup_after_median"]],
+                            color=f"C{k}", label=f"{algo}, target {target}" if j == 0 else None)
+            axes[1].scatter([0 + off, 1 + off], [r["host_mib"]["before"] / r["sandboxes"],
+                                                 r["host_mib"]["after"] / r["sandboxes"]], color=f"C{k}")
+            axes[2].scatter([0 + off, 1 + off, 2 + off, 3 + off],
+                            [r["resume_to_first_exec"]["paused"]["p50_ms"],
+                             r["resume_to_first_exec"]["reclaimed"]["p50_ms"],
+                             r["resume_to_python_answer"]["paused"]["p50_ms"],
+                             r["resume_to_python_answer"]["reclaimed"]["p50_ms"]], color=f"C{k}")
+    axes[0].set_xticks([0, 1], ["before", "after reclaim"])
+    axes[0].set_ylabel("MiB per sandbox (cgroup, median)")
+    axes[0].set_ylim(bottom=0)
+    axes[0].legend()
+    axes[1].set_xticks([0, 1], ["before", "after reclaim"])
+    axes[1].set_ylabel("host MiB per sandbox (zram RAM included)")
+    axes[1].set_ylim(bottom=0)
+    axes[2].set_xticks([0, 1, 2, 3], ["exec\npaused", "exec\nreclaimed", "python\npaused", "python\nreclaimed"])
+    axes[2].set_ylabel("resume -> done, p50 ms")
+    axes[2].set_ylim(bottom=0)
+    fig.suptitle(f"{data['sandboxes']} python:3.11 sandboxes reclaimed to zram, one dot per run")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sandboxes", type=int, default=20)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--targets", default="0.75,1.0", help="reclaim targets, each run with every compressor")
+    ap.add_argument("--algorithms", default="lz4,lzo-rle")
+    ap.add_argument("--zram-mb", type=int, default=2048)
+    ap.add_argument("--root", default=os.environ.get("SHOAL_ROOT", "/var/tmp/shoal-py"),
+                    help="a Shoal root holding python:3.11 (`shoal env python`)")
+    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--table", action="store_true", help="print the docs table from --out and exit")
+    args = ap.parse_args()
+    if args.table:
+        print(table(json.loads(args.out.read_text())))
+        return
+    if os.geteuid() != 0:
+        sys.exit("bench/reclaim.py needs root (sandboxes in-process, zram)")
+    runs = []
+    targets = [float(x) for x in args.targets.split(",")]
+    for i in range(args.runs):
+        for algo, target in [(a, t) for t in targets for a in args.algorithms.split(",")]:
+            t = time.monotonic()
+            r = one_run(algo, args.sandboxes, target, args.root, args.zram_mb)
+            r["run"] = i
+            runs.append(r)
+            save(args, targets, runs)  # after every run: a cut-short invocation keeps what it measured
+            print(f"run {i} {algo} target {target}: cgroup {r['per_sandbox_mib']['cgroup_before_median']} -> "
+                  f"{r['per_sandbox_mib']['cgroup_after_median']} MiB, host x{r['host_mib']['after_over_before']} "
+                  f"(accounted x{r['accounted_mib']['after_over_before']}), "
+                  f"ratio {r['zram']['compression_ratio']}, {r['reclaim_ms_per_sandbox']['p50']} ms/sandbox, "
+                  f"exec p50 {r['resume_to_first_exec']['reclaimed']['p50_ms']} ms, python p50 "
+                  f"{r['resume_to_python_answer']['reclaimed']['p50_ms']} ms ({time.monotonic() - t:.0f} s)",
+                  flush=True)
+    print(f"wrote {args.out}")
+
+
+def table(data: dict) -> str:
+    """Markdown rows: median [min-max] over the runs, per compressor and target."""
+    def cell(runs: list[dict], *path: str, fmt: str = "{:.1f}") -> str:
+        xs = []
+        for r in runs:
+            v: object = r
+            for p in path:
+                v = v[p]  # type: ignore[index]
+            xs.append(float(v))  # type: ignore[arg-type]
+        med = statistics.median(xs)
+        return f"{fmt.format(med)} [{fmt.format(min(xs))}–{fmt.format(max(xs))}]"
+
+    kinds = sorted({(r["algorithm"], r["target"]) for r in data["runs"]}, key=lambda k: (k[1], k[0]))
+    rows = ["| compressor, target | runs | cgroup MiB/sandbox before → after | accounted after/before | "
+            "zram ratio | reclaim ms/sandbox | resume → exec p50 / p99 ms (paused → reclaimed) | "
+            "resume → python answered p50 ms (paused → reclaimed) |", "|---|---|---|---|---|---|---|---|"]
+    for algo, target in kinds:
+        rs = [r for r in data["runs"] if (r["algorithm"], r["target"]) == (algo, target)]
+        rows.append(
+            f"| {algo}, {target} | {len(rs)} | {cell(rs, 'per_sandbox_mib', 'cgroup_before_median')} → "
+            f"{cell(rs, 'per_sandbox_mib', 'cgroup_after_median')} | "
+            f"{cell(rs, 'accounted_mib', 'after_over_before', fmt='{:.2f}')} | "
+            f"{cell(rs, 'zram', 'compression_ratio', fmt='{:.2f}')} | {cell(rs, 'reclaim_ms_per_sandbox', 'p50')} | "
+            f"{cell(rs, 'resume_to_first_exec', 'paused', 'p50_ms')} / "
+            f"{cell(rs, 'resume_to_first_exec', 'paused', 'p99_ms')} → "
+            f"{cell(rs, 'resume_to_first_exec', 'reclaimed', 'p50_ms')} / "
+            f"{cell(rs, 'resume_to_first_exec', 'reclaimed', 'p99_ms')} | "
+            f"{cell(rs, 'resume_to_python_answer', 'paused', 'p50_ms')} → "
+            f"{cell(rs, 'resume_to_python_answer', 'reclaimed', 'p50_ms')} |")
+    return "\n".join(rows)
+
+
+def save(args: argparse.Namespace, targets: list[float], runs: list[dict]) -> None:
+    data = {"bench": "reclaim", "targets": targets, "sandboxes": args.sandboxes,
+            "host": {"kernel": platform.release(), "cpus": os.cpu_count(),
+                     "cgroup": "v2" if Path("/sys/fs/cgroup/cgroup.controllers").exists() else "v1"},
+            "note": "shared host: other work ran meanwhile; host MiB are MemTotal-MemAvailable deltas",
+            "runs": runs}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(data, indent=1) + "\n")
+    plot(data, args.out.with_suffix(".png"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""Host-wide mounts that every container sandbox binds instead of mounting its own copy.
+
+A per-sandbox mount of a kernel file system can cost O(live sandboxes): mounting sysfs in a new
+network namespace makes a new superblock, and the kernel's sget() compares it against every sysfs
+superblock already there. So the host mounts one template, once, and each sandbox's init binds it
+(a bind creates a mount, not a superblock, and walks nothing). See docs/density-create.md.
+
+  /run/shoal/sysfs   sysfs of an empty network namespace, read-only: the sandbox's /sys (its
+                     /sys/class/net shows only `lo`, as its own would);
+  /run/shoal/netns   that namespace, held alive by a bind of its nsfs file (sysfs alone holds only
+                     a passive reference: the namespace would be torn down, `lo` with it);
+  /run/shoal/empty   an empty read-only tmpfs, bound over the /proc directories a sandbox must not
+                     see (acpi, scsi, ...) instead of a new tmpfs per directory per sandbox.
+
+The templates live in /run (lost at reboot, re-made on the next create) and are shared by every
+Shoal root on the host: they hold nothing of any sandbox.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+from pathlib import Path
+
+from ...core.errors import SandboxError
+
+TEMPLATE_DIR = Path("/run/shoal")
+SYSFS_TEMPLATE = TEMPLATE_DIR / "sysfs"
+NETNS_FILE = TEMPLATE_DIR / "netns"
+EMPTY_DIR = TEMPLATE_DIR / "empty"
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
+_SYSFS_MAGIC_FILE = "kernel"  # every sysfs has /sys/kernel; an empty mount point has nothing
+
+
+def _is_sysfs_mount(path: Path) -> bool:
+    return os.path.ismount(path) and (path / _SYSFS_MAGIC_FILE).is_dir()
+
+
+def ensure_sysfs_template(helper: str) -> Path:
+    """The sysfs template, mounted now if it is not (cheap when it is: two stats per create)."""
+    if _is_sysfs_mount(SYSFS_TEMPLATE):
+        return SYSFS_TEMPLATE
+    TEMPLATE_DIR.mkdir(parents=True, exist_ok=True)
+    # one creator at a time, across processes (tests, a daemon and a benchmark may share the host)
+    with open(TEMPLATE_DIR / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not _is_sysfs_mount(SYSFS_TEMPLATE):
+            proc = subprocess.run([helper, "sysfs-template", str(SYSFS_TEMPLATE), str(NETNS_FILE)],
+                                  capture_output=True, text=True, stdin=subprocess.DEVNULL, env={})
+            if proc.returncode != 0 or not _is_sysfs_mount(SYSFS_TEMPLATE):
+                raise SandboxError(f"cannot mount the sysfs template at {SYSFS_TEMPLATE}: "
+                                   f"{proc.stderr.strip() or 'not a sysfs mount afterwards'}")
+    return SYSFS_TEMPLATE
+
+
+def _is_empty_ro_mount(path: Path) -> bool:
+    return os.path.ismount(path) and not os.access(path, os.W_OK) and not os.listdir(path)
+
+
+def ensure_empty_dir() -> Path:
+    """An empty, read-only tmpfs (size 0) at EMPTY_DIR, mounted now if it is not."""
+    if _is_empty_ro_mount(EMPTY_DIR):
+        return EMPTY_DIR
+    import ctypes
+
+    TEMPLATE_DIR.mkdir(parents=True, exist_ok=True)
+    with open(TEMPLATE_DIR / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not _is_empty_ro_mount(EMPTY_DIR):
+            EMPTY_DIR.mkdir(mode=0o555, exist_ok=True)
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.mount(b"tmpfs", str(EMPTY_DIR).encode(), b"tmpfs",
+                          _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, b"size=0,mode=0555") != 0:
+                err = ctypes.get_errno()
+                raise SandboxError(f"cannot mount the empty template at {EMPTY_DIR}: {os.strerror(err)}")
+    return EMPTY_DIR
