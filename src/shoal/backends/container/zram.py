@@ -145,7 +145,7 @@ def _hot_add() -> int:
         subprocess.run(["modprobe", "zram", "num_devices=0"], capture_output=True, check=False)
     if not ZRAM_CONTROL.is_dir():
         raise BackendUnavailable("zram is not available on this kernel (no /sys/class/zram-control; "
-                                 "load the zram module or set [density] zram_mb = 0)")
+                                 "load the zram module, or set zram_mb = 0 in the config's density table)")
     return int((ZRAM_CONTROL / "hot_add").read_text())
 
 
