@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """What the E2B front adds: the unmodified `e2b` SDK through `shoal e2b serve` vs Shoal's own SDK, same host.
 
-Both paths drive the same container backend on one private root: Shoal's SDK in this process
-(`url="local"`), and the E2B SDK over loopback HTTP to `shoal e2b serve` (a separate process with
-SHOAL_URL=local). Per iteration, on each path: create, run (`/bin/bash -l -c "echo hi"`, the argv the
-E2B SDK sends), write (4 KiB), read, kill. The paths alternate, so drift hits both. --runs runs
-(default 3) of --n iterations each; create and kill are also timed from plain httpx (the front
-alone, without the E2B SDK's own client work). Reported: p50 per op and path, the overhead (E2B p50 - Shoal p50)
-per run, and the min/median/max of that overhead over the runs.
+Both paths drive the container backend, each on a private root of its own (so neither process
+sweeps up after the other's kills): Shoal's SDK in this process (`url="local"`), and the E2B SDK
+over loopback HTTP to `shoal e2b serve` (a separate process with SHOAL_URL=local). Per iteration,
+on each path: create, run (`/bin/bash -l -c "echo hi"`, the argv the E2B SDK sends), write (4 KiB),
+read, kill. The paths alternate, so drift hits both. --runs runs (default 3) of --n iterations
+each; create and kill are also timed from plain httpx (the front alone, without the E2B SDK's own
+client work). Reported: p50 per op and path, the overhead (E2B p50 - Shoal p50) per run, and the
+min/median/max of that overhead over the runs.
 
 Writes bench/results/e2b_front.json. Needs root.
 """
@@ -130,23 +131,25 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--out", type=Path, default=RESULTS / "e2b_front.json")
     args = ap.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="shoal-e2bb-", dir="/tmp"))
+    root = Path(tempfile.mkdtemp(prefix="shoal-e2bb-", dir="/tmp"))  # the front's
+    direct = Path(tempfile.mkdtemp(prefix="shoal-e2bd-", dir="/tmp"))  # Shoal's SDK's, in this process
     proc = None
     try:
         image = build_image(root)
+        build_image(direct)
         proc, url, key = start_front(root, image)
         opts = {"api_url": url, "sandbox_url": url, "api_key": key}
         http = httpx.Client()
         for _ in range(args.warmup):
             one_e2b(opts, {op: [] for op in (*OPS, *HTTP_OPS)}, http)
-            one_shoal(image, root, {op: [] for op in OPS})
+            one_shoal(image, direct, {op: [] for op in OPS})
         runs = []
         for run in range(args.runs):
             e2b: dict[str, list[float]] = {op: [] for op in (*OPS, *HTTP_OPS)}
             shoal: dict[str, list[float]] = {op: [] for op in OPS}
             for _ in range(args.n):
                 one_e2b(opts, e2b, http)
-                one_shoal(image, root, shoal)
+                one_shoal(image, direct, shoal)
             row = {}
             for op in (*OPS, *HTTP_OPS):
                 pe, ps = statistics.median(e2b[op]) * 1000, statistics.median(shoal[HTTP_OPS.get(op, op)]) * 1000
@@ -159,8 +162,9 @@ def main() -> None:
             summary[op] = {"overhead_ms": {"min": ov[0], "median": round(statistics.median(ov), 3), "max": ov[-1]},
                            "e2b_p50_ms_median": round(statistics.median(r[op]["e2b_p50_ms"] for r in runs), 3),
                            "shoal_p50_ms_median": round(statistics.median(r[op]["shoal_p50_ms"] for r in runs), 3)}
-        out = {"bench": "e2b_front", "what": "E2B SDK through `shoal e2b serve` vs Shoal's SDK in-process, same "
-                                             "container backend and root; overhead = E2B p50 - Shoal p50 per run; "
+        out = {"bench": "e2b_front", "what": "E2B SDK through `shoal e2b serve` vs Shoal's SDK in-process, "
+                                             "container backend, one root each; "
+                                             "overhead = E2B p50 - Shoal p50 per run; "
                                              "create_http / kill_http: the same REST calls from plain httpx "
                                              "(the front alone, without the E2B SDK's client-side work)",
                "e2b_sdk": _version("e2b"), "runs": args.runs, "n_per_run": args.n, "payload_bytes": len(PAYLOAD),
@@ -178,6 +182,7 @@ def main() -> None:
             proc.terminate()
             proc.wait(30)
         wipe_root(root)
+        wipe_root(direct)
 
 
 def _version(pkg: str) -> str:

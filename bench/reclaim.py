@@ -214,7 +214,11 @@ def main() -> None:
     ap.add_argument("--root", default=os.environ.get("SHOAL_ROOT", "/var/tmp/shoal-py"),
                     help="a Shoal root holding python:3.11 (`shoal env python`)")
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--table", action="store_true", help="print the docs table from --out and exit")
     args = ap.parse_args()
+    if args.table:
+        print(table(json.loads(args.out.read_text())))
+        return
     if os.geteuid() != 0:
         sys.exit("bench/reclaim.py needs root (sandboxes in-process, zram)")
     runs = []
@@ -225,6 +229,7 @@ def main() -> None:
             r = one_run(algo, args.sandboxes, target, args.root, args.zram_mb)
             r["run"] = i
             runs.append(r)
+            save(args, targets, runs)  # after every run: a cut-short invocation keeps what it measured
             print(f"run {i} {algo} target {target}: cgroup {r['per_sandbox_mib']['cgroup_before_median']} -> "
                   f"{r['per_sandbox_mib']['cgroup_after_median']} MiB, host x{r['host_mib']['after_over_before']} "
                   f"(accounted x{r['accounted_mib']['after_over_before']}), "
@@ -232,6 +237,42 @@ def main() -> None:
                   f"exec p50 {r['resume_to_first_exec']['reclaimed']['p50_ms']} ms, python p50 "
                   f"{r['resume_to_python_answer']['reclaimed']['p50_ms']} ms ({time.monotonic() - t:.0f} s)",
                   flush=True)
+    print(f"wrote {args.out}")
+
+
+def table(data: dict) -> str:
+    """Markdown rows: median [min-max] over the runs, per compressor and target."""
+    def cell(runs: list[dict], *path: str, fmt: str = "{:.1f}") -> str:
+        xs = []
+        for r in runs:
+            v: object = r
+            for p in path:
+                v = v[p]  # type: ignore[index]
+            xs.append(float(v))  # type: ignore[arg-type]
+        med = statistics.median(xs)
+        return f"{fmt.format(med)} [{fmt.format(min(xs))}–{fmt.format(max(xs))}]"
+
+    kinds = sorted({(r["algorithm"], r["target"]) for r in data["runs"]}, key=lambda k: (k[1], k[0]))
+    rows = ["| compressor, target | runs | cgroup MiB/sandbox before → after | accounted after/before | "
+            "zram ratio | reclaim ms/sandbox | resume → exec p50 / p99 ms (paused → reclaimed) | "
+            "resume → python answered p50 ms (paused → reclaimed) |", "|---|---|---|---|---|---|---|---|"]
+    for algo, target in kinds:
+        rs = [r for r in data["runs"] if (r["algorithm"], r["target"]) == (algo, target)]
+        rows.append(
+            f"| {algo}, {target} | {len(rs)} | {cell(rs, 'per_sandbox_mib', 'cgroup_before_median')} → "
+            f"{cell(rs, 'per_sandbox_mib', 'cgroup_after_median')} | "
+            f"{cell(rs, 'accounted_mib', 'after_over_before', fmt='{:.2f}')} | "
+            f"{cell(rs, 'zram', 'compression_ratio', fmt='{:.2f}')} | {cell(rs, 'reclaim_ms_per_sandbox', 'p50')} | "
+            f"{cell(rs, 'resume_to_first_exec', 'paused', 'p50_ms')} / "
+            f"{cell(rs, 'resume_to_first_exec', 'paused', 'p99_ms')} → "
+            f"{cell(rs, 'resume_to_first_exec', 'reclaimed', 'p50_ms')} / "
+            f"{cell(rs, 'resume_to_first_exec', 'reclaimed', 'p99_ms')} | "
+            f"{cell(rs, 'resume_to_python_answer', 'paused', 'p50_ms')} → "
+            f"{cell(rs, 'resume_to_python_answer', 'reclaimed', 'p50_ms')} |")
+    return "\n".join(rows)
+
+
+def save(args: argparse.Namespace, targets: list[float], runs: list[dict]) -> None:
     data = {"bench": "reclaim", "targets": targets, "sandboxes": args.sandboxes,
             "host": {"kernel": platform.release(), "cpus": os.cpu_count(),
                      "cgroup": "v2" if Path("/sys/fs/cgroup/cgroup.controllers").exists() else "v1"},
@@ -240,7 +281,6 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(data, indent=1) + "\n")
     plot(data, args.out.with_suffix(".png"))
-    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

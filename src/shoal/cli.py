@@ -26,7 +26,7 @@ app.add_typer(layer_app, name="layer")
 app.add_typer(image_app, name="image")
 tenant_app = typer.Typer(help="Tenants and API keys (through the local shoald, as admin).", no_args_is_help=True)
 app.add_typer(tenant_app, name="tenant")
-zram_app = typer.Typer(help="Shoal's zram swap device, where reclaimed sandbox memory goes ([density] zram_mb).",
+zram_app = typer.Typer(help="Shoal's zram swap device, where reclaimed sandbox memory goes (the config's zram_mb).",
                        no_args_is_help=True)
 app.add_typer(zram_app, name="zram")
 env_app = typer.Typer(help="Ready-made environments: Debian base, Python toolchain, real workspaces.",
@@ -481,8 +481,8 @@ def reclaim(sandbox_id: str, target: float = typer.Option(0.75, "--target", "-t"
 
 
 @zram_app.command("up")
-def zram_up(size_mb: int | None = typer.Option(None, "--size-mb", help="default: [density] zram_mb"),
-            algorithm: str | None = typer.Option(None, "--algorithm", help="default: [density] zram_algorithm"),
+def zram_up(size_mb: int | None = typer.Option(None, "--size-mb", help="default: the config's zram_mb"),
+            algorithm: str | None = typer.Option(None, "--algorithm", help="default: the config's zram_algorithm"),
             root: str | None = RootOpt):
     """Set up the zram swap device (what shoald does at start when zram_mb is set); idempotent."""
     from .backends.container import zram

@@ -110,7 +110,7 @@ def reclaim(cg: CgroupDriver, sandbox_id: str, req: ReclaimRequest, limit_bytes:
     (alive, not being reclaimed by anyone else) and freezes it around this call."""
     if not swap_active():
         raise BackendUnavailable("no swap area is active on this host, so anonymous memory cannot be reclaimed: "
-                                 "enable Shoal's zram device ([density] zram_mb in the config)")
+                                 "enable Shoal's zram device (zram_mb in the config's density table)")
     d = cg.memory_dir(sandbox_id)
     t0 = time.monotonic()
     try:

@@ -10,6 +10,7 @@ second call with the same settings finds the device in the state file and return
 from __future__ import annotations
 
 import ctypes
+import errno
 import fcntl
 import json
 import os
@@ -144,7 +145,7 @@ def _hot_add() -> int:
         subprocess.run(["modprobe", "zram", "num_devices=0"], capture_output=True, check=False)
     if not ZRAM_CONTROL.is_dir():
         raise BackendUnavailable("zram is not available on this kernel (no /sys/class/zram-control; "
-                                 "load the zram module or set [density] zram_mb = 0)")
+                                 "load the zram module, or set zram_mb = 0 in the config's density table)")
     return int((ZRAM_CONTROL / "hot_add").read_text())
 
 
@@ -203,10 +204,20 @@ def setup(cfg: ZramConfig, state: Path = STATE_PATH) -> ZramDevice:
         return dev
 
 
+def _swapoff(path: str, wait_s: float = 15.0) -> None:
+    """swapoff, retried for a while: it fails with ENOMEM while a page it must bring back belongs to a
+    cgroup at its limit (a sandbox being killed, or one at its limit that swapped), until that ends."""
+    deadline = time.monotonic() + wait_s
+    while _libc().swapoff(path.encode()) != 0:
+        err = ctypes.get_errno()
+        if err not in (errno.ENOMEM, errno.EBUSY, errno.EINTR) or time.monotonic() > deadline:
+            raise SandboxError(f"swapoff {path}: {os.strerror(err)} (the device stays in use)")
+        time.sleep(0.5)
+
+
 def _teardown(dev: ZramDevice, state: Path) -> None:
-    if dev.path in swaps() and _libc().swapoff(dev.path.encode()) != 0:
-        err = ctypes.get_errno()  # ENOMEM: what it holds does not fit back in RAM
-        raise SandboxError(f"swapoff {dev.path}: {os.strerror(err)} (the device stays in use)")
+    if dev.path in swaps():
+        _swapoff(dev.path)
     _release(dev.index)
     state.unlink(missing_ok=True)
 
