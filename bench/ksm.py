@@ -209,7 +209,7 @@ def main() -> int:
     if a.append and a.out.exists():
         doc = json.loads(a.out.read_text())
     for i in range(a.runs):
-        k = (len(doc["runs"]) + i) % len(names)
+        k = len(doc["runs"]) % len(names)  # doc["runs"] grows by one per run: each run starts one later
         order = names[k:] + names[:k]
         run = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "order": order,
                "loadavg_start": os.getloadavg()[0], "configs": []}
