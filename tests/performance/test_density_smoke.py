@@ -12,36 +12,27 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "density.py"
 
 
-def test_density_quick(tmp_path):
+def test_density_quick(tmp_path, bench_root):
     out = tmp_path / "density.json"
-    root = Path("/tmp") / f"shoal-density-smoke-{tmp_path.name[-8:]}"
-    try:
-        r = subprocess.run([sys.executable, str(BENCH), "--quick", "--root", str(root), "--out", str(out)],
-                           capture_output=True, text=True, timeout=600)
-        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-        res = json.loads(out.read_text())
-        run = res["profiles"]["shell"]["sides"]["shoal"]["runs"][0]
-        assert run["n_held"] == 8 and run["stop"] == "--max 8 reached" and not run["errors"]
-        last = run["steps"][-1]
-        assert last["n"] == 8
-        assert last["create_ms"]["p50"] > 0 and last["exec_ms"]["count"] == 3
-        # each idle shell sandbox holds init + sh in its cgroup, and memory; the client holds fds for it
-        # (host-wide process and memory deltas are not asserted: the machine is shared)
-        assert last["cgroup_tasks_per_sb"] == 2
-        assert last["cgroup_per_sb"]["anon"] > 0 and last["mounts_in_sandbox"] > 3
-        assert last["client"]["fds_per_sb"] >= 1
-        assert "threads (pid_max / threads-max)" in last["limits"]
-        assert any(v for v in last["pagecache_bytes"].values())  # busybox is in the page cache
-        assert "docker" not in res["profiles"]["shell"]["sides"]
-        assert out.with_suffix(".png").stat().st_size > 1000
-        # everything was killed: no live sandbox left under the bench root
-        left = [p for p in (root / "sandboxes").iterdir()] if (root / "sandboxes").exists() else []
-        assert left == []
-    finally:
-        from shoal import Host
-
-        host = Host.get(root)
-        for info in host.backend("container").list():
-            host.backend("container").kill(info.id)
-        host.store.gc(keep_named=False)
-        subprocess.run(["rm", "-rf", str(root)])
+    root = bench_root
+    r = subprocess.run([sys.executable, str(BENCH), "--quick", "--root", str(root), "--out", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    run = res["profiles"]["shell"]["sides"]["shoal"]["runs"][0]
+    assert run["n_held"] == 8 and run["stop"] == "--max 8 reached" and not run["errors"]
+    last = run["steps"][-1]
+    assert last["n"] == 8
+    assert last["create_ms"]["p50"] > 0 and last["exec_ms"]["count"] == 3
+    # each idle shell sandbox holds init + sh in its cgroup, and memory; the client holds fds for it
+    # (host-wide process and memory deltas are not asserted: the machine is shared)
+    assert last["cgroup_tasks_per_sb"] == 2
+    assert last["cgroup_per_sb"]["anon"] > 0 and last["mounts_in_sandbox"] > 3
+    assert last["client"]["fds_per_sb"] >= 1
+    assert "threads (pid_max / threads-max)" in last["limits"]
+    assert any(v for v in last["pagecache_bytes"].values())  # busybox is in the page cache
+    assert "docker" not in res["profiles"]["shell"]["sides"]
+    assert out.with_suffix(".png").stat().st_size > 1000
+    # everything was killed: no live sandbox left under the bench root
+    left = [p for p in (root / "sandboxes").iterdir()] if (root / "sandboxes").exists() else []
+    assert left == []

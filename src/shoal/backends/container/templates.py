@@ -17,9 +17,11 @@ Shoal root on the host: they hold nothing of any sandbox.
 """
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import os
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 from ...core.errors import SandboxError
@@ -36,41 +38,41 @@ def _is_sysfs_mount(path: Path) -> bool:
     return os.path.ismount(path) and (path / _SYSFS_MAGIC_FILE).is_dir()
 
 
-def ensure_sysfs_template(helper: str) -> Path:
-    """The sysfs template, mounted now if it is not (cheap when it is: two stats per create)."""
-    if _is_sysfs_mount(SYSFS_TEMPLATE):
-        return SYSFS_TEMPLATE
-    TEMPLATE_DIR.mkdir(parents=True, exist_ok=True)
-    # one creator at a time, across processes (tests, a daemon and a benchmark may share the host)
-    with open(TEMPLATE_DIR / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not _is_sysfs_mount(SYSFS_TEMPLATE):
-            proc = subprocess.run([helper, "sysfs-template", str(SYSFS_TEMPLATE), str(NETNS_FILE)],
-                                  capture_output=True, text=True, stdin=subprocess.DEVNULL, env={})
-            if proc.returncode != 0 or not _is_sysfs_mount(SYSFS_TEMPLATE):
-                raise SandboxError(f"cannot mount the sysfs template at {SYSFS_TEMPLATE}: "
-                                   f"{proc.stderr.strip() or 'not a sysfs mount afterwards'}")
-    return SYSFS_TEMPLATE
-
-
 def _is_empty_ro_mount(path: Path) -> bool:
     return os.path.ismount(path) and not os.access(path, os.W_OK) and not os.listdir(path)
 
 
-def ensure_empty_dir() -> Path:
-    """An empty, read-only tmpfs (size 0) at EMPTY_DIR, mounted now if it is not."""
-    if _is_empty_ro_mount(EMPTY_DIR):
-        return EMPTY_DIR
-    import ctypes
-
+def _ensure(path: Path, present: Callable[[Path], bool], make: Callable[[], None]) -> Path:
+    """`path` as `present` says it should be, made now by `make` if it is not (cheap when it is)."""
+    if present(path):
+        return path
     TEMPLATE_DIR.mkdir(parents=True, exist_ok=True)
+    # one creator at a time, across processes (tests, a daemon and a benchmark may share the host)
     with open(TEMPLATE_DIR / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not _is_empty_ro_mount(EMPTY_DIR):
-            EMPTY_DIR.mkdir(mode=0o555, exist_ok=True)
-            libc = ctypes.CDLL(None, use_errno=True)
-            if libc.mount(b"tmpfs", str(EMPTY_DIR).encode(), b"tmpfs",
-                          _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, b"size=0,mode=0555") != 0:
-                err = ctypes.get_errno()
-                raise SandboxError(f"cannot mount the empty template at {EMPTY_DIR}: {os.strerror(err)}")
-    return EMPTY_DIR
+        if not present(path):
+            make()
+    return path
+
+
+def ensure_sysfs_template(helper: str) -> Path:
+    """The sysfs template, mounted now if it is not (two stats per create when it is)."""
+    def make() -> None:
+        proc = subprocess.run([helper, "sysfs-template", str(SYSFS_TEMPLATE), str(NETNS_FILE)],
+                              capture_output=True, text=True, stdin=subprocess.DEVNULL, env={})
+        if proc.returncode != 0 or not _is_sysfs_mount(SYSFS_TEMPLATE):
+            raise SandboxError(f"cannot mount the sysfs template at {SYSFS_TEMPLATE}: "
+                               f"{proc.stderr.strip() or 'not a sysfs mount afterwards'}")
+    return _ensure(SYSFS_TEMPLATE, _is_sysfs_mount, make)
+
+
+def ensure_empty_dir() -> Path:
+    """An empty, read-only tmpfs (size 0) at EMPTY_DIR, mounted now if it is not."""
+    def make() -> None:
+        EMPTY_DIR.mkdir(mode=0o555, exist_ok=True)
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.mount(b"tmpfs", str(EMPTY_DIR).encode(), b"tmpfs",
+                      _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, b"size=0,mode=0555") != 0:
+            err = ctypes.get_errno()
+            raise SandboxError(f"cannot mount the empty template at {EMPTY_DIR}: {os.strerror(err)}")
+    return _ensure(EMPTY_DIR, _is_empty_ro_mount, make)
