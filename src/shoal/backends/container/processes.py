@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import select
 import selectors
 import threading
 import time
@@ -17,6 +18,8 @@ from ...core.contract import Cursor, ExecResult, ProcessHandle, ProcessOutput, S
 from ...core.errors import CommandTimeout, InvalidArgument, SessionClosed
 from ..shell import MarkedCommand
 from . import initclient
+
+STDIN_WRITE_TIMEOUT_S = 5.0  # a write to a full pipe waits this long for the process to read
 
 
 def _partial_utf8(data: bytes) -> int:
@@ -124,14 +127,27 @@ class ContainerProcess(ProcessHandle):
                 self._changed.wait(left)
 
     def write_stdin(self, data: bytes) -> None:
+        """Blocks at most STDIN_WRITE_TIMEOUT_S: a process that does not read its stdin must not hold the
+        caller's thread (a server's worker) nor, through the lock, close() and kill, for ever."""
         p = self._proc
         with p._close_lock:  # never write to an fd the pump has closed (and the number reused)
             if p.stdin_w < 0:
                 raise InvalidArgument("the process's stdin is closed (or it was started without stdin=True)")
+            os.set_blocking(p.stdin_w, False)
+            deadline = time.monotonic() + STDIN_WRITE_TIMEOUT_S
+            view, total = memoryview(data), len(data)
             try:
-                view = memoryview(data)
                 while view:
-                    view = view[os.write(p.stdin_w, view):]
+                    try:
+                        view = view[os.write(p.stdin_w, view):]
+                    except BlockingIOError:
+                        left = deadline - time.monotonic()
+                        poller = select.poll()  # not select(): fds past 1024 are common on a dense host
+                        poller.register(p.stdin_w, select.POLLOUT)
+                        if left <= 0 or not poller.poll(left * 1000):
+                            raise CommandTimeout(
+                                f"the process did not read its stdin for {STDIN_WRITE_TIMEOUT_S:g} s: "
+                                f"{total - len(view)} of {total} bytes written") from None
             except BrokenPipeError:
                 raise InvalidArgument("the process no longer reads its stdin") from None
 
