@@ -121,11 +121,16 @@ class BoxStore:
 
     def __init__(self, path: Path):
         path.parent.mkdir(parents=True, exist_ok=True)
+        # it holds every sandbox's access token: 0600 before SQLite opens it, since SQLite gives the -wal
+        # and -shm files the database's mode at their creation (and they hold the same rows)
+        for f in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+            if f.exists() or f == path:
+                os.close(os.open(f, os.O_RDWR | os.O_CREAT, 0o600))
+                os.chmod(f, 0o600)
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("CREATE TABLE IF NOT EXISTS boxes (id TEXT PRIMARY KEY, data TEXT NOT NULL)")
-        os.chmod(path, 0o600)  # it holds access tokens
         self._lock = threading.Lock()
 
     def save(self, box: Box) -> None:

@@ -9,9 +9,9 @@ Client streams: several request envelopes, one answer message and the end envelo
 from __future__ import annotations
 
 import base64
-import gzip
 import json
 import struct
+import zlib
 from typing import Any
 
 FLAG_COMPRESSED = 0x01
@@ -75,8 +75,29 @@ def split_envelopes(body: bytes) -> list[dict[str, Any]]:
         if flags & FLAG_END:
             continue
         if flags & FLAG_COMPRESSED:
-            payload = gzip.decompress(payload)
+            payload = gunzip(payload, MAX_MESSAGE)
         out.append(decode(payload))
+    return out
+
+
+class TooLarge(RpcError):
+    """A gzip body that inflates past its cap (a gzip bomb: about 1,000:1 for zeros)."""
+
+    def __init__(self, cap: int):
+        super().__init__("resource_exhausted", f"the gzip body inflates past {cap} bytes")
+
+
+def gunzip(data: bytes, cap: int) -> bytes:
+    """Inflate one gzip stream, never holding more than `cap` bytes of its output."""
+    d = zlib.decompressobj(wbits=31)
+    try:
+        out = d.decompress(data, cap + 1)
+    except zlib.error as e:
+        raise RpcError("invalid_argument", f"body is not valid gzip: {e}") from None
+    if len(out) > cap or d.unconsumed_tail:
+        raise TooLarge(cap)
+    if not d.eof:
+        raise RpcError("invalid_argument", "body is not valid gzip: truncated stream")
     return out
 
 
