@@ -70,3 +70,18 @@ def test_the_state_index_and_its_wal_are_private(sbx, e2b_server, root):
     assert any(f.name.endswith("-wal") for f in files), files
     for f in files:
         assert stat.S_IMODE(f.stat().st_mode) == 0o600, f  # every sandbox's access token is in there
+
+
+def test_serve_refuses_a_network_address_without_tls(root):
+    import os
+    import subprocess
+    import sys
+
+    from shoal.e2b.cli import is_loopback
+
+    assert is_loopback("127.0.0.1") and is_loopback("127.8.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("10.0.0.1") and not is_loopback("example.org")
+    r = subprocess.run([sys.executable, "-m", "shoal.cli", "e2b", "serve", "--listen", "0.0.0.0:3999"],
+                       env={**os.environ, "SHOAL_URL": "local", "SHOAL_ROOT": str(root)},
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "loopback" in r.stdout + r.stderr

@@ -74,8 +74,11 @@ def default_keys_path(root: str | None = None) -> Path:
 
 
 def serve(backend: SandboxBackend, keys: Keys, host: str = "127.0.0.1", port: int = 3000,
-          templates: Mapping[str, str] | None = None, log_level: str = "warning", state: Path | None = None) -> None:
+          templates: Mapping[str, str] | None = None, log_level: str = "warning", state: Path | None = None,
+          tls: tuple[str, str] | None = None) -> None:
+    """`tls`: (certificate, key) PEM files: serve https."""
     import uvicorn
 
     uvicorn.run(make_app(backend, keys, templates, state=state), host=host, port=port, log_level=log_level,
-                http="h11", access_log=False, timeout_graceful_shutdown=2)  # open streams don't hold a stop
+                http="h11", access_log=False, timeout_graceful_shutdown=2,  # open streams don't hold a stop
+                ssl_certfile=tls[0] if tls else None, ssl_keyfile=tls[1] if tls else None)

@@ -36,6 +36,8 @@ def serve(listen: str = typer.Option("127.0.0.1:3000", "--listen", help="HOST:PO
           state: Path | None = typer.Option(None, "--state", help="the sandbox index (SQLite): a restarted front "
                                                                  "finds its sandboxes (default <root>/e2b-state.db)"),
           memory_only: bool = typer.Option(False, "--memory-only", help="keep the index in memory only"),
+          tls_cert: Path | None = typer.Option(None, "--tls-cert", help="PEM certificate: serve https"),
+          tls_key: Path | None = typer.Option(None, "--tls-key", help="PEM private key of --tls-cert"),
           log_level: str = typer.Option("warning", "--log-level")):
     """Serve E2B's control plane and envd on one address: set E2B_API_URL and E2B_SANDBOX_URL to http://LISTEN."""
     from ..backends import open_backend
@@ -43,12 +45,32 @@ def serve(listen: str = typer.Option("127.0.0.1:3000", "--listen", help="HOST:PO
     from .app import serve as run
 
     host, _, port = listen.rpartition(":")
+    if (tls_cert is None) != (tls_key is None):
+        raise typer.BadParameter("--tls-cert and --tls-key go together")
+    if tls_cert is None and not is_loopback(host or "127.0.0.1"):
+        # API keys and every sandbox's access token travel in headers: never in clear off this host
+        raise typer.BadParameter(f"{listen} is not a loopback address: give --tls-cert and --tls-key",
+                                 param_hint="--listen")
     backend = open_backend(url, api_key, root)
     k = _keys(keys, root)
-    console.print(f"E2B front on http://{listen} ({len(k.tenants())} tenants); "
-                  f"E2B_API_URL=E2B_SANDBOX_URL=http://{listen}")
+    scheme = "https" if tls_cert else "http"
+    console.print(f"E2B front on {scheme}://{listen} ({len(k.tenants())} tenants); "
+                  f"E2B_API_URL=E2B_SANDBOX_URL={scheme}://{listen}")
     run(backend, k, host=host or "127.0.0.1", port=int(port), templates=parse_template_args(template),
-        log_level=log_level, state=None if memory_only else state or load_settings(root).root / "e2b-state.db")
+        log_level=log_level, state=None if memory_only else state or load_settings(root).root / "e2b-state.db",
+        tls=(str(tls_cert), str(tls_key)) if tls_cert and tls_key else None)
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 or localhost (a name that resolves elsewhere would be a lie we cannot check)."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 @key_app.command("create")
