@@ -167,6 +167,8 @@ def test_tenants_cannot_see_each_other(daemon, tenants, base_image):
         assert snap.image in [i["ref"] for i in a.json("GET", "/images")]
         with pytest.raises(Unauthorized, match="admin"):  # the host's network is the admin's
             b.create(CreateRequest(image=base_image, network="host"))
+        with pytest.raises(Unauthorized, match="side channel"):  # merged pages cross tenants: admin's choice
+            b.create(CreateRequest(image=base_image, ksm=True))
         h = a.start(info.id, StartRequest(argv=["sleep", "30"]))
         with pytest.raises(SandboxNotFound):  # another tenant's background command
             b.call("GET", f"/sandboxes/{info.id}/commands/{h.id}")

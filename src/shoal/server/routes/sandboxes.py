@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Header, Response
 
+from ...backends.container.ksm import KsmConfig
 from ...core import errors as E
 from ...core.contract import (
     API_PREFIX,
@@ -29,11 +30,19 @@ def create(body: CreateRequest, c: Caller = Depends(caller),
     d, t = c.d, c.t
     if body.network == "host" and not t.admin:
         raise E.Unauthorized("network='host' (the host's network, for image builds) is for the admin only")
+    if body.ksm and not t.admin and not _tenants_may_merge(d):
+        raise E.Unauthorized("ksm=True (pages merged with every other ksm sandbox on the host: a side channel) "
+                             "is for the admin only unless the host's config sets [ksm] tenants = true")
     refs = [f"snapshots/{body.from_snapshot}:latest"] if body.from_snapshot else []
     refs += [x for x in [body.image] + [x for x in body.layers or [] if ":" in x and not x.startswith("sha256:")]
              if x]
     d.check_create_images(t, refs)
     return d.create(t, body, idempotency_key)
+
+
+def _tenants_may_merge(d: object) -> bool:
+    settings = getattr(d, "settings", None)  # a fleet gateway has none: its hosts decide, refuse here
+    return settings is not None and KsmConfig.from_settings(settings.extra).tenants
 
 
 @router.get("")
