@@ -85,11 +85,13 @@ def _reclaim_v1(d: Path, goal: int, limit: int) -> None:
         _write(d / "memory.limit_in_bytes", str(limit))
 
 
-def _reclaim_v2(d: Path, goal: int, swap_max: str) -> None:
-    """memory.reclaim in rounds until the group is at `goal`, swap.max lifted meanwhile."""
+def _reclaim_v2(d: Path, goal: int, swap_max: str, limit: int) -> None:
+    """memory.reclaim in rounds until the group is at `goal`, swap.max lifted to the memory limit meanwhile:
+    not to "max", since what goes out stays out and a tenant could reclaim, refill and reclaim again,
+    filling the host's swap (v1 needs no such cap: its memsw limit bounds memory + swap together)."""
     has_swap = (d / "memory.swap.max").exists()
     if has_swap:
-        _write(d / "memory.swap.max", "max")
+        _write(d / "memory.swap.max", str(max(limit, int(swap_max))))
     try:
         for _ in range(ROUNDS):
             current = _read_int(d / "memory.current")
@@ -117,7 +119,7 @@ def reclaim(cg: CgroupDriver, sandbox_id: str, req: ReclaimRequest, limit_bytes:
         before = memory_use(cg, sandbox_id)
         goal = max(MIN_BYTES, before.charged - int(req.target * before.anon))
         if cg.version == 2:
-            _reclaim_v2(d, goal, str(swap_max))
+            _reclaim_v2(d, goal, str(swap_max), limit_bytes)
         else:
             _reclaim_v1(d, goal, limit_bytes)
         after = memory_use(cg, sandbox_id)
