@@ -45,8 +45,10 @@ def test_leases_attempts_pause_and_resume(where):
         q.submit([], {"kind": "null"})
 
 
-def _claim_all(where: str, worker: str, out) -> None:
+def _claim_all(where: str, worker: str, out, start=None) -> None:
     q = open_queue(where)
+    if start is not None:  # all workers open their queue first, then race (a loaded host starts them late)
+        start.wait(60)
     while (c := q.claim(worker, "n1", lease_s=60)) is not None:
         out.append((c.id, worker))
         assert q.finish(c.id, worker, {"reward": 1.0, "by": worker})
@@ -56,8 +58,8 @@ def test_concurrent_workers_claim_each_episode_exactly_once(where):
     q = open_queue(where)
     ids = q.submit([f"t{i}" for i in range(50)], {"kind": "null"}, repeats=4)
     with mp.Manager() as m:
-        got = m.list()
-        procs = [mp.Process(target=_claim_all, args=(where, f"w{i}", got)) for i in range(4)]
+        got, start = m.list(), m.Barrier(4)
+        procs = [mp.Process(target=_claim_all, args=(where, f"w{i}", got, start)) for i in range(4)]
         for p in procs:
             p.start()
         for p in procs:
