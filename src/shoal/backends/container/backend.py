@@ -432,7 +432,10 @@ class ContainerBackend(LocalBackend):
                 # said first: the supervisor keeps a tombstone already there, so it cannot take this
                 # SIGKILL for the OOM killer's
                 self._write_tombstone(sandbox_id, reason)
-                signal.pidfd_send_signal(init_fd, signal.SIGKILL)
+                try:
+                    signal.pidfd_send_signal(init_fd, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass  # it died on its own since (the OOM killer, or its last process exiting)
             if self.cgroups.is_frozen(sandbox_id):
                 self.cgroups.freeze(sandbox_id, False)
             if sup_fd is not None:
