@@ -217,6 +217,19 @@ def test_branch_of_a_branch_and_the_tree(host, base_image, log):
     assert [(c.episode, c.step, c.steps) for c in t.children] == [("root.alt", 3, 6)]
     assert sorted((c.episode, c.step) for c in t.children[0].children) == sorted([(bb.id, 5), (bc.id, 2)])
     assert Episode(log, bb.id).tree().step == 5
+    # `shoal traj tree` prints the whole tree from any episode in it
+    import os
+    import subprocess
+    import sys
+
+    log.store.flush()
+    out = subprocess.run([sys.executable, "-m", "shoal.cli", "traj", "tree", str(log.store.path), bb.id],
+                         capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "200"})
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("root ") and "6 steps" in lines[0]
+    assert any("root.alt from step 3" in ln for ln in lines)
+    assert any(f"{bb.id} from step 5" in ln and "<-" in ln for ln in lines)
 
 
 def test_bad_branch_points_are_typed_errors(host, base_image, log):
@@ -238,3 +251,73 @@ def test_bad_branch_points_are_typed_errors(host, base_image, log):
     with pytest.raises(InvalidArgument, match="exists already"):
         ep.branch(step=1, episode_id="bad")
     assert log.store.children("bad/steps") == []  # nothing was left behind by the refusals
+
+
+# ------------------------------------------------------------------------------------------ through shoald
+@pytest.fixture(scope="module")
+def episode_daemon(root, base_image, tmp_path_factory):
+    """A shoald whose trajectory log is the one the test's workers write (SHOAL_TRAJLOG), and two tenants."""
+    from daemonctl import make_tenants, start_daemon
+
+    path = tmp_path_factory.mktemp("eplog") / "traj.db"
+    sock = root / "episodes.sock"
+    proc = start_daemon(root, "--socket", str(sock), env={"SHOAL_TRAJLOG": str(path)})
+    url = f"unix://{sock}"
+    try:
+        yield {"url": url, "log": path, "keys": make_tenants(url, names=("ep-a", "ep-b"))}
+    finally:
+        proc.terminate()
+        proc.wait(20)
+
+
+def test_branch_through_shoald_is_the_owners_only(episode_daemon, base_image):
+    from shoal.backends.http import HttpBackend
+    from shoal.core.contract import BranchRequest
+    from shoal.core.errors import SandboxNotFound
+
+    url, keys = episode_daemon["url"], episode_daemon["keys"]
+    a, b = HttpBackend(url, keys["ep-a"]), HttpBackend(url, keys["ep-b"])
+    log = TrajectoryLog(episode_daemon["log"])
+    truth: dict[int, str] = {}
+    task = ShellTask(base_image, truth)
+    asyncio.run(run_episode(task, ScriptPolicy(RANDOM[:4]), log, a, "api-ep", snapshot_every=1))
+    log.store.flush()  # the daemon reads the log from SQLite
+    made = []
+    try:
+        # tenant b can neither branch a's episode (any way) nor see its tree: 404, as for sandboxes
+        for req in (BranchRequest(step=2), BranchRequest(step=2, strategy="fastforward", from_step=0)):
+            with pytest.raises(EpisodeNotFound):
+                b.branch_episode("api-ep", req)
+        with pytest.raises(EpisodeNotFound):
+            b.episode_tree("api-ep")
+        with pytest.raises(EpisodeNotFound):
+            a.branch_episode("no-such-episode", BranchRequest(step=1))
+        # a can, by either strategy; the sandbox is a's (b cannot see it) and holds the state after the step
+        r = a.branch_episode("api-ep", BranchRequest(step=3))
+        made.append(r.sandbox.id)
+        assert (r.strategy, r.step, r.parent) == ("snapshot", 3, "api-ep")
+        assert digest(Sandbox(a, r.sandbox)) == truth[3]
+        with pytest.raises(SandboxNotFound):
+            b.info(r.sandbox.id)
+        with pytest.raises(EpisodeNotFound):  # nor the branch a made
+            b.branch_episode(r.episode, BranchRequest(step=1))
+        f = a.branch_episode("api-ep", BranchRequest(step=2, strategy="fastforward", from_step=0))
+        made.append(f.sandbox.id)
+        assert f.strategy == "fastforward" and f.replayed_ops > 0 and digest(Sandbox(a, f.sandbox)) == truth[2]
+        for k in (0, -1, 6):
+            with pytest.raises(BadBranchStep):
+                a.branch_episode("api-ep", BranchRequest(step=k))
+        assert {c["episode"] for c in a.episode_tree("api-ep")["children"]} == {r.episode, f.episode}
+        # the client runs the branch on: its sandbox is reattached (through a's backend), not rebuilt
+        truth2: dict[int, str] = {}
+        rec = asyncio.run(Episode(log, r.episode, a).run(ShellTask(base_image, truth2),
+                                                         ScriptPolicy(RANDOM[:3] + [["shell", {"command": COUNT}]])))
+        assert rec.sandbox == r.sandbox.id and rec.replayed["llm"] == 3 and sorted(truth2) == [1]
+    finally:
+        for sid in made:
+            try:
+                a.kill(sid)
+            except SandboxNotFound:
+                pass
+        a.close()
+        b.close()

@@ -25,12 +25,13 @@ from __future__ import annotations
 import secrets
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..core.contract import CreateRequest, SandboxBackend
+from ..core.contract import CreateRequest, SandboxBackend, SandboxInfo
 from ..core.errors import BadBranchStep, BranchNotExact, EpisodeNotFound, InvalidArgument, SandboxNotFound
-from ..envs.sandboxes import attach
+from ..envs.sandboxes import attach, create_request
 from ..sdk.sandbox import Sandbox
 from ..trajlog import DONE, UNKNOWN, TrajectoryLog, fast_forward
 from .episode import SANDBOX_TTL_S, run_episode
@@ -120,6 +121,10 @@ class Episode:
         if not self.exists():
             raise EpisodeNotFound(f"no episode {self.id!r} in the trajectory log")
 
+    def snapshots(self) -> list[str]:
+        """The ids of the snapshots the episode's steps took (what a branch may be restored from)."""
+        return [m.snapshot for m in self.marks() if m.snapshot]
+
     def marks(self) -> list[StepMark]:
         """The episode's step marks, in order (the state after step k is described by marks()[k-1])."""
         out = []
@@ -157,10 +162,15 @@ class Episode:
     # ------------------------------------------------------------------ branch
     def branch(self, step: int, *, strategy: str = "auto", episode_id: str | None = None,
                backend: SandboxBackend | None = None, ttl: float | None = SANDBOX_TTL_S,
-               from_step: int | None = None) -> Episode:
+               from_step: int | None = None,
+               creator: Callable[[CreateRequest], SandboxInfo] | None = None, address: str | None = None,
+               node: str | None = None) -> Episode:
         """A new episode: this one's log up to step `step`, and a sandbox in the state after it.
         `from_step` (fastforward only): start from that step's snapshot (0: the episode's start)
-        instead of the nearest one."""
+        instead of the nearest one. `creator`: how the sandbox is made (default `backend.create`;
+        shoald passes its create for the calling tenant: image checks, quotas, ownership). `address`,
+        `node`: where the branch will be run from, as `run_episode` compares them to reattach its
+        sandbox (default: `backend.address` and this episode's node)."""
         t0 = time.perf_counter()
         if strategy not in STRATEGIES:
             raise InvalidArgument(f"branch strategy is one of {', '.join(STRATEGIES)}, got {strategy!r}")
@@ -187,12 +197,12 @@ class Episode:
                     raise BranchNotExact(f"episode {self.id!r} has no snapshot after step {from_step}")
             base = marks[from_step - 1] if from_step else None
         new_id = episode_id or f"{self.id}.b{step}.{secrets.token_hex(3)}"
-        child = Episode(self.log, new_id, backend, node=self.node)
+        child = Episode(self.log, new_id, backend, node=node or self.node)
         if child.exists():
             raise InvalidArgument(f"episode {new_id!r} exists already")
 
         start = (self.log.info(self.stream("steps")) or _no_stream()).meta.get("start") or {}
-        sb = _create(backend, start, base.snapshot if base else None, ttl)
+        sb = _create(backend, start, base.snapshot if base else None, ttl, creator or backend.create)
         replayed = 0
         try:
             if use == "fastforward":
@@ -205,7 +215,7 @@ class Episode:
                         f"different {m['field']} than the log; the step is not reproducible, so only a snapshot "
                         "restores it exactly (run the episode with snapshot_every=1)")
                 replayed = rep.ops
-            copied = self._copy(new_id, mark, step, sb, backend)
+            copied = self._copy(new_id, mark, step, sb.id, address or backend.address, child.node)
         except BaseException:
             sb.kill()
             raise
@@ -214,12 +224,12 @@ class Episode:
                                 seconds=time.perf_counter() - t0, entries=copied)
         return child
 
-    def _copy(self, new_id: str, mark: StepMark, step: int, sb: Sandbox, backend: SandboxBackend) -> int:
+    def _copy(self, new_id: str, mark: StepMark, step: int, sandbox_id: str, address: str, node: str) -> int:
         store = self.log.store
         upto = {"sandbox": mark.sandbox_seq, "llm": mark.llm_seq, "steps": step}
         n = 0
         for kind in COPIED:
-            meta = {"sandbox": sb.id, "backend": backend.address, "node": self.node} if kind == "sandbox" else None
+            meta = {"sandbox": sandbox_id, "backend": address, "node": node} if kind == "sandbox" else None
             n += store.branch_stream(self.stream(kind), f"{new_id}/{kind}", upto[kind], episode=new_id, step=step,
                                      meta=meta)
         return n
@@ -263,14 +273,15 @@ def _no_stream() -> Any:
     raise EpisodeNotFound("the episode has no step marks")
 
 
-def _create(backend: SandboxBackend, start: dict, snapshot: str | None, ttl: float | None) -> Sandbox:
+def _create(backend: SandboxBackend, start: dict, snapshot: str | None, ttl: float | None,
+            creator: Callable[[CreateRequest], SandboxInfo]) -> Sandbox:
     """The branch's sandbox: from a snapshot's image, or from the episode's start layers, with the
     start sandbox's environment and limits."""
     fields = {k: start[k] for k in ("env", "memory_mb", "disk_mb", "cpu", "pids", "upper") if start.get(k)}
     if snapshot is not None:
-        req = CreateRequest(from_snapshot=snapshot, ttl=ttl, **fields)
+        req = create_request(None, from_snapshot=snapshot, ttl=ttl, **fields)
     else:
         if not start.get("layers"):
             raise BranchNotExact("the episode recorded no start layers to fast-forward from")
-        req = CreateRequest(layers=start["layers"], workdir=start.get("workdir"), ttl=ttl, **fields)
-    return Sandbox(backend, backend.create(req))
+        req = create_request(None, start["layers"], workdir=start.get("workdir"), ttl=ttl, **fields)
+    return Sandbox(backend, creator(req))
