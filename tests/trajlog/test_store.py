@@ -120,6 +120,11 @@ def test_branch_stream_copies_a_prefix_with_a_parent_link(any_store):
     with pytest.raises(InvalidArgument, match="no trajectory stream"):
         s.branch_stream("nope/sandbox", "x/sandbox", 1, episode="x", step=1)
     assert s.stream_info("x/sandbox") is None and len(s.entries("br/sandbox")) == 3
+    # several streams in one transaction: the second one's refusal leaves the first one unwritten
+    with pytest.raises(InvalidArgument, match="exists"):
+        s.branch_streams([("ep/sandbox", "br3/sandbox", 2, None), ("ep/sandbox", "br/sandbox", 2, None)],
+                         episode="br3", step=1)
+    assert s.stream_info("br3/sandbox") is None and s.entries("br3/sandbox") == []
 
 
 def test_a_log_from_before_branches_gets_the_parent_columns_on_open(tmp_path):

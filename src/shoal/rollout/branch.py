@@ -201,7 +201,8 @@ class Episode:
         if child.exists():
             raise InvalidArgument(f"episode {new_id!r} exists already")
 
-        start = (self.log.info(self.stream("steps")) or _no_stream()).meta.get("start") or {}
+        marks_info = self.log.info(self.stream("steps"))
+        start = (marks_info.meta.get("start") if marks_info else None) or {}
         sb = _create(backend, start, base.snapshot if base else None, ttl, creator or backend.create)
         replayed = 0
         try:
@@ -225,14 +226,11 @@ class Episode:
         return child
 
     def _copy(self, new_id: str, mark: StepMark, step: int, sandbox_id: str, address: str, node: str) -> int:
-        store = self.log.store
         upto = {"sandbox": mark.sandbox_seq, "llm": mark.llm_seq, "steps": step}
-        n = 0
-        for kind in COPIED:
-            meta = {"sandbox": sandbox_id, "backend": address, "node": node} if kind == "sandbox" else None
-            n += store.branch_stream(self.stream(kind), f"{new_id}/{kind}", upto[kind], episode=new_id, step=step,
-                                     meta=meta)
-        return n
+        where = {"sandbox": sandbox_id, "backend": address, "node": node}  # what run_episode reattaches
+        return self.log.store.branch_streams(
+            [(self.stream(kind), f"{new_id}/{kind}", upto[kind], where if kind == "sandbox" else None)
+             for kind in COPIED], episode=new_id, step=step)
 
     async def run(self, task: Task, policy: Policy, **kw: Any) -> EpisodeRecord:
         """Run the episode on (a branch: its k logged steps fast-forward, then it goes on live)."""
@@ -267,10 +265,6 @@ class Episode:
             seen.add(p[0])
             ep = Episode(self.log, p[0], self.backend, node=self.node)
         return ep
-
-
-def _no_stream() -> Any:
-    raise EpisodeNotFound("the episode has no step marks")
 
 
 def _create(backend: SandboxBackend, start: dict, snapshot: str | None, ttl: float | None,

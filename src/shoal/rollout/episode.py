@@ -98,7 +98,8 @@ def _mark(marks: Stream, sb: Sandbox, step: int, sandbox_seq: int, llm_seq: int,
             return {"snapshot": None}
         t0 = time.perf_counter()
         info = sb.snapshot()
-        return {"snapshot": info.id, "image": info.image, "size": info.size, "snapshot_s": time.perf_counter() - t0}
+        return {"snapshot": info.id, "image": info.image, "layer": info.layer, "size": info.size,
+                "snapshot_s": time.perf_counter() - t0}
 
     req = {"step": step, "sandbox_seq": sandbox_seq, "llm_seq": llm_seq}
     try:

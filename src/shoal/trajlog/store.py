@@ -151,6 +151,12 @@ class LogStore(ABC):
         """A new stream `stream` holding `source`'s entries with seq < `upto` (their `episode` set to
         `episode`), its image and layers, its metadata merged with `meta`, and the parent link
         (`source`, `step`). Refuses (InvalidArgument) when `stream` exists. Returns the entries copied."""
+        return self.branch_streams([(source, stream, upto, meta)], episode=episode, step=step)
+
+    def branch_streams(self, copies: list[tuple[str, str, int, dict | None]], *, episode: str | None,
+                       step: int) -> int:
+        """`branch_stream` for each (source, stream, upto, meta), all in one transaction: a branch's
+        streams are all there, or none is."""
         raise NotImplementedError(f"{type(self).__name__} cannot branch streams")
 
     def children(self, stream: str) -> list[StreamInfo]:
@@ -234,21 +240,23 @@ class SQLiteLogStore(LogStore):
         rows = self._db.execute(f"SELECT {_STREAM_COLS} FROM streams WHERE parent=? ORDER BY created", (stream,))
         return [_stream(r) for r in rows]
 
-    def branch_stream(self, source, stream, upto, *, episode, step, meta=None) -> int:
+    def branch_streams(self, copies, *, episode, step) -> int:
+        n = 0
         with self._conn.transaction() as db:  # one transaction: a branch is all there, or not at all
-            row = db.execute("SELECT image, layers, meta FROM streams WHERE stream=?", (source,)).fetchone()
-            if row is None:
-                raise InvalidArgument(f"no trajectory stream named {source!r}")
-            merged = {**json.loads(row[2]), **(meta or {})}
-            try:
-                db.execute(f"INSERT INTO streams({_STREAM_COLS}) VALUES(?,?,?,?,?,?,?,?,?)",
-                           (stream, episode, row[0], row[1], None, time.time(), json.dumps(merged), source, step))
-            except sqlite3.IntegrityError:
-                raise InvalidArgument(f"trajectory stream {stream!r} exists already") from None
-            cur = db.execute(f"INSERT INTO entries({_COLS}) SELECT ?, seq, kind, req_hash, request, status, result, ?, "
-                             "sandbox, host, writer, started, finished FROM entries WHERE stream=? AND seq<?",
-                             (stream, episode, source, upto))
-            return cur.rowcount
+            for source, stream, upto, meta in copies:
+                row = db.execute("SELECT image, layers, meta FROM streams WHERE stream=?", (source,)).fetchone()
+                if row is None:
+                    raise InvalidArgument(f"no trajectory stream named {source!r}")
+                merged = {**json.loads(row[2]), **(meta or {})}
+                try:
+                    db.execute(f"INSERT INTO streams({_STREAM_COLS}) VALUES(?,?,?,?,?,?,?,?,?)",
+                               (stream, episode, row[0], row[1], None, time.time(), json.dumps(merged), source, step))
+                except sqlite3.IntegrityError:
+                    raise InvalidArgument(f"trajectory stream {stream!r} exists already") from None
+                n += db.execute(f"INSERT INTO entries({_COLS}) SELECT ?, seq, kind, req_hash, request, status, result, "
+                                "?, sandbox, host, writer, started, finished FROM entries WHERE stream=? AND seq<?",
+                                (stream, episode, source, upto)).rowcount
+        return n
 
     def append(self, e: Entry) -> bool:
         try:
@@ -482,9 +490,9 @@ class JournaledLogStore(SQLiteLogStore):
         self.flush()
         return super().get(stream, seq)
 
-    def branch_stream(self, source, stream, upto, *, episode, step, meta=None) -> int:
-        self.flush()  # the source's newest entries may still be in this process's journal only
-        return super().branch_stream(source, stream, upto, episode=episode, step=step, meta=meta)
+    def branch_streams(self, copies, *, episode, step) -> int:
+        self.flush()  # the sources' newest entries may still be in this process's journal only
+        return super().branch_streams(copies, episode=episode, step=step)
 
     def entries(self, stream=None, **kw):
         self.flush()

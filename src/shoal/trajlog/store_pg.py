@@ -85,21 +85,23 @@ class PgLogStore(LogStore):
         rows = self._pg.execute(f"SELECT {_STREAM_COLS} FROM log_streams WHERE parent=%s ORDER BY created", (stream,))
         return [_stream(r) for r in rows]
 
-    def branch_stream(self, source, stream, upto, *, episode, step, meta=None) -> int:
+    def branch_streams(self, copies, *, episode, step) -> int:
+        n = 0
         with self._pg.transaction() as db:  # one transaction: a branch is all there, or not at all
-            row = db.execute("SELECT image, layers, meta FROM log_streams WHERE stream=%s", (source,)).fetchone()
-            if row is None:
-                raise InvalidArgument(f"no trajectory stream named {source!r}")
-            cur = db.execute(f"INSERT INTO log_streams({_STREAM_COLS}) VALUES(%s, %s, %s, %s, %s, %s, %s, %s, %s) "
-                             "ON CONFLICT DO NOTHING",
-                             (stream, episode, row[0], Jsonb(row[1]), None, time.time(),
-                              Jsonb({**dict(row[2]), **(meta or {})}), source, step))
-            if cur.rowcount != 1:
-                raise InvalidArgument(f"trajectory stream {stream!r} exists already")
-            cur = db.execute(f"INSERT INTO log_entries({_COLS}) SELECT %s, seq, kind, req_hash, request, status, "
-                             "result, %s, sandbox, host, writer, started, finished FROM log_entries "
-                             "WHERE stream=%s AND seq<%s", (stream, episode, source, upto))
-            return cur.rowcount
+            for source, stream, upto, meta in copies:
+                row = db.execute("SELECT image, layers, meta FROM log_streams WHERE stream=%s", (source,)).fetchone()
+                if row is None:
+                    raise InvalidArgument(f"no trajectory stream named {source!r}")
+                cur = db.execute(f"INSERT INTO log_streams({_STREAM_COLS}) VALUES(%s, %s, %s, %s, %s, %s, %s, %s, %s) "
+                                 "ON CONFLICT DO NOTHING",
+                                 (stream, episode, row[0], Jsonb(row[1]), None, time.time(),
+                                  Jsonb({**dict(row[2]), **(meta or {})}), source, step))
+                if cur.rowcount != 1:
+                    raise InvalidArgument(f"trajectory stream {stream!r} exists already")
+                n += db.execute(f"INSERT INTO log_entries({_COLS}) SELECT %s, seq, kind, req_hash, request, status, "
+                                "result, %s, sandbox, host, writer, started, finished FROM log_entries "
+                                "WHERE stream=%s AND seq<%s", (stream, episode, source, upto)).rowcount
+        return n
 
     # ------------------------------------------------------------------ entries
     def append(self, e: Entry) -> bool:
