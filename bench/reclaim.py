@@ -65,6 +65,18 @@ def host_used() -> int:
     return info["MemTotal"] - info["MemAvailable"]
 
 
+def swap_used() -> dict[str, int]:
+    """Bytes used per active swap area (/proc/swaps)."""
+    out = {}
+    with open("/proc/swaps") as f:
+        next(f, None)
+        for line in f:
+            parts = line.split()
+            if len(parts) >= 4:
+                out[parts[0]] = int(parts[3]) * 1024
+    return out
+
+
 def lat(xs: list[float]) -> dict:
     return {"n": len(xs), "p50_ms": round(pct(xs, 0.5) * 1e3, 2), "p99_ms": round(pct(xs, 0.99) * 1e3, 2),
             "max_ms": round(max(xs) * 1e3, 2)}
@@ -100,7 +112,15 @@ def one_run(algorithm: str, n: int, target: float, root: str, zram_mb: int) -> d
     tmpd = Path(tempfile.mkdtemp(prefix="shoal-reclaim-bench-"))
     state, zswap_state = tmpd / "zram.json", tmpd / "zswap.json"
     zswap_with = algorithm.removeprefix("zswap-") if algorithm.startswith("zswap-") else None
-    dev = zram.setup(zram.ZramConfig(size_mb=zram_mb, algorithm="lzo-rle" if zswap_with else algorithm), state)
+    if zswap.available() and zswap.settings()["enabled"] in ("Y", "1"):
+        # zswap is host-wide: left on (by anyone), it takes a zram-only run's pages, and its own run
+        # would record "on" as the host's setting to restore
+        raise SystemExit("zswap is already enabled on this host; turn it off first "
+                         "(echo N > /sys/module/zswap/parameters/enabled)")
+    # the top swap priority: a device of equal priority (another user's zram on a shared host) would
+    # take every other page round-robin, and its RAM would not be counted here
+    dev = zram.setup(zram.ZramConfig(size_mb=zram_mb, algorithm="lzo-rle" if zswap_with else algorithm,
+                                     priority=32767), state)
     sbs: list = []
     handles: list = []  # the Python processes live as long as their handles
     try:
@@ -109,6 +129,7 @@ def one_run(algorithm: str, n: int, target: float, root: str, zram_mb: int) -> d
         time.sleep(1.0)
         base = host_used()
         zswap_base = zswap.stats()
+        others_base = {p: u for p, u in swap_used().items() if p != dev.path}
         for _ in range(n):
             sb = Sandbox.create("python:3.11", url="local", root=root, memory_mb=256, disk_mb=64)
             sbs.append(sb)
@@ -139,6 +160,7 @@ def one_run(algorithm: str, n: int, target: float, root: str, zram_mb: int) -> d
         used_after = host_used() - base
         zst = dev.stats()
         zsw = {k: v - zswap_base[k] for k, v in zswap.stats().items()}
+        others = {p: u for p, u in swap_used().items() if p != dev.path}
         ram_out = zst["mem_used_total"] + zsw["pool_bytes"]  # what the pushed-out pages cost in RAM
         rec_first, rec_answer = wake_times(sbs)
         before = [r.memory_before for r, _ in results]
@@ -182,6 +204,8 @@ def one_run(algorithm: str, n: int, target: float, root: str, zram_mb: int) -> d
                      if zst["compr_data_size"] + zsw["pool_bytes"] else 0.0,
                      "ratio_with_overhead": round((zst["orig_data_size"] + zsw["stored_bytes"]) / ram_out, 3)
                      if ram_out else 0.0},
+            # other swap areas' use changed by this much meanwhile (should be ~0: ours has the top priority)
+            "other_swap_delta_mib": round((sum(others.values()) - sum(others_base.values())) / MIB, 1),
             "zswap": {"compressor": zswap_with, "stored_mib": round(zsw["stored_bytes"] / MIB, 1),
                       "pool_mib": round(zsw["pool_bytes"] / MIB, 1),
                       "device_stored_mib": round(zst["orig_data_size"] / MIB, 1),
