@@ -242,7 +242,7 @@ def test_bad_branch_points_are_typed_errors(host, base_image, log):
             ep.branch(step=k)
     for k in ("2", 2.0, True, None):
         with pytest.raises(BadBranchStep, match="whole number"):
-            ep.branch(step=k)  # type: ignore[arg-type]
+            ep.branch(step=k)  # type: ignore[arg-type]  # wrong on purpose
     assert isinstance(BadBranchStep("x"), InvalidArgument)
     with pytest.raises(InvalidArgument, match="strategy"):
         ep.branch(step=1, strategy="copy")

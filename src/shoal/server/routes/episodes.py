@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from typing import Any
 
 from fastapi import APIRouter, Depends
@@ -25,11 +26,12 @@ from ..state import Tenant
 
 router = APIRouter(prefix=API_PREFIX + "/episodes", tags=["episodes"])
 _lock = threading.Lock()
+_logs: weakref.WeakKeyDictionary[Served, Any] = weakref.WeakKeyDictionary()  # per served daemon, opened once
 
 
 def episode_log(d: Served) -> Any:
     """The daemon's trajectory log (opened once), or BackendUnavailable when none is configured."""
-    log = getattr(d, "_episode_log", None)
+    log = _logs.get(d)
     if log is not None:
         return log
     settings = getattr(d, "settings", None)
@@ -39,9 +41,9 @@ def episode_log(d: Served) -> Any:
     from ...trajlog import TrajectoryLog
 
     with _lock:
-        if getattr(d, "_episode_log", None) is None:
-            d._episode_log = TrajectoryLog(str(where))  # type: ignore[attr-defined]
-    return d._episode_log  # type: ignore[attr-defined]
+        if d not in _logs:
+            _logs[d] = TrajectoryLog(str(where))
+        return _logs[d]
 
 
 def _episode(c: Caller, episode: str) -> Any:
