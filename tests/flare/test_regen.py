@@ -19,6 +19,11 @@ def task(few_tasks):
     return min(few_tasks, key=lambda t: len(t.FAIL_TO_PASS))  # the cheapest to grade
 
 
+def _changes(patch: str) -> list[str]:
+    """A diff's changed lines and file headers (git's index line aside)."""
+    return [ln for ln in patch.splitlines() if ln.startswith(("+", "-")) and not ln.startswith("index ")]
+
+
 def _run(task, host, mistakes, threshold, grades, **kw):
     policy = FallibleOraclePolicy(task, p=1.0, seed=3, mistakes=mistakes)
     return asyncio.run(run_flare(task, policy, host, threshold=threshold, grades=grades, **kw))
@@ -38,7 +43,7 @@ def test_tampering_is_flagged_and_regenerated_away(task, host):
     assert hit["diagnosis"]["error_class"] == "test-tampering" and hit["branch"].endswith("/b1/sandbox")
     # the branch restored the state before the flagged step exactly: the final diff is the gold patch's,
     # with no trace of the tampering, and no step of the kept path is flagged
-    assert fixed.patch.strip() == task.patch.strip()
+    assert _changes(fixed.patch) == _changes(task.patch)
     assert all(d.risk == Risk.none for d in fixed.diagnoses)
     assert fixed.tokens > plain.tokens and fixed.sandbox_s > 0 and fixed.policy_calls == len(fixed.flagged)
     assert [m["content"] for m in fixed.messages if m["role"] == "user"][-1].startswith("[flare diagnosis]")

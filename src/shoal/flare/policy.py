@@ -51,11 +51,15 @@ def feedback_message(diagnosis) -> dict:
 class FallibleOraclePolicy(ScriptedPolicy):
     name = "fallible-oracle"
 
-    def __init__(self, task: SWETask, p: float = 0.3, seed: int = 0, mistakes: tuple[str, ...] | None = None):
+    def __init__(self, task: SWETask, p: float = 0.3, seed: int = 0, mistakes: tuple[str, ...] | None = None,
+                 inject: dict[int, str] | None = None):
+        """`inject` {turn: mistake}: make exactly that mistake at that turn (0-based count of its
+        answers), whatever p says: RADAR's success track injects errors into oracle runs with it."""
         if not 0.0 <= p <= 1.0:
             raise ValueError(f"p must be in [0, 1], got {p}")
         self.task, self.p, self.seed = task, p, seed
         self.allowed = mistakes
+        self.inject = dict(inject or {})
         paths = [path for path, _ in split_patch(task.patch)]
         self.target = paths[0] if paths else ""
         self.test_file = task.FAIL_TO_PASS[0].split("::")[0] if task.FAIL_TO_PASS else ""
@@ -97,6 +101,11 @@ class FallibleOraclePolicy(ScriptedPolicy):
                 "git checkout -q -- . && git clean -fdq"))])
         phase = self._phase(mine)
         rng = random.Random(f"{self.seed}:{self.task.instance_id}:{len(messages)}:{feedbacks}")
+        turn_no = sum(1 for m in messages if m["role"] == "assistant")
+        if not told and turn_no in self.inject:
+            made = self._mistake(self.inject[turn_no], step, mine, rng)
+            if made is not None:
+                return made
         if not told and rng.random() < self.p:
             kinds = [k for k in MISTAKES[phase] if self.allowed is None or k in self.allowed]
             if kinds:

@@ -15,6 +15,7 @@ Facts (JSON-able, stored in `StepView.facts`):
 """
 from __future__ import annotations
 
+import hashlib
 import re
 import shlex
 from typing import Any
@@ -27,6 +28,7 @@ _PROTECTED = re.compile(PROTECTED_PATTERN)
 _TB_FILE = re.compile(r"^([\w./-]+\.py):\d+: ", re.MULTILINE)
 PROBE_TIMEOUT_S = 120.0
 _ENV = {"PYTHONDONTWRITEBYTECODE": "1"}
+_START: dict[tuple[str, str], dict[str, Any]] = {}
 
 
 def protected(path: str) -> bool:
@@ -68,6 +70,14 @@ class SWEProbe:
                 "p2p_total": len(self.task.PASS_TO_PASS)}, log
 
     def start(self, sb: Sandbox) -> dict[str, Any]:
+        """Facts before step 1. Every sandbox of a task starts in the same state, so they are
+        computed once per task and process."""
+        key = (self.task.instance_id, hashlib.sha256(self.task.bug_patch.encode()).hexdigest())
+        if key not in _START:
+            _START[key] = self._start(sb)
+        return dict(_START[key])
+
+    def _start(self, sb: Sandbox) -> dict[str, Any]:
         facts = self._git(sb)
         tests, log = self._tests(sb)
         implicated: list[str] = []

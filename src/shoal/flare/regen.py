@@ -53,6 +53,19 @@ class Budget:
 
 
 @dataclass
+class Resume:
+    """Where a branched run starts: the state after a kept step of an earlier run (its messages,
+    the logged effects of each step, the steps and their diagnoses, the start facts)."""
+
+    messages: list[dict]
+    effects: list[list[tuple[str, dict]]]
+    steps: list[StepView]
+    diagnoses: list[StepDiagnosis]
+    start: dict
+    msgs_before: list[int]
+
+
+@dataclass
 class FlareEpisode:
     episode_id: str
     task: str
@@ -71,6 +84,16 @@ class FlareEpisode:
     probe_runs: int = 0
     wall_s: float = 0.0
     stopped: str = ""  # "", "max_steps", "tokens"
+    effects: list[list[tuple[str, dict]]] = field(default_factory=list, repr=False)  # per kept step
+    msgs_before: list[int] = field(default_factory=list, repr=False)  # len(messages) before each kept step
+
+    def branch_at(self, k: int) -> Resume:
+        """The state after step k (0: the start) of this episode, to continue from."""
+        if not 0 <= k <= len(self.trace.steps):
+            raise ValueError(f"step {k} is outside 0..{len(self.trace.steps)}")
+        n = self.msgs_before[k] if k < len(self.msgs_before) else len(self.messages)
+        return Resume(messages=self.messages[:n], effects=self.effects[:k], steps=self.trace.steps[:k],
+                      diagnoses=self.diagnoses[:k], start=self.trace.start, msgs_before=self.msgs_before[:k])
 
     @property
     def regenerations(self) -> int:
@@ -156,7 +179,7 @@ class FlareLoop:
     def __init__(self, task: Task, policy: Policy, backend: SandboxBackend, *, diagnoser: Diagnoser | None = None,
                  threshold: Risk | str | None = Risk.high, budget: Budget | None = None, max_steps: int = 12,
                  probe: bool = True, log: TrajectoryLog | None = None, episode_id: str | None = None,
-                 grades: GradeCache | None = None):
+                 grades: GradeCache | None = None, resume: Resume | None = None):
         self.task, self.policy, self.backend = task, policy, backend
         self.diagnoser = diagnoser or ProgrammaticDiagnoser()
         self.threshold = Risk.parse(threshold) if threshold is not None else None
@@ -168,6 +191,7 @@ class FlareLoop:
         self.log = log or TrajectoryLog(SQLiteLogStore(Path(tempfile.mkdtemp(prefix="shoal-flare-")) / "traj.db"))
         self.episode_id = episode_id or f"flare-{uuid.uuid4().hex[:10]}"
         self.grades = grades or GradeCache()
+        self.resume = resume
 
     async def run(self) -> FlareEpisode:
         import asyncio
@@ -178,13 +202,22 @@ class FlareLoop:
         await asyncio.to_thread(live.open, f"{self.episode_id}/sandbox", {"instance_id": task.id})
         sandbox_s = 0.0
         probe_runs0 = self.probe.runs if self.probe else 0
-        start = await asyncio.to_thread(self.probe.start, live.need()) if self.probe else {}
+        problem = next((m["content"] for m in task.prompt() if m["role"] == "user"), "")
         messages: list[dict] = task.prompt()
-        problem = next((m["content"] for m in messages if m["role"] == "user"), "")
         steps: list[StepView] = []
         diags: list[StepDiagnosis] = []
         effects: list[list[tuple[str, dict]]] = []  # per kept step: its logged effects
         msgs_before: list[int] = []  # len(messages) before each kept step
+        if self.resume is not None:
+            res = self.resume
+            for step_effects in res.effects:
+                for kind, req in step_effects:
+                    await asyncio.to_thread(apply, live.need(), kind, req)
+            start, messages, steps, diags = res.start, list(res.messages), list(res.steps), list(res.diagnoses)
+            effects = [list(e) for e in res.effects]
+            msgs_before = list(res.msgs_before)
+        else:
+            start = await asyncio.to_thread(self.probe.start, live.need()) if self.probe else {}
         interventions: list[dict] = []
         flagged: list[StepDiagnosis] = []
         tokens = calls = 0
@@ -256,7 +289,7 @@ class FlareLoop:
             report=verdict.report, patch=answer, trace=trace, diagnoses=diags, messages=messages,
             interventions=interventions, flagged=flagged, tokens=tokens, policy_calls=calls, sandbox_s=sandbox_s,
             probe_runs=(self.probe.runs - probe_runs0) if self.probe else 0, wall_s=time.monotonic() - t0,
-            stopped=stopped)
+            stopped=stopped, effects=effects, msgs_before=msgs_before)
 
 
 async def run_flare(task: Task, policy: Policy, backend: SandboxBackend, **kw: Any) -> FlareEpisode:
