@@ -53,6 +53,15 @@ def test_the_window_grows_along_a_run_and_isolated_touches_ask_for_nothing():
     assert ChunkReadahead(1000, 0, asked.append, lambda i: False).note([1, 2, 3]) == []  # cap 0: off
 
 
+def test_a_second_touch_in_a_block_fetches_the_rest_of_the_block():
+    ra = ChunkReadahead(100, 0, lambda c: None, lambda i: i == 21, cluster=8)
+    assert ra.note([19]) == [] and ra.note([26]) == []  # one touch per block: nothing
+    assert ra.note([22]) == [16, 17, 18, 20, 23]  # block 16-23 now has 19 and 22; 21 is cached
+    assert ra.note([29]) == [24, 25, 27, 28, 30, 31]  # out of order, below and above: block 24-31
+    assert ra.note([17]) == []  # its block was asked for already
+    assert ra.note([99]) == [] and ra.note([97]) == [96, 98]  # the last block is short
+
+
 def test_cached_chunks_are_not_asked_for_and_the_layer_end_bounds_the_window():
     ra = ChunkReadahead(10, 16, lambda c: None, lambda i: i == 4)
     assert ra.note([2, 3]) == [5]  # a run of 2: chunks 4-5, of which 4 is cached
@@ -66,7 +75,7 @@ def test_a_sequential_first_read_needs_far_fewer_requests_and_fetches_nothing_tw
     cache = ChunkCache(tmp_path / "chunks")
     with HttpOrigin(s.url) as o, ThreadPoolExecutor(4) as pool:
         layer = LazyLayer(index, o, "blob", cache)
-        layer.readahead = readahead.for_layer(layer, pool, max_chunks=8)
+        layer.readahead = readahead.for_layer(layer, pool, max_chunks=8, cluster=0)
         s.reset()
         for i in range(40):  # a small read in each chunk, in order: what a relaid-out first run does
             off = i * CHUNK + 4096
@@ -84,7 +93,7 @@ def test_scattered_reads_fetch_only_what_they_touch(served, tmp_path):
     cache = ChunkCache(tmp_path / "chunks")
     with HttpOrigin(s.url) as o, ThreadPoolExecutor(4) as pool:
         layer = LazyLayer(index, o, "blob", cache)
-        layer.readahead = readahead.for_layer(layer, pool, max_chunks=8)
+        layer.readahead = readahead.for_layer(layer, pool, max_chunks=8, cluster=0)
         s.reset()
         touched = list(range(0, 64, 3)) + [1]  # every third chunk, then one after the first
         for i in touched:
@@ -102,7 +111,7 @@ def test_a_failed_read_ahead_keeps_nothing_and_the_next_demand_read_recovers(ser
         with HttpOrigin(p.url, timeout=2.0) as o, ThreadPoolExecutor(4) as pool:
             layer = LazyLayer(index, o, "blob", cache)
             assert layer.read(0, 2 * CHUNK) == data[:2 * CHUNK]  # no read-ahead yet
-            layer.readahead = readahead.for_layer(layer, pool, max_chunks=8)
+            layer.readahead = readahead.for_layer(layer, pool, max_chunks=8, cluster=0)
             p.corrupt = True
             assert layer.readahead is not None
             assert layer.readahead.note([0, 1]) == [2, 3]  # fetched through the flipping proxy
