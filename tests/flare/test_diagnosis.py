@@ -168,3 +168,21 @@ def test_diagnose_is_async_behind_one_interface():
     dg = ProgrammaticDiagnoser()
     p = Prefix(task="t", start=START, steps=(step(1, ("submit", {}, "submitted", False)),))
     assert asyncio.run(dg.diagnose(p)) == dg.diagnose_now(p)
+
+
+def test_cli_taxonomy_and_export_sft(tmp_path):
+    from typer.testing import CliRunner
+
+    from shoal.cli import app
+
+    r = CliRunner().invoke(app, ["flare", "taxonomy", "--json"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["risk"][-1] == "critical"
+    msgs = [{"role": "user", "content": "u"}]
+    eps = tmp_path / "eps.jsonl"
+    eps.write_text(json.dumps({"resolved": True, "messages": msgs,
+                               "diagnoses": [d.model_dump(mode="json") for d in _diags("none")]}) + "\n")
+    r = CliRunner().invoke(app, ["flare", "export-sft", str(eps), str(tmp_path / "sft.jsonl")])
+    assert r.exit_code == 0 and "1 of 1" in r.stdout
+    eps.write_text('{"resolved": true}\n')
+    r = CliRunner().invoke(app, ["flare", "export-sft", str(eps), str(tmp_path / "sft.jsonl")])
+    assert r.exit_code != 0 and "not a diagnosed episode" in r.output

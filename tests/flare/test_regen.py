@@ -57,3 +57,16 @@ def test_budgets_stop_regeneration(task, host):
     assert destroyed.risk >= Risk.high and "fail now" in destroyed.evidence
     tight = _run(task, host, ("destructive-edit",), "high", grades, budget=Budget(tokens=1), max_steps=4)
     assert tight.stopped == "tokens" and tight.regenerations == 0 and tight.policy_calls == 1
+
+
+def test_a_step_that_does_not_reproduce_is_not_branched_over(task, host):
+    """Re-applying a logged step must give the logged result: a step whose output is random cannot be
+    restored by re-running it, and the loop says so instead of continuing from another state."""
+    from shoal.flare.regen import RewindMismatch
+    from shoal.rollout.policy import ScriptPolicy
+
+    test_file = task.FAIL_TO_PASS[0].split("::")[0]
+    policy = ScriptPolicy([["shell", {"command": "od -An -N8 -tx1 /dev/urandom > /tmp/key; cat /tmp/key"}],
+                           ["shell", {"command": f"echo '# x' >> {test_file}"}]])
+    with pytest.raises(RewindMismatch, match="step 1"):
+        asyncio.run(run_flare(task, policy, host, threshold="high", grades=GradeCache()))

@@ -4,8 +4,9 @@ After each step the probe (if the task has one) records what the sandbox shows, 
 judges the step from the prefix. When the risk reaches `threshold` and the budget allows:
 
 1. the episode branches at the step before the flagged one: a new sandbox in exactly the state
-   after step k-1 (the logged effects of steps 1..k-1 re-applied to a fresh sandbox of the task),
-   and a new log stream `<ep>/b<n>/sandbox` whose meta names its parent and the step;
+   after step k-1 (the logged effects of steps 1..k-1 re-applied to a fresh sandbox of the task,
+   each exec's result compared with the logged one: `RewindMismatch` if a step does not
+   reproduce), and a new log stream `<ep>/b<n>/sandbox` whose meta names its parent and the step;
 2. the flagged step's messages are dropped and the diagnosis (evidence and fix) is added to the
    policy's context as a user message;
 3. the loop goes on from step k.
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.contract import SandboxBackend
+from ..core.errors import ShoalError
 from ..rollout.policy import Policy
 from ..rollout.task import Task, Verdict
 from ..sdk.sandbox import Sandbox
@@ -43,6 +45,10 @@ from .programmatic import ProgrammaticDiagnoser
 from .schema import Action, Prefix, Risk, StepDiagnosis, StepView, Trace
 
 SANDBOX_TTL_S = 1800.0
+
+
+class RewindMismatch(ShoalError):
+    """Re-applying the logged effects gave other results: the step is not reproducible."""
 
 
 @dataclass
@@ -58,7 +64,7 @@ class Resume:
     the logged effects of each step, the steps and their diagnoses, the start facts)."""
 
     messages: list[dict]
-    effects: list[list[tuple[str, dict]]]
+    effects: list[list[tuple[str, dict, dict]]]
     steps: list[StepView]
     diagnoses: list[StepDiagnosis]
     start: dict
@@ -84,7 +90,7 @@ class FlareEpisode:
     probe_runs: int = 0
     wall_s: float = 0.0
     stopped: str = ""  # "", "max_steps", "tokens"
-    effects: list[list[tuple[str, dict]]] = field(default_factory=list, repr=False)  # per kept step
+    effects: list[list[tuple[str, dict, dict]]] = field(default_factory=list, repr=False)  # per kept step
     msgs_before: list[int] = field(default_factory=list, repr=False)  # len(messages) before each kept step
 
     def branch_at(self, k: int) -> Resume:
@@ -163,9 +169,20 @@ class _Live:
         assert self.lsb is not None
         return self.lsb.stream.cursor
 
-    def effects_since(self, seq: int) -> list[tuple[str, dict]]:
-        return [(e.kind, e.request) for e in self.loop.log.history(self.stream_name)
+    def effects_since(self, seq: int) -> list[tuple[str, dict, dict]]:
+        return [(e.kind, e.request, e.result or {}) for e in self.loop.log.history(self.stream_name)
                 if e.seq >= seq and e.status == DONE and e.kind in EFFECTFUL]
+
+    def reapply(self, effects: list[list[tuple[str, dict, dict]]]) -> None:
+        """Steps' logged effects, in order, into this (fresh) sandbox; each result must be the logged
+        one, or the state would not be the one the log describes (a nondeterministic step)."""
+        for step_no, step_effects in enumerate(effects, 1):
+            for kind, req, logged in step_effects:
+                now = apply(self.need(), kind, req)
+                if kind == "exec" and any(now.get(f) != logged.get(f) for f in ("exit_code", "stdout", "stderr")):
+                    raise RewindMismatch(f"step {step_no}: `{req.get('cmd')}` gave another result when re-applied "
+                                         f"(exit {logged.get('exit_code')} -> {now.get('exit_code')}); "
+                                         "the branch would not be in the logged state")
 
     def close(self) -> float:
         if self.sb is None:
@@ -196,9 +213,17 @@ class FlareLoop:
     async def run(self) -> FlareEpisode:
         import asyncio
 
+        live = _Live(self)
+        try:
+            return await self._run(live)
+        finally:  # an error (a policy outage, a rewind that does not reproduce) leaves no sandbox behind
+            await asyncio.to_thread(live.close)
+
+    async def _run(self, live: _Live) -> FlareEpisode:
+        import asyncio
+
         t0 = time.monotonic()
         task = self.task
-        live = _Live(self)
         await asyncio.to_thread(live.open, f"{self.episode_id}/sandbox", {"instance_id": task.id})
         sandbox_s = 0.0
         probe_runs0 = self.probe.runs if self.probe else 0
@@ -206,13 +231,11 @@ class FlareLoop:
         messages: list[dict] = task.prompt()
         steps: list[StepView] = []
         diags: list[StepDiagnosis] = []
-        effects: list[list[tuple[str, dict]]] = []  # per kept step: its logged effects
+        effects: list[list[tuple[str, dict, dict]]] = []  # per kept step: its logged effects
         msgs_before: list[int] = []  # len(messages) before each kept step
         if self.resume is not None:
             res = self.resume
-            for step_effects in res.effects:
-                for kind, req in step_effects:
-                    await asyncio.to_thread(apply, live.need(), kind, req)
+            await asyncio.to_thread(live.reapply, res.effects)
             start, messages, steps, diags = res.start, list(res.messages), list(res.steps), list(res.diagnoses)
             effects = [list(e) for e in res.effects]
             msgs_before = list(res.msgs_before)
@@ -268,9 +291,7 @@ class FlareLoop:
                 sandbox_s += await asyncio.to_thread(live.close)
                 await asyncio.to_thread(live.open, branch, {"instance_id": task.id, "parent": self.episode_id,
                                                             "branch_step": k - 1})
-                for step_effects in effects:
-                    for kind, r in step_effects:
-                        await asyncio.to_thread(apply, live.need(), kind, r)
+                await asyncio.to_thread(live.reapply, effects)
                 interventions.append({"step": k, "branch": branch, "diagnosis": diag.model_dump(mode="json")})
                 del messages[n_msgs:]
                 messages.append(feedback_message(diag))
