@@ -232,6 +232,19 @@ def test_branch_of_a_branch_and_the_tree(host, base_image, log):
     assert any(f"{bb.id} from step 5" in ln and "<-" in ln for ln in lines)
 
 
+def test_branches_on_a_postgresql_log(host, base_image, pg_dsn):
+    """The same on the log a fleet's workers share: prefixes copied and parent links set in PostgreSQL."""
+    log = TrajectoryLog(pg_dsn)
+    truth: dict[int, str] = {}
+    _run(ShellTask(base_image, truth), DETERMINISTIC[:5], log, host, "pg", snapshot_every=2)
+    ep = Episode(log, "pg", host)
+    truth[6] = truth[5]
+    for k in range(1, 7):
+        b = _check(ep, k, truth[k], "auto", "snapshot" if k % 2 == 0 else "fastforward")
+        assert log.info(f"{b.id}/sandbox").parent == "pg/sandbox"
+    assert sorted(c.step for c in ep.tree().children) == [1, 2, 3, 4, 5, 6]
+
+
 def test_bad_branch_points_are_typed_errors(host, base_image, log):
     truth: dict[int, str] = {}
     _run(ShellTask(base_image, truth), DETERMINISTIC[:2], log, host, "bad", snapshot_every=1)
@@ -251,6 +264,10 @@ def test_bad_branch_points_are_typed_errors(host, base_image, log):
     with pytest.raises(InvalidArgument, match="exists already"):
         ep.branch(step=1, episode_id="bad")
     assert log.store.children("bad/steps") == []  # nothing was left behind by the refusals
+    for every in (0, -2, 1.5, True):
+        with pytest.raises(InvalidArgument, match="snapshot_every"):
+            _run(ShellTask(base_image, {}), [], log, host, "never", snapshot_every=every)
+    assert not Episode(log, "never").exists()
 
 
 # ------------------------------------------------------------------------------------------ through shoald
