@@ -133,8 +133,8 @@ def one_run(host: Host, tasks, steps: int, reps: int, think: float, work: Path, 
         # share one content-addressed layer)
         made = [e.result for mode in ("every", "every_think") for e in log.history(f"{eid}-{mode}/steps")
                 if e.result and e.result.get("image")]
-        for r in made:
-            host.store.remove_image(r["image"])
+        for image in {r["image"] for r in made}:  # a step that changed nothing kept the one before it
+            host.store.remove_image(image)
         for layer in {r["layer"] for r in made}:
             try:
                 host.store.remove_layer(layer)

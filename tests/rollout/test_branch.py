@@ -53,6 +53,7 @@ RANDOM = [
     ["create_file", {"path": "/tmp/x/y.txt", "content": "y\n"}],
     ["shell", {"command": RAND_SEEN}],
     ["shell", {"command": "rm /tmp/x/y.txt; " + COUNT}],
+    ["read", {"path": "/work/log"}],  # changes nothing: keeps the previous step's snapshot
 ]
 
 
@@ -74,6 +75,8 @@ class ShellTools:
             self.sb.exec(["mkdir", "-p", args["path"].rsplit("/", 1)[0]])
             self.sb.write(args["path"], args["content"])
             obs = Observation("ok")
+        elif name == "read":
+            obs = Observation(self.sb.read(args["path"]))
         else:
             return Observation(f"unknown tool {name}", error=True)
         if live:  # the original sandbox's state after this step (one tool call per step)
@@ -149,8 +152,11 @@ def test_every_step_of_an_episode_with_random_output_branches_exactly(host, base
     n = len(RANDOM)
     assert rec.steps == n + 1 and len(ep) == n + 1 and len(truth) == n
     truth[n + 1] = truth[n]  # the submit step changes nothing
-    assert all(m.snapshot for m in ep.marks())
-    assert len(set(truth.values())) == n  # every step changed the file system
+    marks = ep.marks()
+    assert all(m.snapshot for m in marks)
+    assert len(set(truth.values())) == n - 1  # every step changed the file system but the last read
+    # a step that ran no exec or write keeps the snapshot before it: same state, no new snapshot taken
+    assert len({m.snapshot for m in marks}) == n - 1 and marks[n - 1].snapshot == marks[n - 2].snapshot
     for k in range(1, n + 2):
         b = _check(ep, k, truth[k], "auto", "snapshot")
         # the branch's log is the prefix: its sandbox stream is the parent's up to step k
