@@ -41,6 +41,9 @@ app.add_typer(fleet_app, name="fleet")
 from .e2b.cli import e2b_app  # noqa: E402  (its own module: the E2B front's commands)
 
 app.add_typer(e2b_app, name="e2b")
+from .annotate.cli import app as annotate_app  # noqa: E402  (its own module: token-level correction annotation)
+
+app.add_typer(annotate_app, name="annotate")
 console = Console()
 err_console = Console(stderr=True)
 
