@@ -173,7 +173,23 @@ class SandboxFiles:
         finally:
             os.close(pfd)
         return FileEntry(name=PurePosixPath(path).name or "/", path=path, type=_type(st.st_mode), size=st.st_size,
-                         mode=stat.S_IMODE(st.st_mode), mtime=st.st_mtime)
+                         mode=stat.S_IMODE(st.st_mode), mtime=st.st_mtime, uid=st.st_uid, gid=st.st_gid)
+
+    def chown(self, path: str, uid: int, gid: int) -> None:
+        """The owner of `path` (the final component is never followed: a planted symlink is chowned
+        itself, not what it names)."""
+        if not (0 <= uid < 1 << 31 and 0 <= gid < 1 << 31):
+            raise InvalidArgument(f"uid and gid must be in [0, 2^31), got {uid}:{gid}")
+        if PurePosixPath(path).name in ("", "/"):
+            pfd, name = self._open("/", os.O_PATH | os.O_DIRECTORY), "."
+        else:
+            pfd, name = self._parent(path)
+        try:
+            os.chown(name, uid, gid, dir_fd=pfd, follow_symlinks=False)
+        except OSError as e:
+            raise self._err(e, "chown", path) from e
+        finally:
+            os.close(pfd)
 
     def exists(self, path: str) -> bool:
         try:
@@ -277,7 +293,8 @@ class SandboxFiles:
                 except FileNotFoundError:
                     continue
                 out.append(FileEntry(name=name, path=str(PurePosixPath(path) / name), type=_type(st.st_mode),
-                                     size=st.st_size, mode=stat.S_IMODE(st.st_mode), mtime=st.st_mtime))
+                                     size=st.st_size, mode=stat.S_IMODE(st.st_mode), mtime=st.st_mtime,
+                                     uid=st.st_uid, gid=st.st_gid))
             return out
         finally:
             os.close(fd)

@@ -102,6 +102,7 @@ class Box:
     paused_left: float = 0.0  # seconds of lifetime left when paused (the clock stops meanwhile)
     procs: dict[int, Any] = field(default_factory=dict)  # pid -> envd.Proc
     watchers: dict[str, Any] = field(default_factory=dict)  # id -> envd.Watcher
+    accounts: dict[str, Any] = field(default_factory=dict)  # envd's cache of the sandbox's passwd/group
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
