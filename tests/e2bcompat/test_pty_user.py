@@ -24,8 +24,9 @@ def test_pty_interactive_bash_resize_kill(sbx):
 
     h = sbx.pty.create(PtySize(rows=24, cols=80), timeout=60)
     seen = bytearray()
+    # the terminal echoes the input: each marker is spelled differently in the command than in its output
     sbx.pty.send_stdin(h.pid, b"echo A$((6*7)); tty; stty size; id -u; echo $HOME; "
-                              b"[[ $- == *i* ]] && echo INTER''ACTIVE\n")  # the terminal echoes the input: markers differ
+                              b"[[ $- == *i* ]] && echo INTER''ACTIVE\n")
     _until(h, b"INTERACTIVE\r\n", seen)
     out = bytes(seen)
     assert b"A42" in out and b"/dev/pts/" in out and b"24 80" in out
