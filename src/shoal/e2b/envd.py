@@ -285,6 +285,12 @@ def router(front: Front) -> APIRouter:
             deadline = time.monotonic() + int(deadline_ms) / 1000 if deadline_ms and deadline_ms.isdigit() else None
 
             async def body() -> AsyncIterator[bytes]:
+                # taken in the body, so that the finally below always gives it back
+                if not front.streams.take(box.tenant, front.limits.streams):
+                    yield wire.end_of_stream(wire.RpcError(
+                        "resource_exhausted", f"this API key's tenant has {front.limits.streams} streams open "
+                                              "(the front's limit); close some first"))
+                    return
                 try:
                     async for msg in fn(box, msgs[0] if msgs else {}, request):
                         yield wire.message(msg)
@@ -293,6 +299,8 @@ def router(front: Front) -> APIRouter:
                 except Exception as e:
                     yield wire.end_of_stream(_rpc_error(e))
                     return
+                finally:
+                    front.streams.give(box.tenant)
                 yield wire.end_of_stream()
 
             return StreamingResponse(body(), media_type=wire.STREAM_CONTENT_TYPE)
@@ -359,6 +367,7 @@ def router(front: Front) -> APIRouter:
                     raise wire.RpcError("invalid_argument", f"bad PTY size: {e}") from None
             args = [str(a) for a in cfg.get("args") or []]
             envs = {str(k): str(v) for k, v in (cfg.get("envs") or {}).items()}
+            await run_in_threadpool(room_for_a_process, box)
             acct = await run_in_threadpool(account, box, user_name(request))
             cwd = resolve(box, cfg["cwd"]) if cfg.get("cwd") else await run_in_threadpool(default_cwd, box, acct)
             env = {**cmd_env(box, acct), **envs}
@@ -375,6 +384,20 @@ def router(front: Front) -> APIRouter:
             async for ev in events(box, proc, (0, 0), request):
                 yield ev
         return gen()
+
+    def room_for_a_process(box: Box) -> None:
+        """The per-sandbox cap on running processes the front tracks (each holds its output rings);
+        finished ones nobody streamed are dropped here."""
+        with box.lock:
+            done = [p for p in box.procs.values() if p.handle.poll() is not None]
+            for p in done:
+                box.procs.pop(p.pid, None)
+            live = len(box.procs)
+        for p in done:
+            p.handle.close()
+        if front.limits.processes and live >= front.limits.processes:
+            raise wire.RpcError("resource_exhausted", f"sandbox {box.id} runs {live} processes started through "
+                                                      "the front (its limit); kill or wait for some first")
 
     def connect(box: Box, req: dict[str, Any], request: Request) -> AsyncIterator[dict]:
         async def gen() -> AsyncIterator[dict]:
@@ -507,11 +530,15 @@ def router(front: Front) -> APIRouter:
 
     def snapshot(box: Box, path: str, recursive: bool) -> dict[str, tuple[str, int, float, int]]:
         out: dict[str, tuple[str, int, float, int]] = {}
+        cap = front.limits.watch_entries
 
         def walk(d: str, prefix: str) -> None:
             for e in be.list_files(box.id, d):
                 rel = prefix + e.name
                 out[rel] = (e.type, e.size, e.mtime, e.mode)
+                if cap and len(out) > cap:  # each poll re-lists the tree: a big one would cost every 50 ms
+                    raise wire.RpcError("resource_exhausted", f"{path!r} holds more than {cap} entries to "
+                                                              "watch (the front's limit); watch a smaller tree")
                 if recursive and e.type == "dir":
                     walk(posixpath.join(d, e.name), rel + "/")
 
@@ -565,6 +592,9 @@ def router(front: Front) -> APIRouter:
         recursive = bool(req.get("recursive"))
         if be.stat_file(box.id, path).type != "dir":
             raise wire.RpcError("invalid_argument", f"path {path!r} is not a directory")
+        if front.limits.watchers and len(box.watchers) >= front.limits.watchers:
+            raise wire.RpcError("resource_exhausted", f"sandbox {box.id} has {len(box.watchers)} watchers (the "
+                                                      "front's limit); remove some first")
         wid = "w-" + secrets.token_hex(8)
         box.watchers[wid] = Watcher(path=path, recursive=recursive, snapshot=snapshot(box, path, recursive))
         return {"watcherId": wid}
