@@ -295,6 +295,9 @@ class Host(SandboxBackend):
     def chown(self, sandbox_id: str, path: str, uid: int, gid: int) -> None:
         self._route(sandbox_id).chown(sandbox_id, path, uid, gid)
 
+    def set_xattrs(self, sandbox_id: str, path: str, attrs: dict[str, str]) -> None:
+        self._route(sandbox_id).set_xattrs(sandbox_id, path, attrs)
+
     def remove_file(self, sandbox_id: str, path: str) -> None:
         self._route(sandbox_id).remove_file(sandbox_id, path)
 

@@ -103,3 +103,17 @@ def test_user_cannot_get_root_back(sbx):
         with pytest.raises(CommandExitException):
             sbx.commands.run(attempt)
     assert "x" not in sbx.files.read("/etc/passwd").splitlines()
+
+
+def test_upload_metadata_is_kept_as_xattrs(sbx, e2b_server):
+    import httpx
+
+    info = sbx.files.write("meta.txt", "m", metadata={"Team": "rl", "run": "42"})
+    assert info.metadata == {"team": "rl", "run": "42"}  # keys lowercased, as envd does
+    assert sbx.files.get_info("meta.txt").metadata == {"team": "rl", "run": "42"}
+    assert sbx.files.get_info("/etc/passwd").metadata is None
+    r = httpx.post(e2b_server["url"] + "/files", params={"path": "/tmp/m2"}, content=b"x",
+                   headers={"E2b-Sandbox-Id": sbx.sandbox_id, "X-Access-Token": sbx._envd_access_token,
+                            "Content-Type": "application/octet-stream",
+                            **{f"X-Metadata-k{i}": "v" for i in range(65)}})
+    assert r.status_code == 400 and "X-Metadata" in r.json()["message"]

@@ -111,3 +111,19 @@ def test_gvisor_says_not_supported(make_sandbox):
         sb.backend.exec(sb.id, ExecRequest(argv=["id"], user="1000"))
     with pytest.raises(NotSupported):
         sb.backend.start(sb.id, StartRequest(argv=["sh"], pty=PtySize()))
+
+
+@pytest.mark.backends("container", "http")
+def test_xattrs_only_in_the_user_namespace(make_sandbox):
+    """set_xattrs (E2B's upload metadata) writes user.* only: trusted.overlay.* would steer overlayfs,
+    security.* the kernel's checks."""
+    sb = make_sandbox(memory_mb=64, disk_mb=16)
+    sb.backend.write_file(sb.id, "/tmp/f", b"x")
+    sb.backend.set_xattrs(sb.id, "/tmp/f", {"user.e2b.team": "rl"})
+    assert sb.backend.stat_file(sb.id, "/tmp/f").xattrs == {"user.e2b.team": "rl"}
+    for bad in ({"trusted.overlay.opaque": "y"}, {"security.capability": "x"}, {"user.": "x"},
+                {"user.big": "v" * 5000}, {f"user.k{i}": "v" for i in range(65)}):
+        with pytest.raises(InvalidArgument):
+            sb.backend.set_xattrs(sb.id, "/tmp/f", bad)
+    sb.backend.mkdir(sb.id, "/tmp/d")
+    assert sb.backend.stat_file(sb.id, "/tmp/d").xattrs is None

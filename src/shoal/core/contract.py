@@ -187,6 +187,21 @@ class TimeoutRequest(_Wire):
 
 
 # ------------------------------------------------------------------------------------ commands
+MAX_XATTRS = 64
+
+
+def check_xattrs(attrs: dict[str, str]) -> dict[str, str]:
+    """The contract's limits on set_xattrs (InvalidArgument otherwise)."""
+    if not isinstance(attrs, dict) or len(attrs) > MAX_XATTRS:
+        raise InvalidArgument(f"at most {MAX_XATTRS} extended attributes at once")
+    for k, v in attrs.items():
+        if not (isinstance(k, str) and k.startswith("user.") and 5 < len(k) <= 205 and "\0" not in k):
+            raise InvalidArgument(f"extended attribute names are user.<1-200 chars>, got {k!r}")
+        if not isinstance(v, str) or len(v.encode()) > 4096 or "\0" in v:
+            raise InvalidArgument(f"extended attribute {k!r}: the value must be a string of at most 4 KiB")
+    return attrs
+
+
 def _check_argv(v: list[str]) -> list[str]:
     if not v or not v[0]:
         raise ValueError("argv must name a program")
@@ -326,6 +341,9 @@ class FileEntry(BaseModel):
     mtime: float
     uid: int | None = Field(None, description="owner's uid inside the sandbox; null where the backend cannot tell")
     gid: int | None = Field(None, description="owner's gid inside the sandbox")
+    xattrs: dict[str, str] | None = Field(None, description="the file's `user.*` extended attributes (name -> "
+                                                            "value, UTF-8); null when it has none or the backend "
+                                                            "cannot tell")
 
 
 # ------------------------------------------------------------------------------------ snapshots
@@ -572,6 +590,12 @@ class SandboxBackend(abc.ABC):
     @abc.abstractmethod
     def remove_file(self, sandbox_id: str, path: str) -> None:
         """Remove a file or a directory tree."""
+
+    def set_xattrs(self, sandbox_id: str, path: str, attrs: dict[str, str]) -> None:
+        """Set extended attributes of a regular file or directory. Only the `user.` namespace (names
+        `user.<1-200 chars>`, values up to 4 KiB, at most 64): others (trusted., security.) carry
+        meaning to the kernel and overlayfs. Backends that cannot raise NotSupported."""
+        raise NotSupported(f"the {self.name} backend cannot set extended attributes")
 
     def chown(self, sandbox_id: str, path: str, uid: int, gid: int) -> None:
         """Set the owner of a file or directory (a symlink itself, never its target). Backends whose

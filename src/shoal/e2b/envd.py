@@ -26,7 +26,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 
-from ..core.contract import ExecRequest, FileEntry, ProcessHandle, PtySize, StartRequest
+from ..core.contract import ExecRequest, FileEntry, ProcessHandle, PtySize, StartRequest, check_xattrs
 from ..core.errors import (
     FileOpError,
     InvalidArgument,
@@ -41,6 +41,7 @@ from .state import Box
 
 MAX_UPLOAD = 1 << 30  # bytes of one POST /files body
 RING = 4 << 20  # bytes of each output stream a process keeps for Connect
+XATTR_PREFIX = "user.e2b."  # where envd keeps upload metadata (X-Metadata-* headers)
 SIGNALS = {"SIGNAL_SIGKILL": 9, "SIGNAL_SIGTERM": 15, "SIGNAL_SIGINT": 2, "SIGNAL_SIGHUP": 1, "SIGNAL_UNSPECIFIED": 9}
 
 
@@ -91,9 +92,23 @@ def _ftype(t: str) -> str:
 def entry_json(e: FileEntry, path: str, names: Callable[[FileEntry], tuple[str, str]] | None = None) -> dict[str, Any]:
     mode = e.mode & 0o7777 | {"file": st.S_IFREG, "dir": st.S_IFDIR, "symlink": st.S_IFLNK}.get(e.type, 0)
     owner, group = names(e) if names else ("root", "root")
-    return {"name": e.name, "type": _ftype(e.type), "path": path, "size": str(e.size), "mode": e.mode & 0o7777,
-            "permissions": _permissions(mode), "owner": owner, "group": group,
-            "modifiedTime": _rfc3339(e.mtime)}
+    out = {"name": e.name, "type": _ftype(e.type), "path": path, "size": str(e.size), "mode": e.mode & 0o7777,
+           "permissions": _permissions(mode), "owner": owner, "group": group,
+           "modifiedTime": _rfc3339(e.mtime)}
+    meta = {k[len(XATTR_PREFIX):]: v for k, v in (e.xattrs or {}).items() if k.startswith(XATTR_PREFIX)}
+    if meta:
+        out["metadata"] = meta
+    return out
+
+
+def upload_metadata(request: Request) -> dict[str, str]:
+    """`X-Metadata-<key>: value` headers as the `user.e2b.<key>` xattrs envd stores (keys lowercased)."""
+    attrs = {XATTR_PREFIX + k[len("x-metadata-"):].lower(): v for k, v in request.headers.items()
+             if k.lower().startswith("x-metadata-") and len(k) > len("x-metadata-")}
+    try:
+        return check_xattrs(attrs)
+    except InvalidArgument as e:
+        raise ApiError(400, f"X-Metadata-* headers: {e}") from None
 
 
 def _rpc_error(e: Exception) -> wire.RpcError:
@@ -670,6 +685,7 @@ def router(front: Front) -> APIRouter:
             files.append((path, body))
         if not files:
             raise ApiError(400, "no file in the upload")
+        attrs = upload_metadata(request)
         signed = request.query_params.get("signature") is not None
         signed_path = request.query_params.get("path") if signed else None
         try:
@@ -689,11 +705,16 @@ def router(front: Front) -> APIRouter:
                 parents = await run_in_threadpool(missing, box, acct, p)
                 await run_in_threadpool(be.write_file, box.id, p, data)
                 await run_in_threadpool(own, box, acct, p, parents)
+                if attrs:
+                    await run_in_threadpool(be.set_xattrs, box.id, p, attrs)
             except SandboxNotFound:
                 raise not_running(box.id) from None
             except (FileOpError, InvalidArgument) as e:
                 raise ApiError(400, str(e)) from None
-            out.append({"path": p, "name": posixpath.basename(p), "type": "file"})
+            except NotSupported as e:
+                raise ApiError(501, str(e)) from None
+            out.append({"path": p, "name": posixpath.basename(p), "type": "file",
+                        **({"metadata": {k[len(XATTR_PREFIX):]: v for k, v in attrs.items()}} if attrs else {})})
         return Response(_dumps(out), media_type="application/json")
 
     return r

@@ -307,6 +307,9 @@ class HttpBackend(SandboxBackend):
     def mkdir(self, sandbox_id: str, path: str) -> None:
         self.call("POST", self._sb(sandbox_id) + "/files/mkdir", params={"path": path})
 
+    def set_xattrs(self, sandbox_id: str, path: str, attrs: dict[str, str]) -> None:
+        self.call("POST", self._sb(sandbox_id) + "/files/xattrs", params={"path": path}, json=attrs)
+
     def chown(self, sandbox_id: str, path: str, uid: int, gid: int) -> None:
         self.call("POST", self._sb(sandbox_id) + "/files/chown", params={"path": path, "uid": uid, "gid": gid})
 
