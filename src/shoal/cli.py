@@ -483,9 +483,12 @@ def reclaim(sandbox_id: str, target: float = typer.Option(0.75, "--target", "-t"
 @zram_app.command("up")
 def zram_up(size_mb: int | None = typer.Option(None, "--size-mb", help="default: the config's zram_mb"),
             algorithm: str | None = typer.Option(None, "--algorithm", help="default: the config's zram_algorithm"),
+            zswap_compressor: str | None = typer.Option(None, "--zswap",
+                                                        help="zswap on with this compressor in front of it "
+                                                             "(e.g. deflate); default: the config's zswap_compressor"),
             root: str | None = RootOpt):
     """Set up the zram swap device (what shoald does at start when zram_mb is set); idempotent."""
-    from .backends.container import zram
+    from .backends.container import zram, zswap
     from .config import load_settings
 
     s = load_settings(root)
@@ -493,6 +496,9 @@ def zram_up(size_mb: int | None = typer.Option(None, "--size-mb", help="default:
                           s.zram_priority)
     dev = zram.setup(cfg)
     console.print(f"{dev.path}: {dev.size_mb} MiB, {dev.algorithm}, swap priority {dev.priority}")
+    comp = zswap_compressor if zswap_compressor is not None else s.zswap_compressor
+    if comp:
+        console.print(f"zswap on with {zswap.setup(comp)} in front of it")
 
 
 @zram_app.command("status")
@@ -508,13 +514,21 @@ def zram_status():
     console.print(f"{dev.path}: {dev.size_mb} MiB, {dev.algorithm}, priority {dev.priority}; holds "
                   f"{_size(int(st['orig_data_size']))} in {_size(int(st['mem_used_total']))} of RAM "
                   f"(ratio {st['compression_ratio']}x, {st['ratio_with_overhead']}x with overhead)")
+    from .backends.container import zswap
+
+    if zswap.current():
+        zs = zswap.stats()
+        console.print(f"zswap ({zswap.current()}, host-wide): holds {_size(zs['stored_bytes'])} in "
+                      f"{_size(zs['pool_bytes'])} of RAM")
 
 
 @zram_app.command("down")
 def zram_down():
-    """Swap off and remove the device (its pages come back into RAM first)."""
-    from .backends.container import zram
+    """Swap off and remove the device (its pages come back into RAM first); zswap's settings put back."""
+    from .backends.container import zram, zswap
 
+    if zswap.teardown():
+        console.print("zswap settings restored")
     console.print("removed" if zram.teardown() else "no Shoal zram device")
 
 
