@@ -41,6 +41,9 @@ app.add_typer(fleet_app, name="fleet")
 from .e2b.cli import e2b_app  # noqa: E402  (its own module: the E2B front's commands)
 
 app.add_typer(e2b_app, name="e2b")
+from .flare.cli import flare_app  # noqa: E402  (its own module: FLARE's commands)
+
+app.add_typer(flare_app, name="flare")
 console = Console()
 err_console = Console(stderr=True)
 

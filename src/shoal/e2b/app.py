@@ -18,6 +18,7 @@ from ..core.contract import SandboxBackend
 from ..core.errors import InvalidArgument, QuotaExceeded, SandboxNotFound, ShoalError
 from . import control, envd
 from .front import ApiError, Front, Limits
+from .ports import PortRoutes
 from .state import Boxes, BoxStore, Keys
 from .templates import DEFAULT_TEMPLATES
 
@@ -97,6 +98,8 @@ def make_app(backend: SandboxBackend, keys: Keys, templates: Mapping[str, str] |
     app.include_router(control.router(front))
     app.include_router(envd.router(front))
     app.add_middleware(ControlGuard, keys=keys)
+    # added last, so outermost: a sandbox port's traffic (its own token) never meets the API key check
+    app.add_middleware(PortRoutes, front=front)  # sandbox ports: get_host, the code interpreter
 
     @app.exception_handler(ApiError)
     async def api_error(_: Request, e: ApiError) -> JSONResponse:

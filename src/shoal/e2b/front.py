@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ..core.contract import SandboxBackend
+from .ports import Starts
 from .state import Boxes, Keys
 from .templates import DEFAULT_TEMPLATES, HOME, USER
 
@@ -75,6 +76,7 @@ class Front:
     limits: Limits = field(default_factory=Limits)
     streams: StreamSlots = field(default_factory=StreamSlots)
     creating: StreamSlots = field(default_factory=StreamSlots)  # creates in flight per tenant
+    starts: Starts = field(default_factory=Starts)  # templates' start commands (ports.py)
     # blocking waits of output streams (one per open Start/Connect/WatchDir stream): a pool of its own,
     # so long-lived streams never starve the request handlers' thread pool
     stream_pool: ThreadPoolExecutor = field(
@@ -84,4 +86,5 @@ class Front:
         for box in self.boxes.all():
             for proc in list(box.procs.values()):
                 proc.handle.close()
+            self.starts.forget(box.id)
         self.stream_pool.shutdown(wait=False, cancel_futures=True)
