@@ -404,6 +404,34 @@ class ForkReply(BaseModel):
     failed: list[ForkFailure] = Field(default_factory=list)
 
 
+# ------------------------------------------------------------------------------------ episodes
+class BranchRequest(_Wire):
+    """Branch an episode of the daemon's trajectory log at a step (rollout.branch, docs/flare.md)."""
+
+    step: int = Field(strict=True, description="the branch holds steps 1..step; counted from 1")
+    strategy: Literal["auto", "snapshot", "fastforward"] = "auto"
+    from_step: int | None = Field(None, strict=True, ge=0, description="fastforward from this step's snapshot "
+                                                                       "(0: the start)")
+    episode_id: str | None = Field(None, min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:@-]+$",
+                                   description="the new episode's id; default: <parent>.b<step>.<random>")
+    ttl: float | None = Field(3600.0, gt=0, allow_inf_nan=False, description="the branch's sandbox's TTL, seconds")
+    address: str | None = Field(None, max_length=500, description="the backend address the client runs the branch "
+                                                                 "through (run_episode reattaches its sandbox there)")
+    node: str | None = Field(None, max_length=200, description="the client's node name, for the same")
+
+
+class BranchReply(BaseModel):
+    episode: str
+    parent: str
+    step: int
+    strategy: str = Field(description="the one used: snapshot or fastforward")
+    from_step: int
+    replayed_ops: int
+    entries: int
+    seconds: float
+    sandbox: SandboxInfo
+
+
 # ------------------------------------------------------------------------------------ network
 class NetworkRequest(_Wire):
     """Replaces the egress rules: fields left out are cleared, never merged."""

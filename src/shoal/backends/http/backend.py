@@ -24,6 +24,8 @@ from ...core.contract import (
     DEFAULT_DOWNLOAD_MAX,
     DEFAULT_READ_MAX,
     PORT_CONNECT_TIMEOUT,
+    BranchReply,
+    BranchRequest,
     CreateRequest,
     Cursor,
     ExecRequest,
@@ -333,6 +335,19 @@ class HttpBackend(SandboxBackend):
 
     def fork(self, sandbox_id: str, req: ForkRequest) -> ForkReply:
         return ForkReply.model_validate(self.json("POST", self._sb(sandbox_id) + "/fork", body=req))
+
+    # ---------------------------------------------------------------- episodes (beyond the contract)
+    def branch_episode(self, episode: str, req: BranchRequest) -> BranchReply:
+        """Branch an episode of shoald's trajectory log at a step (rollout.branch); the reply's
+        sandbox is this client's. Unless `req` names them, the branch reattaches through this
+        backend's address."""
+        if req.address is None:
+            req = req.model_copy(update={"address": self.address})
+        return BranchReply.model_validate(self.json("POST", "/episodes/" + quote(episode, safe="") + "/branch",
+                                                    body=req))
+
+    def episode_tree(self, episode: str) -> dict:
+        return self.json("GET", "/episodes/" + quote(episode, safe="") + "/tree")
 
     # ---------------------------------------------------------------- network
     def connect_port(self, sandbox_id: str, port: int, timeout: float = PORT_CONNECT_TIMEOUT) -> socket.socket:
