@@ -105,7 +105,7 @@ def one_run(host: Host, tasks, steps: int, reps: int, ff_reps: int, think: float
     per_step = {"none": [], "every": [], "none_think": [], "every_think": []}
     snap_bytes, log_bytes, snap_s = [], [], []
     acts = script(steps)
-    short = script(min(steps, think_steps))  # the thinking policy's episodes: the overhead per step needs fewer
+    short = script(min(steps, think_steps))  # the thinking policy's episodes: per-step overhead needs fewer steps
     for task in tasks:
         eid = f"r{run}-{task.id}"
         recs = {}
@@ -206,7 +206,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=55)
     ap.add_argument("--reps", type=int, default=5, help="snapshot branches per (k, task) in each run")
     ap.add_argument("--ff-reps", type=int, default=2, help="fastforward branches per (k, task) in each run")
-    ap.add_argument("--think-steps", type=int, default=20, help="steps of the thinking policy's episodes")
+    ap.add_argument("--think-steps", type=int, default=12, help="steps of the thinking policy's episodes")
     ap.add_argument("--think", type=float, default=0.25)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--repos", default=",".join(REPOS))
