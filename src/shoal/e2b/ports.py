@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 ENVD_PORT = 49983  # the SDK's envd port: requests naming it are envd's own routes
 START_SCRIPT = "/etc/e2b/start.sh"  # a template's start command, run at create (the code interpreter's server)
+START_RING = 64 << 10  # bytes of the start command's output the front keeps (a log tail, per stream)
 START_GRACE = 30.0  # seconds a port may refuse while the template's start command is still coming up
 MAX_BODY = 64 << 20  # bytes of one proxied request body
 CHUNK = 64 << 10
@@ -61,7 +62,7 @@ class Starts:
             front.backend.stat_file(sandbox_id, START_SCRIPT)
         except ShoalError:
             return
-        h = front.backend.start(sandbox_id, StartRequest(argv=["/bin/sh", START_SCRIPT]))
+        h = front.backend.start(sandbox_id, StartRequest(argv=["/bin/sh", START_SCRIPT], ring_bytes=START_RING))
         self._running[sandbox_id] = (h, time.monotonic())
 
     def coming_up(self, sandbox_id: str) -> bool:
