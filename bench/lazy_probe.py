@@ -34,6 +34,13 @@ def main() -> None:
     ap.add_argument("--registry-addr", default=None, help="use this registry (host:port, plain HTTP) instead of "
                     "starting one; its access log: --registry-log")
     ap.add_argument("--registry-log", default=None)
+    ap.add_argument("--relayout", action="store_true", help="push layers laid out by a first run's reads "
+                    "(bench/lazy.py's default: one other root records the images, `push --relayout`)")
+    ap.add_argument("--link-mbit", type=int, default=0, help="measure over a shaped link (bench/netlink.py)")
+    ap.add_argument("--link-rtt-ms", type=float, default=1.0)
+    ap.add_argument("--no-agent", action="store_true", help="cold start only (no agent sequence)")
+    ap.add_argument("--env-b", action="append", default=[], help="VAR=VALUE: every sample also runs with this "
+                    "environment (variant B, interleaved with A, the environment as given); medians of both")
     args = ap.parse_args()
     if args.readahead_kb:
         os.environ["SHOAL_LAZY_READAHEAD_KB"] = str(args.readahead_kb)
@@ -58,12 +65,25 @@ def main() -> None:
     names = args.images.split(",")
     reg = RegistryServer(tls=False, auth=False, workdir=Path("/var/tmp"))
     roots = lb.Roots()
+    link = sreg = None
     try:
         sizes = {}
+        lay: dict = {}
+        if args.relayout:
+            lb.record_access(roots, reg, src, [images[n] for n in lb.TIMING_IMAGES], args.chunk_kb)
+            lay = {"relayout": True, "access_from": "bench/ws-rec"}
         for n in names:
             res = push(src.store, images[n]["ref"], f"{reg.addr}/bench/ws:{n}", plain_http=True,
-                       lazy_chunk_size=args.chunk_kb << 10)
+                       lazy_chunk_size=args.chunk_kb << 10, **lay)
             sizes[n] = sum(x.size for x in res.layers)
+        if args.link_mbit:
+            from netlink import ShapedLink, shaped_registry
+
+            link = ShapedLink(args.link_mbit, args.link_rtt_ms)
+            link.up()
+            sreg = shaped_registry(reg, link)
+            print(f"shaped registry at {sreg.addr}: {link.describe()}", flush=True)
+        mreg = sreg if sreg is not None else reg
         if args.prefetch:
             for i, n in enumerate(names):
                 record(roots, reg, images[n], 900 + i)
@@ -71,25 +91,56 @@ def main() -> None:
         k = 0
         for _ in range(args.n):
             for n in names:
-                mark = reg.mark()
-                s = lb.lazy_sample(roots, reg, images[n], k, "agent")
-                k += 1
-                gets = sum(1 for m, p, _st in reg.requests(mark) if m == "GET" and "/blobs/" in p)
-                s.update(first_frac=s["first_exec_bytes"] / sizes[n], agent_frac=s["bytes"] / sizes[n], gets=gets)
-                rows.append(s)
-                traces = sorted(Path("/tmp").glob("lazy-trace-*.log"), key=lambda q: q.stat().st_mtime)
-                if os.environ.get("SHOAL_LAZY_TRACE") == "1" and traces:
-                    timeline(traces[-1], s)
-                print(f"{n:6s} lazy pull {s['pull_s']:.3f} create {s['create_s']:.3f} "
-                      f"first exec {s['first_exec_s']:.3f} s  bytes first {s['first_frac']:.1%} "
-                      f"agent {s['agent_frac']:.1%}  GETs {gets}  seq {s['sequence_s']:.2f} s", flush=True)
+                for variant in (["A", "B"] if args.env_b else ["A"]):
+                    saved = {v.split("=", 1)[0]: os.environ.get(v.split("=", 1)[0]) for v in args.env_b}
+                    if variant == "B":
+                        for v in args.env_b:
+                            name, _, val = v.partition("=")
+                            os.environ[name] = val
+                    try:
+                        mark = mreg.mark()
+                        s = lb.lazy_sample(roots, mreg, images[n], k, None if args.no_agent else "agent")
+                        k += 1
+                        s.setdefault("bytes", s["first_exec_bytes"])
+                        s.setdefault("sequence_s", 0.0)
+                        gets = sum(1 for m, p, _st in mreg.requests(mark) if m == "GET" and "/blobs/" in p)
+                        s.update(first_frac=s["first_exec_bytes"] / sizes[n], agent_frac=s["bytes"] / sizes[n],
+                                 gets=gets)
+                        rows.append(s)
+                        traces = sorted(Path("/tmp").glob("lazy-trace-*.log"), key=lambda q: q.stat().st_mtime)
+                        if os.environ.get("SHOAL_LAZY_TRACE") == "1" and traces:
+                            timeline(traces[-1], s)
+                        print(f"{n:6s} {variant} lazy pull {s['pull_s']:.3f} create {s['create_s']:.3f} "
+                              f"first exec {s['first_exec_s']:.3f} s  bytes first {s['first_frac']:.1%} "
+                              f"agent {s['agent_frac']:.1%}  GETs {gets}  seq {s['sequence_s']:.2f} s", flush=True)
+                        s["variant"] = variant
+                    finally:
+                        for name, old in saved.items():
+                            if old is None:
+                                os.environ.pop(name, None)
+                            else:
+                                os.environ[name] = old
                 if args.full:
-                    f = lb.full_sample(roots, reg, images[n], k)
+                    f = lb.full_sample(roots, mreg, images[n], k)
                     k += 1
                     rows.append({"full": f["first_exec_s"]})
                     print(f"{n:6s} full pull+start {f['first_exec_s']:.3f} s", flush=True)
-        lz = [r for r in rows if "first_exec_s" in r]
-        print(f"MEDIAN chunk {args.chunk_kb} KiB ra {os.environ.get('SHOAL_LAZY_READAHEAD_KB', '1024')} "
+        for variant in (["A", "B"] if args.env_b else ["A"]):
+            summary(args, [r for r in rows if "first_exec_s" in r and r.get("variant") == variant], rows,
+                    variant + (f" ({' '.join(args.env_b)})" if variant == "B" else ""))
+    finally:
+        roots.close()
+        if sreg is not None:
+            sreg.close()
+        if link is not None:
+            link.down()
+        reg.close()
+
+
+def summary(args, lz: list[dict], rows: list[dict], variant: str) -> None:
+    ra = os.environ.get('SHOAL_LAZY_READAHEAD_KB', '1024')
+    if lz:
+        print(f"MEDIAN {variant} chunk {args.chunk_kb} KiB ra {ra} "
               f"prefetch {args.prefetch}: first exec {statistics.median(r['first_exec_s'] for r in lz):.3f} s "
               f"[{min(r['first_exec_s'] for r in lz):.3f}-{max(r['first_exec_s'] for r in lz):.3f}], "
               f"first bytes {statistics.median(r['first_frac'] for r in lz):.1%}, "
@@ -98,9 +149,6 @@ def main() -> None:
               f"GETs {statistics.median(r['gets'] for r in lz)}"
               + (f"; full {statistics.median(r['full'] for r in rows if 'full' in r):.3f} s" if args.full else "")
               + f"; load {os.getloadavg()[0]:.1f}")
-    finally:
-        roots.close()
-        reg.close()
 
 
 def timeline(path: Path, s: dict) -> None:

@@ -41,6 +41,9 @@ app.add_typer(fleet_app, name="fleet")
 from .e2b.cli import e2b_app  # noqa: E402  (its own module: the E2B front's commands)
 
 app.add_typer(e2b_app, name="e2b")
+from .flare.cli import flare_app  # noqa: E402  (its own module: FLARE's commands)
+
+app.add_typer(flare_app, name="flare")
 console = Console()
 err_console = Console(stderr=True)
 
@@ -483,9 +486,12 @@ def reclaim(sandbox_id: str, target: float = typer.Option(0.75, "--target", "-t"
 @zram_app.command("up")
 def zram_up(size_mb: int | None = typer.Option(None, "--size-mb", help="default: the config's zram_mb"),
             algorithm: str | None = typer.Option(None, "--algorithm", help="default: the config's zram_algorithm"),
+            zswap_compressor: str | None = typer.Option(None, "--zswap",
+                                                        help="zswap on with this compressor in front of it "
+                                                             "(e.g. deflate); default: the config's zswap_compressor"),
             root: str | None = RootOpt):
     """Set up the zram swap device (what shoald does at start when zram_mb is set); idempotent."""
-    from .backends.container import zram
+    from .backends.container import zram, zswap
     from .config import load_settings
 
     s = load_settings(root)
@@ -493,6 +499,9 @@ def zram_up(size_mb: int | None = typer.Option(None, "--size-mb", help="default:
                           s.zram_priority)
     dev = zram.setup(cfg)
     console.print(f"{dev.path}: {dev.size_mb} MiB, {dev.algorithm}, swap priority {dev.priority}")
+    comp = zswap_compressor if zswap_compressor is not None else s.zswap_compressor
+    if comp:
+        console.print(f"zswap on with {zswap.setup(comp)} in front of it")
 
 
 @zram_app.command("status")
@@ -508,13 +517,21 @@ def zram_status():
     console.print(f"{dev.path}: {dev.size_mb} MiB, {dev.algorithm}, priority {dev.priority}; holds "
                   f"{_size(int(st['orig_data_size']))} in {_size(int(st['mem_used_total']))} of RAM "
                   f"(ratio {st['compression_ratio']}x, {st['ratio_with_overhead']}x with overhead)")
+    from .backends.container import zswap
+
+    if zswap.current():
+        zs = zswap.stats()
+        console.print(f"zswap ({zswap.current()}, host-wide): holds {_size(zs['stored_bytes'])} in "
+                      f"{_size(zs['pool_bytes'])} of RAM")
 
 
 @zram_app.command("down")
 def zram_down():
-    """Swap off and remove the device (its pages come back into RAM first)."""
-    from .backends.container import zram
+    """Swap off and remove the device (its pages come back into RAM first); zswap's settings put back."""
+    from .backends.container import zram, zswap
 
+    if zswap.teardown():
+        console.print("zswap settings restored")
     console.print("removed" if zram.teardown() else "no Shoal zram device")
 
 
@@ -718,6 +735,38 @@ def traj_streams(db: Path = typer.Argument(...), episode: str | None = typer.Opt
         t.add_row(si.stream, si.episode or "", str(len(log.history(si.stream))), str(si.meta.get("sandbox", "")),
                   " ".join(d.split(":")[-1][:12] for d in si.layers))
     console.print(t)
+
+
+@traj_app.command("tree")
+def traj_tree(db: Path = typer.Argument(..., help="the log (e.g. runs/rollout.traj.db)"),
+              episode: str = typer.Argument(..., help="an episode id; its whole tree is shown"),
+              as_json: bool = typer.Option(False, "--json")):
+    """Branches of an episode (rollout.branch): each branch, the step it left its parent at, its length."""
+    import json
+
+    from rich.tree import Tree
+
+    from .rollout.branch import BranchNode, Episode
+
+    ep = Episode(_log(db), episode)
+    top = ep.root()
+    node = top.tree()
+    if as_json:
+        console.print_json(json.dumps(node.to_dict()))
+        return
+
+    def label(n: BranchNode) -> str:
+        at = f" [dim]from step {n.step}[/dim]" if n.step is not None else ""
+        me = " [bold]<-[/bold]" if n.episode == episode else ""
+        return f"[cyan]{n.episode}[/cyan]{at}  {n.steps} steps{me}"
+
+    def grow(t: Tree, n: BranchNode) -> None:
+        for c in n.children:
+            grow(t.add(label(c)), c)
+
+    out = Tree(label(node))
+    grow(out, node)
+    console.print(out)
 
 
 @traj_app.command("replay")

@@ -47,6 +47,7 @@ class Settings:
     zram_mb: int = 0  # size of Shoal's zram swap device; 0 = shoald sets none up
     zram_algorithm: str = "lz4"  # a compressor the kernel's zram offers (lz4, lzo-rle, zstd...)
     zram_priority: int = 100  # swap priority: above disk swap, so reclaimed pages go to zram first
+    zswap_compressor: str = ""  # zswap in front of the swap with this crypto compressor (deflate); "" = leave zswap
     sandbox_swap: float = 0.0  # swap a sandbox may fill under its own pressure, x its memory limit
     idle_pause_s: float = 0.0  # shoald pauses a sandbox idle this long; 0 = never
     reclaim_after_s: float = 0.0  # ... and reclaims it once idle this long; 0 = never
@@ -111,6 +112,12 @@ def _density_reclaim(table: object, cfg_path: Path) -> dict:
         if not isinstance(table["zram_algorithm"], str):
             raise InvalidArgument(f"{cfg_path}: [density] zram_algorithm must be a string")
         out["zram_algorithm"] = table["zram_algorithm"]
+    if "zswap_compressor" in table:
+        v = table["zswap_compressor"]
+        if not isinstance(v, str) or (v and not v.replace("-", "").isalnum()):
+            raise InvalidArgument(f"{cfg_path}: [density] zswap_compressor must be a compressor name "
+                                  f"or \"\", got {v!r}")
+        out["zswap_compressor"] = v
     return out
 
 

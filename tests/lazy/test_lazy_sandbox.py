@@ -138,14 +138,15 @@ def test_gc_keeps_what_a_live_sandbox_uses(make_root, proxy, published):
     assert sb.commands.run(_md5_at(5)).exit_code == 0
     cache = chunk_cache_for(h.settings.root)
     before = cache.chunks()
-    for _ in range(50):  # the kernel's async read-ahead of the next chunk may still be in flight
-        time.sleep(0.1)
+    for _ in range(50):  # the kernel's (and the daemon's) read-ahead of the next chunks may be in flight
+        time.sleep(0.2)
         now = cache.chunks()
         if now == before:
             break
         before = now
     out = h.gc()
-    assert out["chunks_evicted"] == 0 and cache.chunks() == before
+    # nothing evicted (a read-ahead landing meanwhile may only add chunks)
+    assert out["chunks_evicted"] == 0 and before <= cache.chunks()
     proxy.stop()  # what the sandbox read is still here: it reads again from the cache, not the origin
     with open("/proc/sys/vm/drop_caches", "w") as f:
         f.write("3")

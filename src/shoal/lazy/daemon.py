@@ -20,16 +20,18 @@ import signal
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ..config import load_settings
 from ..core.errors import ShoalError
 from ..layers.store import LayerStore
 from . import layer as layer_mod
-from . import prefetch
+from . import prefetch, readahead
 from .cache import ChunkCache
 from .fuse import FuseServer
 from .layer import LazyLayer, chunk_cache_for, open_origin, prefetch_chunks, promote, spec_key
+from .readahead import ChunkReadahead
 
 log = logging.getLogger("shoal.lazy.daemon")
 READAHEAD_KB = 1024
@@ -56,6 +58,13 @@ class LayerFiles:
         # descriptor the C code holds is never closed or reused under it (fastread.c)
         self._fast_fds: dict[str, int] = {}
         self._fast_max = _fd_budget()
+        self._ra_pool: ThreadPoolExecutor | None = None  # read-ahead fetches of layers without a list
+
+    def _readahead_for(self, name: str, layer: LazyLayer) -> ChunkReadahead | None:
+        """Read-ahead on first touches (shoal.lazy.readahead) for a layer with no prefetch list."""
+        if self._ra_pool is None:
+            self._ra_pool = ThreadPoolExecutor(4, thread_name_prefix="readahead")
+        return readahead.for_layer(layer, self._ra_pool, name=name)
 
     def _pinned(self) -> set[str]:
         return {c for layer in list(self.layers.values()) for c in layer.index.chunks}
@@ -78,6 +87,8 @@ class LayerFiles:
             # here: a lookup answers at once, the mount of the layer does not wait for the registry)
             recorder = None if order else prefetch.Recorder(self.root, digest)
             layer = LazyLayer(index, origin, spec_key(spec), self.cache, recorder)
+            if not order:
+                layer.readahead = self._readahead_for(name, layer)
             self.layers[name] = layer
             log.info("layer %s: %d chunks, %s", digest[:19], len(index.chunks),
                      f"prefetching {len(order)}" if order else "recording a prefetch list")
@@ -97,6 +108,7 @@ class LayerFiles:
         if order:  # kept here too: a restarted daemon does not ask again
             prefetch.save(self.root, digest, order)
             layer.recorder = None
+            layer.readahead = None  # the list says what to fetch
             log.info("layer %s: prefetching %d chunks (published list)", digest[:19], len(order))
         return order
 
@@ -184,8 +196,10 @@ class LayerFiles:
         try:
             data = layer.read(offset, size)
             if _TRACE:
-                log.info("read %s %d+%d: %.1f ms, %d fetched", name[:12], offset, size,
-                         (time.monotonic() - t0) * 1000, self.cache.fetches - before)
+                ra = layer.readahead
+                log.info("read %s %d+%d: %.1f ms, %d fetched%s", name[:12], offset, size,
+                         (time.monotonic() - t0) * 1000, self.cache.fetches - before,
+                         f" (read-ahead {ra.requests} reads, {ra.chunks} chunks)" if ra else "")
         except ShoalError as e:  # OriginUnavailable, CorruptChunk, LayerNotFound: the reader gets EIO
             log.warning("%s: read of %d bytes at %d failed: %s", name, size, offset, e)
             raise OSError(errno.EIO, str(e)) from None

@@ -23,6 +23,7 @@ from .cache import ChunkCache
 from .chunks import ChunkIndex
 from .origin import Origin
 from .prefetch import Recorder
+from .readahead import ChunkReadahead
 
 _FACTORIES: dict[str, Callable[[dict], Origin]] = {}
 # a prefetch read spans gaps of up to this many unlisted bytes between listed chunks (one request
@@ -84,6 +85,7 @@ class LazyLayer:
         if recorder is not None and recorder.blob is None:  # its byte ranges refer to this blob
             recorder.blob = index.blob
         self.reads = 0
+        self.readahead: ChunkReadahead | None = None  # set by the daemon for a layer without a list
         # a coalesced read fetches at most this many chunks (about 4 MiB)
         self.max_run = max(1, (4 << 20) // index.chunk_size)
 
@@ -138,6 +140,9 @@ class LazyLayer:
             self.recorder.saw_range(offset, end - offset)
             for i in numbers:
                 self.recorder.saw(i)
+        ra = self.readahead
+        if ra is not None:  # started before this read waits for its own chunks: the two fetches overlap
+            ra.note(numbers)
         if len(numbers) == 1:  # the warm path: one verified chunk, read through its open descriptor
             start = numbers[0] * self.index.chunk_size
             data = self.cache.pread_cached(self.index.chunks[numbers[0]], offset - start, end - offset)

@@ -232,7 +232,7 @@ def _pull_shoal_lazy(store: LayerStore, cl: RegistryClient, r: Reference, manife
 
         start_daemon(store.settings.root)  # its start overlaps the rest of the pull and the sandbox's setup
     digests: list[str] = []
-    warm: list[tuple[str, ChunkIndex, dict]] = []
+    todo: list[tuple[int, dict, str]] = []
     for i, desc in enumerate(layers):
         ann = desc.get("annotations") or {}
         layer = ann.get(ANN_LAYER)
@@ -241,30 +241,36 @@ def _pull_shoal_lazy(store: LayerStore, cl: RegistryClient, r: Reference, manife
         digests.append(layer)
         if store.has_layer(layer):
             result.present.append(layer)
-            continue
-        if progress:
-            progress(f"layer {i + 1}/{len(layers)} {layer.split(':')[1][:12]} (lazy: chunk index)", 0, 0)
-        idx, idx_digest = _index_for(cl, r, desc, indexes, where)
-        spec = layer_spec(r.registry, r.repository, desc["digest"], idx_digest, ca=conn["ca"],
-                          insecure=conn["insecure"], plain_http=conn["plain_http"], timeout_s=conn["timeout_s"])
+        else:
+            todo.append((i, desc, layer))
+    # every chunk index and published prefetch list at once: over a link with latency, 7 layers'
+    # indexes one after another were 7 serial round trips before the first sandbox could start
+    specs = [layer_spec(r.registry, r.repository, desc["digest"], str((desc.get("annotations") or {}).get(ANN_CHUNKS)),
+                        ca=conn["ca"], insecure=conn["insecure"], plain_http=conn["plain_http"],
+                        timeout_s=conn["timeout_s"]) for _, desc, _ in todo]
+    if progress and todo:
+        progress(f"{len(todo)} of {len(layers)} layers lazy: chunk indexes", 0, 0)
+    got = _lazy_layer_meta(store, cl, r, [(d, layer, spec) for (_, d, layer), spec in zip(todo, specs)],
+                           indexes, where)
+    for (_, desc, layer), spec, (idx, idx_digest) in zip(todo, specs, got):
+        ann = desc.get("annotations") or {}
         store.add_lazy_layer(idx, spec, size=int(ann.get(ANN_LAYER_SIZE, 0) or 0),
                              entries=int(ann.get(ANN_LAYER_ENTRIES, 0) or 0),
                              source=f"registry:{r.registry}/{r.repository}@{desc['digest']} (lazy)")
         result.lazy.append(layer)
         result.fetched.append(idx_digest)
         result.bytes_fetched += int(indexes[idx_digest].get("size", 0))
-        warm.append((layer, idx, spec))
     cfg = config.get("config") if isinstance(config.get("config"), dict) else {}
     result.image = store.create_image(local, digests, config=cfg)
-    if warm:
-        _warm_lazy(store, cl, warm)
     return result
 
 
-def _warm_lazy(store: LayerStore, cl: RegistryClient, layers: list[tuple[str, ChunkIndex, dict]]) -> None:
-    """While the root's lazy daemon starts: each lazily pulled layer's published prefetch list, all at
-    once, kept in `<root>/lazy/` so the daemon starts prefetching the moment it opens the layer (no
-    layer byte is fetched here). Failures are left to the daemon, which asks again."""
+def _lazy_layer_meta(store: LayerStore, cl: RegistryClient, r: Reference, items: list[tuple[dict, str, dict]],
+                     indexes: dict, where: str) -> list[tuple[ChunkIndex, str]]:
+    """The chunk index of each layer (in order), all fetched at once; beside each, its published
+    prefetch list, kept in `<root>/lazy/` so the root's daemon (starting meanwhile) prefetches the
+    moment it opens the layer. No layer byte is fetched here. A missing list (none published) or a
+    failed list lookup is left to the daemon, which asks again; a bad index fails the pull."""
     from concurrent.futures import ThreadPoolExecutor
 
     from ..core.errors import ShoalError
@@ -273,18 +279,27 @@ def _warm_lazy(store: LayerStore, cl: RegistryClient, layers: list[tuple[str, Ch
 
     origin = RegistryOrigin(cl)
 
-    def one(item: tuple[str, ChunkIndex, dict]) -> None:
-        digest, _idx, spec = item
+    def index(item: tuple[dict, str, dict]) -> tuple[ChunkIndex, str]:
+        return _index_for(cl, r, item[0], indexes, where)
+
+    def plist(item: tuple[dict, str, dict]) -> None:
+        _, digest, spec = item
         try:
             key = spec["prefetch_key"]
             order = prefetch.parse(origin.read(key, 0, origin.stat(key).size))
             if order:
                 prefetch.save(store.settings.root, digest, order)
         except (ShoalError, OSError):
-            pass  # none published (ImageNotFound): the daemon records one
+            pass
 
-    with ThreadPoolExecutor(min(8, len(layers))) as ex:
-        list(ex.map(one, layers))
+    if not items:
+        return []
+    with ThreadPoolExecutor(min(16, 2 * len(items))) as ex:
+        lists = [ex.submit(plist, item) for item in items]
+        out = list(ex.map(index, items))
+        for f in lists:
+            f.result()
+    return out
 
 
 def _env(lines: Any) -> dict[str, str]:

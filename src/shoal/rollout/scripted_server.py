@@ -3,7 +3,8 @@
 It lets the HTTP policy path (retries, outages, token ids, logprobs) run end to end on a machine
 without a GPU: `model` picks the policy ("oracle", "null", "random"); the oracle finds its task by
 the problem statement in the conversation. `POST /admin/outage {"seconds": s, "status": 503}` makes
-it fail for a while, for outage tests and demos.
+it fail for a while, for outage tests and demos. Model "judge" (or "judge-bad:N": N invalid answers
+first) answers FLARE's step-judge prompt (`flare.judge.scripted_judge_completion`).
 
     python -m shoal.rollout.scripted_server --port 8011   # then SHOAL_LLM_URL=http://127.0.0.1:8011/v1
 """
@@ -50,6 +51,10 @@ def make_app(suite: str | None = None) -> FastAPI:
         body = await request.json()
         messages = body.get("messages") or []
         model = body.get("model", "oracle")
+        if str(model).startswith("judge"):  # FLARE's step judge, answered by the programmatic diagnoser
+            from ..flare.judge import scripted_judge_completion
+
+            return scripted_judge_completion(body)
         if model == "oracle":
             statement = next((m.get("content") for m in messages if m.get("role") == "user"), "")
             task = by_statement.get(statement)

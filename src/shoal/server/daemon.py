@@ -91,6 +91,20 @@ class Daemon(Served):
             log.info("zram swap: %s (%d MiB, %s, priority %d)", dev.path, dev.size_mb, dev.algorithm, dev.priority)
         except E.ShoalError as e:  # serve anyway: reclaim then says why it cannot
             log.error("zram swap not set up: %s", e)
+        self._start_zswap()
+
+    def _start_zswap(self) -> None:
+        """[density] zswap_compressor: the kernel's zswap on, with that compressor, in front of the swap
+        (host-wide; the values found are recorded and `shoal zram down` puts them back)."""
+        if not self.settings.zswap_compressor:
+            return
+        from ..backends.container import zswap
+
+        try:
+            zswap.setup(self.settings.zswap_compressor)
+            log.info("zswap on with %s in front of the swap", self.settings.zswap_compressor)
+        except E.ShoalError as e:
+            log.error("zswap not set up: %s", e)
 
     def _start_backends(self) -> None:
         """Sweep orphans and reattach to the live sandboxes of every local backend before serving."""
@@ -187,6 +201,11 @@ class Daemon(Served):
         if dev is not None:
             st = dev.stats()
             out.update(zram_stored_bytes=st["orig_data_size"], zram_ram_bytes=st["mem_used_total"])
+        if self.settings.zswap_compressor:
+            from ..backends.container import zswap
+
+            zs = zswap.stats()  # host-wide: zswap is one pool for every swap area
+            out.update(zswap_stored_bytes=zs["stored_bytes"], zswap_ram_bytes=zs["pool_bytes"])
         return out
 
     def totals(self) -> dict[str, int]:

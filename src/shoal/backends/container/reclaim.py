@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,9 +23,12 @@ from ...core.contract import ReclaimRequest, ReclaimResult
 from ...core.errors import BackendUnavailable, SandboxError
 from .cgroups import CgroupDriver
 
-ROUNDS = 8  # lowering steps (v1) / memory.reclaim calls (v2) before settling for what was reached
+ROUNDS = 12  # lowering steps (v1) / memory.reclaim calls (v2) before settling for what was reached
 STEP = 0.6  # v1: each step asks for at most this fraction of the distance still to go, then more
-MIN_BYTES = 1 << 20  # never aim a group's limit below this (its page tables and kernel memory stay)
+MIN_BYTES = 1 << 20  # v1: the smallest step a lowering asks for
+# never aim a group below this: its page tables and kernel memory stay (a python sandbox keeps about
+# 0.3 MiB of them); 1 MiB here left half a MiB of anonymous memory in RAM that reclaim could take
+MIN_GOAL = 256 << 10
 
 
 @dataclass(frozen=True)
@@ -67,14 +71,16 @@ def _write(p: Path, value: str) -> None:
         f.write(value)
 
 
-def _reclaim_v1(d: Path, goal: int, limit: int) -> None:
-    """Lower memory.limit_in_bytes towards `goal` in steps, then put `limit` back."""
+def _reclaim_v1(d: Path, use: Callable[[], MemoryUse], anon_goal: int, limit: int) -> None:
+    """Lower memory.limit_in_bytes in steps until the group's anonymous memory is at `anon_goal`, then
+    put `limit` back. The steps follow anon, not the charge: the kernel drops page cache first, so
+    a goal on the charge alone is met with cache gone and the heaps still in RAM."""
     try:
         for _ in range(ROUNDS):
-            usage = _read_int(d / "memory.usage_in_bytes")
-            if usage <= goal:
+            u = use()
+            if u.anon <= anon_goal:
                 break
-            step = max(goal, usage - max(MIN_BYTES, int((usage - goal) * STEP)))
+            step = max(MIN_GOAL, u.charged - max(MIN_BYTES, int((u.anon - anon_goal) * STEP)))
             try:
                 _write(d / "memory.limit_in_bytes", str(step))
             except OSError as e:
@@ -85,20 +91,21 @@ def _reclaim_v1(d: Path, goal: int, limit: int) -> None:
         _write(d / "memory.limit_in_bytes", str(limit))
 
 
-def _reclaim_v2(d: Path, goal: int, swap_max: str, limit: int) -> None:
-    """memory.reclaim in rounds until the group is at `goal`, swap.max lifted to the memory limit meanwhile:
-    not to "max", since what goes out stays out and a tenant could reclaim, refill and reclaim again,
-    filling the host's swap (v1 needs no such cap: its memsw limit bounds memory + swap together)."""
+def _reclaim_v2(d: Path, use: Callable[[], MemoryUse], anon_goal: int, swap_max: str, limit: int) -> None:
+    """memory.reclaim in rounds until the group's anonymous memory is at `anon_goal`, swap.max lifted
+    to the memory limit meanwhile: not to "max", since what goes out stays out and a tenant could
+    reclaim, refill and reclaim again, filling the host's swap (v1 needs no such cap: its memsw limit
+    bounds memory + swap together)."""
     has_swap = (d / "memory.swap.max").exists()
     if has_swap:
         _write(d / "memory.swap.max", str(max(limit, int(swap_max))))
     try:
         for _ in range(ROUNDS):
-            current = _read_int(d / "memory.current")
-            if current <= goal:
+            u = use()
+            if u.anon <= anon_goal:
                 break
             try:
-                _write(d / "memory.reclaim", str(current - goal))
+                _write(d / "memory.reclaim", str(max(MIN_BYTES, u.anon - anon_goal)))
             except OSError as e:
                 if e.errno != errno.EAGAIN:  # EAGAIN: less than asked was reclaimable this round
                     raise
@@ -117,11 +124,15 @@ def reclaim(cg: CgroupDriver, sandbox_id: str, req: ReclaimRequest, limit_bytes:
     t0 = time.monotonic()
     try:
         before = memory_use(cg, sandbox_id)
-        goal = max(MIN_BYTES, before.charged - int(req.target * before.anon))
+        anon_goal = before.anon - int(req.target * before.anon)
+
+        def use() -> MemoryUse:
+            return memory_use(cg, sandbox_id)
+
         if cg.version == 2:
-            _reclaim_v2(d, goal, str(swap_max), limit_bytes)
+            _reclaim_v2(d, use, anon_goal, str(swap_max), limit_bytes)
         else:
-            _reclaim_v1(d, goal, limit_bytes)
+            _reclaim_v1(d, use, anon_goal, limit_bytes)
         after = memory_use(cg, sandbox_id)
     except FileNotFoundError:
         raise SandboxError(f"sandbox {sandbox_id}: its memory cgroup went away while reclaiming") from None
