@@ -160,6 +160,29 @@ def main() -> int:
     return 0
 
 
+def _cell(xs: list[float], mul: float, fmt: str, unit: str) -> str:
+    """median [min–max] over runs."""
+    f = lambda x: format(x * mul, fmt)  # noqa: E731
+    return f"{f(statistics.median(xs))} [{f(min(xs))}–{f(max(xs))}] {unit}"
+
+
+def readme_rows(j: dict) -> list[list[str]]:
+    """The README's desktop table (tests/test_docs_numbers.py checks it against this JSON)."""
+    paths = list(j["paths"])
+    rows = []
+    for key, label, goal, mul, fmt, unit in (
+            ("create_to_first_screenshot_s", "create → start → first screenshot", "≤ 1.5 s", 1, ".2f", "s"),
+            ("screenshot_s", "screenshot, 1280x800 PNG", "≤ 50 ms", 1000, ".0f", "ms"),
+            ("screenshot_half_s", "screenshot, scale 0.5", "", 1000, ".0f", "ms"),
+            ("move_s", "action round trip: move", "≤ 20 ms", 1000, ".1f", "ms"),
+            ("key_s", "action round trip: key", "≤ 20 ms", 1000, ".1f", "ms")):
+        rows.append([label, goal] + [_cell(j["paths"][p][key]["p50_of_runs"], mul, fmt, unit) for p in paths])
+    for key, label in (("idle_memory_desktop_mib", "idle memory, desktop only"),
+                       ("idle_memory_editor_mib", "idle memory, editor open")):
+        rows.append([label, ""] + [_cell(j["paths"][p][key], 1, ".0f", "MiB") for p in paths])
+    return rows
+
+
 def plot(result: dict) -> None:
     import matplotlib
 

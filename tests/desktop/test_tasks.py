@@ -3,6 +3,7 @@ fulfilled before, the oracle fulfils every subgoal, in order), a detouring polic
 measured, and a null policy fulfils nothing."""
 from __future__ import annotations
 
+from shoal.tasks.desktop import report
 from shoal.tasks.desktop.metrics import drift
 from shoal.tasks.desktop.task import load_suite, open_task_sandbox, track, validate
 
@@ -28,9 +29,11 @@ def test_detours_and_null_policy(host, desktop_images):
     steps = task.oracle[:4] + detour + task.oracle[4:-2]
     sb = open_task_sandbox(host, task)
     try:
-        ep = track(sb, task, steps)
+        ep = track(sb, task, steps, record=0.25)
     finally:
         sb.kill()
+    page = report.render(ep)  # the filmstrip: one screenshot per step, subgoal marks, drift
+    assert page.count("<figure") == len(steps) == len(ep.shots) and "✓ saved" in page and "not fulfilled" in page
     assert [t is not None for t in ep.fulfilled_at] == [True, True, True, True, False]
     assert ep.score.fraction == 0.8 and ep.score.prefix == 0.8
     d = drift(ep.advances)

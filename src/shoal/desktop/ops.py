@@ -158,6 +158,13 @@ def launch(backend: SandboxBackend, sid: str, app: str, args: list[str] | None =
     return int(_helper(backend, sid, "launch", app, *(args or [])).strip())
 
 
+def activate(backend: SandboxBackend, sid: str, title: str) -> None:
+    """Raise and focus the window whose title contains `title` (InvalidArgument if there is none)."""
+    if not title:
+        raise InvalidArgument("activate needs a title")
+    _helper(backend, sid, "activate", title)
+
+
 def cursor(backend: SandboxBackend, sid: str) -> tuple[int, int]:
     r = _run(backend, sid, ["xdotool", "getmouselocation", "--shell"], 10)
     if r.exit_code != 0:

@@ -331,6 +331,10 @@ class AsyncDesktop:
         """
         return await _t(self._sync.accessibility_tree, depth=depth, max_nodes=max_nodes)
 
+    async def activate(self, title: str) -> None:
+        """Raise and focus the window whose title contains `title`."""
+        await _t(self._sync.activate, title=title)
+
     async def launch(self, app: str, args: list[str] | str | None = None) -> int:
         """Start an installed app ("editor", "spreadsheet", "files", "browser": its toolkit layer must
         be composed into the sandbox), detached; its pid. A string `args` is one argument (E2B's uri).

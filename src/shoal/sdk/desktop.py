@@ -137,6 +137,10 @@ class Desktop:
         widgets), at most `depth` levels and `max_nodes` nodes (cut branches say truncated)."""
         return ops.accessibility_tree(self._sb._backend, self._sb.id, depth, max_nodes)
 
+    def activate(self, title: str) -> None:
+        """Raise and focus the window whose title contains `title`."""
+        ops.activate(self._sb._backend, self._sb.id, title)
+
     def launch(self, app: str, args: list[str] | str | None = None) -> int:
         """Start an installed app ("editor", "spreadsheet", "files", "browser": its toolkit layer must
         be composed into the sandbox), detached; its pid. A string `args` is one argument (E2B's uri)."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -268,13 +268,15 @@ def set_up(sb: Sandbox, task: DesktopTask) -> None:
 
 def run_step(sb: Sandbox, step: Any) -> None:
     """One oracle / policy step: a pyautogui string, a DesktopAction dict, {"launch": app, "args": [...],
-    "window": title}, or {"wait_for_window": title}."""
+    "window": title}, {"focus": title} (raise and focus that window), or {"wait_for_window": title}."""
     if isinstance(step, str):
         sb.desktop.run_pyautogui(step)
     elif isinstance(step, dict) and "launch" in step:
         sb.desktop.launch(step["launch"], step.get("args", []))
         if step.get("window"):
             sb.desktop.wait_for_window(step["window"], timeout=60)
+    elif isinstance(step, dict) and "focus" in step:  # raise and focus the window titled like this
+        sb.desktop.activate(step["focus"])
     elif isinstance(step, dict) and "wait_for_window" in step:
         sb.desktop.wait_for_window(step["wait_for_window"], timeout=60)
     elif isinstance(step, dict):
@@ -306,6 +308,8 @@ class Episode:
     task: DesktopTask
     steps: int
     fulfilled_at: list[int | None]
+    actions: list[str] = field(default_factory=list)  # each step as text (the report's captions)
+    shots: list[bytes] = field(default_factory=list)  # a PNG after each step, when recorded
 
     @property
     def score(self) -> TaskScore:
@@ -318,10 +322,12 @@ class Episode:
         return [i in hit for i in range(self.steps)]
 
 
-def track(sb: Sandbox, task: DesktopTask, steps: list[Any], judge: Judge | None = None) -> Episode:
+def track(sb: Sandbox, task: DesktopTask, steps: list[Any], judge: Judge | None = None,
+          record: float | None = None) -> Episode:
     """Run `steps` one by one and check, after each, the subgoals whose dependencies are all
     fulfilled already (the frontier). A fulfilled subgoal stays fulfilled: a window closed later
-    does not undo "the file was opened". A step done before its prerequisites does not count."""
+    does not undo "the file was opened". A step done before its prerequisites does not count.
+    record: keep a screenshot after each step at this scale (the HTML report's filmstrip)."""
     at: dict[str, int | None] = {g.id: None for g in task.subgoals}
 
     def sweep(i: int) -> None:
@@ -336,13 +342,17 @@ def track(sb: Sandbox, task: DesktopTask, steps: list[Any], judge: Judge | None 
                     at[g.id] = i
                     progressed = True
 
+    shots: list[bytes] = []
     for i, step in enumerate(steps):
         try:
             run_step(sb, step)
         except InvalidArgument:
             pass  # a malformed agent action is a wasted step, not the end of the episode
         sweep(i)
-    return Episode(task, len(steps), [at[g.id] for g in task.subgoals])
+        if record is not None:
+            shots.append(sb.desktop.screenshot(scale=record))
+    return Episode(task, len(steps), [at[g.id] for g in task.subgoals],
+                   [s if isinstance(s, str) else json.dumps(s, ensure_ascii=False) for s in steps], shots)
 
 
 def validate(backend: Any, task: DesktopTask) -> tuple[list[bool], Episode]:
