@@ -213,7 +213,9 @@ def _xy(args: dict[str, object], fn: str) -> dict[str, object]:
     for v in (x, y):
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
             raise InvalidArgument(f"pyautogui.{fn}: coordinates must be numbers, got {v!r}")
-    return {"x": None if x is None else round(float(x)), "y": None if y is None else round(float(y))}  # type: ignore[arg-type]
+    fx = None if x is None else round(float(x))  # type: ignore[arg-type]  # checked numeric just above
+    fy = None if y is None else round(float(y))  # type: ignore[arg-type]  # checked numeric just above
+    return {"x": fx, "y": fy}
 
 
 def _mk(**kw: object) -> DesktopAction:

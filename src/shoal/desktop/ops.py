@@ -115,8 +115,9 @@ def screenshot(backend: SandboxBackend, sid: str, scale: float | None = None) ->
         raise DesktopUnavailable(f"sandbox {sid}: no framebuffer ({e})") from None
     finally:
         t.join()
-    if "e" in box:
-        raise box["e"]  # type: ignore[misc]
+    err = box.get("e")
+    if isinstance(err, BaseException):
+        raise err
     r = box["r"]
     assert isinstance(r, ExecResult)
     if r.exit_code != 0:
