@@ -50,6 +50,11 @@ def build_image(root: Path) -> str:
         (extra / "home/user").mkdir(parents=True)
         (extra / "bin/bash").write_bytes(b'#!/bin/sh\nexec /bin/sh "$@"\n')
         (extra / "bin/bash").chmod(0o755)
+        # E2B's user: the E2B path runs its commands and owns its uploads as uid 1000, as E2B does
+        (extra / "etc").mkdir()
+        (extra / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000::/home/user:/bin/sh\n")
+        (extra / "etc/group").write_text("root:x:0:\nuser:x:1000:\n")
+        os.chown(extra / "home/user", 1000, 1000)
         top = host.store.build_from_dir(extra, name="e2b-bench")
     host.store.create_image("e2b-bench:latest", [base.digest, top.digest])
     return "e2b-bench:latest"
