@@ -112,6 +112,10 @@ class AsyncProcessHandle:
         """End of input for its stdin."""
         await _t(self._sync.close_stdin)
 
+    async def resize(self, rows: int, cols: int) -> None:
+        """Set the size of its PTY (started with pty=...); the process gets SIGWINCH."""
+        await _t(self._sync.resize, rows=rows, cols=cols)
+
 
 class AsyncSession:
     """A long-lived shell (see `SessionHandle`)."""
