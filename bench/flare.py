@@ -150,10 +150,13 @@ async def labels(a, host: Host, tasks) -> dict:
                                    "positives": sum(x.label for d in data for x in d.labels if x.track == tr)}
                               for tr in ("failure", "success")},
                  "labels": [x.to_dict() for d in data for x in d.labels], "auc": {}}
-    diagnosers = [ProgrammaticDiagnoser()]
+    diagnosers: list = [ProgrammaticDiagnoser()]
     url = a.judge_url or os.environ.get("SHOAL_JUDGE_URL")
-    if url:
-        diagnosers.append(LLMJudge(url, a.judge_model or os.environ.get("SHOAL_JUDGE_MODEL", "judge")))
+    server = None
+    if not url:  # the judge's HTTP path with the scripted judge (the rules behind the API): plumbing, not a model
+        server, url = _scripted_server()
+        out["judge_note"] = "judge:judge is the scripted server's judge (the programmatic rules over HTTP)"
+    diagnosers.append(LLMJudge(url, a.judge_model or os.environ.get("SHOAL_JUDGE_MODEL", "judge")))
     for dg in diagnosers:
         s, y = await score(dg, data)
         by = {}
@@ -162,8 +165,32 @@ async def labels(a, host: Host, tasks) -> dict:
             by[tr] = roc_auc([q for q, _ in sel], [w for _, w in sel])
         out["auc"][dg.name] = {"all": roc_auc(s, y), **by}
         await dg.aclose()
+    if server is not None:
+        server.terminate()
+        server.wait()
     out["seconds"] = round(time.monotonic() - t0, 1)
     return out
+
+
+def _scripted_server():
+    import socket
+    import subprocess
+
+    import httpx
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "shoal.rollout.scripted_server", "--port", str(port)],
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")})
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(400):
+        try:
+            if httpx.get(f"{url}/v1/models").status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    return proc, url
 
 
 def plot(res: dict, path: Path) -> None:

@@ -44,6 +44,9 @@ app.add_typer(e2b_app, name="e2b")
 from .flare.cli import flare_app  # noqa: E402  (its own module: FLARE's commands)
 
 app.add_typer(flare_app, name="flare")
+from .annotate.cli import app as annotate_app  # noqa: E402  (its own module: token-level correction annotation)
+
+app.add_typer(annotate_app, name="annotate")
 console = Console()
 err_console = Console(stderr=True)
 

@@ -186,3 +186,31 @@ def test_cli_taxonomy_and_export_sft(tmp_path):
     eps.write_text('{"resolved": true}\n')
     r = CliRunner().invoke(app, ["flare", "export-sft", str(eps), str(tmp_path / "sft.jsonl")])
     assert r.exit_code != 0 and "not a diagnosed episode" in r.output
+
+
+def test_trace_from_an_episode_record():
+    rec = {"instance_id": "t1", "steps": 2, "resolved": False,
+           "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "the bug"},
+                        {"role": "assistant", "content": "look"}, {"role": "tool", "content": "x"},
+                        {"role": "assistant", "content": "done"}, {"role": "tool", "content": "submitted"}],
+           "actions": [{"step": 1, "tool": "view_file", "arguments": '{"path": "a.py"}', "observation": "x",
+                        "error": False, "unknown": False},
+                       {"step": 2, "tool": "submit", "arguments": "not json", "observation": "submitted",
+                        "error": False, "unknown": False}]}
+    tr = Trace.from_record(rec)
+    assert [s.thought for s in tr.steps] == ["look", "done"] and tr.problem == "the bug" and tr.resolved is False
+    assert tr.steps[0].actions[0].arguments == {"path": "a.py"}
+    assert tr.steps[1].actions[0].arguments == {"__unparsed__": "not json"} and tr.steps[1].submitted
+    d = ProgrammaticDiagnoser().diagnose_now(tr.prefix(2))  # no probe facts: the action rules only
+    assert d.risk == Risk.none
+
+
+def test_the_same_call_after_the_state_changed_is_not_a_loop():
+    apply_ = ("shell", {"command": "git apply /tmp/fix.patch"}, "[exit code 0]", False)
+    s1 = step(1, apply_, changed={"pkg/core.py": "M"}, f2p_failed=[], diff_sha="fixed")
+    s2 = step(2, ("shell", {"command": "git checkout -- ."}, "", False), tests_ran=True, diff_sha="0")
+    s3 = step(3, apply_, changed={"pkg/core.py": "M"}, f2p_failed=[], diff_sha="fixed")
+    assert diagnose(s1, s2, s3).error_class != ErrorClass.loop  # re-applied after a reset: progress
+    s3_again = step(3, apply_, diff_sha="fixed", f2p_failed=[], changed={"pkg/core.py": "M"})
+    assert diagnose(s1, step(2, apply_, diff_sha="fixed", f2p_failed=[], changed={"pkg/core.py": "M"}),
+                    s3_again).risk == Risk.medium  # twice since the state last changed (step 1 changed it)

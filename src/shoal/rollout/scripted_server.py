@@ -22,8 +22,15 @@ from ..tasks.swe.suite import load_suite
 from .policy import NullPolicy, OraclePolicy, RandomEditPolicy, ScriptedPolicy
 
 
-def make_app(suite: str | None = None) -> FastAPI:
+def make_app(suite: str | None = None, model: str | None = None) -> FastAPI:
+    """`model`: a local model (HF directory or shoal.train.repro checkpoint) served on /v1/completions
+    with real logprobs and top-k (shoal.annotate.openai_routes), beside the scripted chat policies."""
     app = FastAPI(title="shoal scripted chat endpoint")
+    if model:
+        from ..annotate.model import LocalModel
+        from ..annotate.openai_routes import add_completions
+
+        add_completions(app, LocalModel.load(model))
     by_statement = {t.problem_statement: t for t in load_suite(suite)}
     state: dict[str, Any] = {"down_until": 0.0, "status": 503, "requests": 0, "failed": 0}
 
@@ -95,8 +102,9 @@ def main() -> None:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8011)
     ap.add_argument("--suite", default=None)
+    ap.add_argument("--model", default=None, help="also serve this local model on /v1/completions")
     a = ap.parse_args()
-    uvicorn.run(make_app(a.suite), host=a.host, port=a.port, log_level="warning")
+    uvicorn.run(make_app(a.suite, a.model), host=a.host, port=a.port, log_level="warning")
 
 
 if __name__ == "__main__":
