@@ -26,6 +26,7 @@ system-deps:
 	command -v runsc >/dev/null || missing="$$missing runsc"; \
 	[ -x /usr/bin/docker-registry ] || missing="$$missing docker-registry"; \
 	ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || missing="$$missing postgresql"; \
+	[ -x /usr/bin/chromium ] || missing="$$missing chromium"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \

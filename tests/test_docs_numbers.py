@@ -221,9 +221,14 @@ def density_goal_rows(j: dict) -> list[list[str]]:
     fill = load("bench/results/fill_create.json")["after"]["summary"]
     full = fill["rows"][-1]
     rec = load("bench/results/reclaim.json")["runs"]
-    best = [r for r in rec if (r["algorithm"], r["target"]) == ("lzo-rle", 1.0)]
-    acc = [r["accounted_mib"]["after_over_before"] for r in best]
-    resume = [r["resume_to_first_exec"]["reclaimed"]["p50_ms"] for r in best]
+
+    def reclaim_runs(algorithm: str) -> list[dict]:  # target 1.0, steps aimed at anon (the current code)
+        return [r for r in rec if (r["algorithm"], r["target"], r.get("method")) == (algorithm, 1.0, "anon-goal")]
+
+    best, zr = reclaim_runs("zswap-deflate"), reclaim_runs("lzo-rle")
+    acc = [r["accounted_no_cache_mib"]["after_over_before"] for r in best]
+    acc_zram = [r["accounted_no_cache_mib"]["after_over_before"] for r in zr]
+    resume = [r["resume_to_first_exec"]["reclaimed"]["p50_ms"] for r in best + zr]
     sched = load("bench/results/sched.json")["summary"]
 
     def mmm(xs: list[float]) -> dict:
@@ -238,9 +243,14 @@ def density_goal_rows(j: dict) -> list[list[str]]:
         ["idle python sandboxes held, paused + reclaimed", "≥ 3,000",
          f"{held('python')['median']:,} held, paused ({py_runs} run{'s' if py_runs > 1 else ''}; the run's cap)",
          "not measured at that size"],
-        ["memory per idle python sandbox after reclaim (cgroups + zram's RAM, lzo-rle, target 1.0)",
-         "≤ 1/4 of before", f"{spread_cell(mmm(acc), '.2f')} of before",
-         "not met: zram compresses these heaps about 3×"],
+        ["memory per idle python sandbox after reclaim (cgroups + the compressed pools' RAM, page cache "
+         "left out, target 1.0)", "≤ 1/4 of before",
+         f"{spread_cell(mmm(acc), '.3f')} of before with zswap (deflate); {spread_cell(mmm(acc_zram), '.3f')} "
+         f"with zram (lzo-rle) ({len(acc)} + {len(acc_zram)} runs)",
+         "met" if max(acc) <= 0.25 else
+         (f"not met by {(statistics.median(acc) - 0.25) * 100:.1f} points: deflate, the best compressor this "
+          "kernel offers, takes these heaps to about 4×; the pool is almost all that is left"
+          if statistics.median(acc) > 0.25 else "met at the median, not in every run")],
         ["resume of a reclaimed sandbox → first exec p50", "≤ 100 ms", f"{spread_cell(mmm(resume), '.1f')} ms",
          "met"],
         ["exec p50 of one active sandbox among 1,000 idle ones, vs an empty host", "≤ 1.5×",

@@ -41,6 +41,12 @@ app.add_typer(fleet_app, name="fleet")
 from .e2b.cli import e2b_app  # noqa: E402  (its own module: the E2B front's commands)
 
 app.add_typer(e2b_app, name="e2b")
+from .flare.cli import flare_app  # noqa: E402  (its own module: FLARE's commands)
+
+app.add_typer(flare_app, name="flare")
+from .annotate.cli import app as annotate_app  # noqa: E402  (its own module: token-level correction annotation)
+
+app.add_typer(annotate_app, name="annotate")
 console = Console()
 err_console = Console(stderr=True)
 
@@ -732,6 +738,38 @@ def traj_streams(db: Path = typer.Argument(...), episode: str | None = typer.Opt
         t.add_row(si.stream, si.episode or "", str(len(log.history(si.stream))), str(si.meta.get("sandbox", "")),
                   " ".join(d.split(":")[-1][:12] for d in si.layers))
     console.print(t)
+
+
+@traj_app.command("tree")
+def traj_tree(db: Path = typer.Argument(..., help="the log (e.g. runs/rollout.traj.db)"),
+              episode: str = typer.Argument(..., help="an episode id; its whole tree is shown"),
+              as_json: bool = typer.Option(False, "--json")):
+    """Branches of an episode (rollout.branch): each branch, the step it left its parent at, its length."""
+    import json
+
+    from rich.tree import Tree
+
+    from .rollout.branch import BranchNode, Episode
+
+    ep = Episode(_log(db), episode)
+    top = ep.root()
+    node = top.tree()
+    if as_json:
+        console.print_json(json.dumps(node.to_dict()))
+        return
+
+    def label(n: BranchNode) -> str:
+        at = f" [dim]from step {n.step}[/dim]" if n.step is not None else ""
+        me = " [bold]<-[/bold]" if n.episode == episode else ""
+        return f"[cyan]{n.episode}[/cyan]{at}  {n.steps} steps{me}"
+
+    def grow(t: Tree, n: BranchNode) -> None:
+        for c in n.children:
+            grow(t.add(label(c)), c)
+
+    out = Tree(label(node))
+    grow(out, node)
+    console.print(out)
 
 
 @traj_app.command("replay")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -26,6 +27,7 @@ from .config import Settings, load_settings
 from .core.contract import (
     DEFAULT_DOWNLOAD_MAX,
     DEFAULT_READ_MAX,
+    PORT_CONNECT_TIMEOUT,
     CreateRequest,
     ExecRequest,
     ExecResult,
@@ -306,6 +308,9 @@ class Host(SandboxBackend):
 
     def get_network(self, sandbox_id: str) -> NetworkPolicy:
         return self._route(sandbox_id).get_network(sandbox_id)
+
+    def connect_port(self, sandbox_id: str, port: int, timeout: float = PORT_CONNECT_TIMEOUT) -> socket.socket:
+        return self._route(sandbox_id).connect_port(sandbox_id, port, timeout)
 
     def set_network(self, sandbox_id: str, req: NetworkRequest) -> NetworkPolicy:
         return self._route(sandbox_id).set_network(sandbox_id, req)

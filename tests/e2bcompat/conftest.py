@@ -27,6 +27,16 @@ def e2b_image(host, base_image, make_layer_session) -> str:
 
 
 @pytest.fixture(scope="session")
+def code_interpreter_image(host) -> str:
+    """`e2b-code-interpreter:latest` from its recipe, in the session's root: on python:3.11 (built once
+    per session and shared with the other suites that need it), plus one pip layer (build cache)."""
+    from shoal.e2b.templates import CODE_INTERPRETER_IMAGE, build_code_interpreter
+
+    build_code_interpreter(host)
+    return CODE_INTERPRETER_IMAGE
+
+
+@pytest.fixture(scope="session")
 def make_layer_session(host, tmp_path_factory):
     def _make(files: dict[str, bytes]) -> str:
         d = tmp_path_factory.mktemp("e2blayer")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import abc
 import enum
 import math
+import socket
 import time
 from collections.abc import Callable
 from typing import Any, ClassVar, Literal
@@ -31,6 +32,13 @@ MAX_SECONDS = 7 * 24 * 3600.0
 DEFAULT_READ_MAX = 64 << 20  # bytes a files.read returns at most unless asked for more
 DEFAULT_DOWNLOAD_MAX = 1 << 30  # bytes of file content a tar download carries at most
 MAX_OUTPUT_CAP = 64 << 20  # bytes of one stream a command's result may keep
+PORT_CONNECT_TIMEOUT = 5.0  # seconds connect_port waits for a sandbox's listener
+
+
+def check_port(port: object) -> int:
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise InvalidArgument(f"port must be an integer in 1..65535, not {port!r}")
+    return port
 
 
 def check_seconds(name: str, v: float | None) -> float | None:
@@ -350,6 +358,34 @@ class ForkReply(BaseModel):
     failed: list[ForkFailure] = Field(default_factory=list)
 
 
+# ------------------------------------------------------------------------------------ episodes
+class BranchRequest(_Wire):
+    """Branch an episode of the daemon's trajectory log at a step (rollout.branch, docs/flare.md)."""
+
+    step: int = Field(strict=True, description="the branch holds steps 1..step; counted from 1")
+    strategy: Literal["auto", "snapshot", "fastforward"] = "auto"
+    from_step: int | None = Field(None, strict=True, ge=0, description="fastforward from this step's snapshot "
+                                                                       "(0: the start)")
+    episode_id: str | None = Field(None, min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:@-]+$",
+                                   description="the new episode's id; default: <parent>.b<step>.<random>")
+    ttl: float | None = Field(3600.0, gt=0, allow_inf_nan=False, description="the branch's sandbox's TTL, seconds")
+    address: str | None = Field(None, max_length=500, description="the backend address the client runs the branch "
+                                                                 "through (run_episode reattaches its sandbox there)")
+    node: str | None = Field(None, max_length=200, description="the client's node name, for the same")
+
+
+class BranchReply(BaseModel):
+    episode: str
+    parent: str
+    step: int
+    strategy: str = Field(description="the one used: snapshot or fastforward")
+    from_step: int
+    replayed_ops: int
+    entries: int
+    seconds: float
+    sandbox: SandboxInfo
+
+
 # ------------------------------------------------------------------------------------ network
 class NetworkRequest(_Wire):
     """Replaces the egress rules: fields left out are cleared, never merged."""
@@ -566,6 +602,13 @@ class SandboxBackend(abc.ABC):
     @abc.abstractmethod
     def set_network(self, sandbox_id: str, req: NetworkRequest) -> NetworkPolicy:
         """Replace the egress allow rules; with no rules the sandbox has no egress."""
+
+    # ---------------------------------------------------------------- ports
+    def connect_port(self, sandbox_id: str, port: int, timeout: float = PORT_CONNECT_TIMEOUT) -> socket.socket:
+        """A stream socket connected to 127.0.0.1:`port` inside the sandbox's own network namespace
+        (the sandbox needs no network for it): the caller owns it and closes it. A port nothing
+        listens on is a SandboxError; backends that cannot reach into a sandbox raise NotSupported."""
+        raise NotSupported(f"the {self.name} backend cannot connect to a port inside a sandbox")
 
     # ---------------------------------------------------------------- memory
     def reclaim(self, sandbox_id: str, req: ReclaimRequest) -> ReclaimResult:

@@ -125,6 +125,19 @@ class UnknownOutcome(ShoalError):
         self.stream, self.seq, self.request = stream, seq, request or {}
 
 
+class EpisodeNotFound(ShoalError, LookupError):
+    """No episode of that id in the trajectory log (or none the caller may see)."""
+
+
+class BadBranchStep(InvalidArgument):
+    """A branch point outside the episode: steps are counted from 1 to the episode's length."""
+
+
+class BranchNotExact(ShoalError):
+    """A branch could not be restored exactly: a fast-forwarded effect gave a different result than
+    the logged one (a nondeterministic command), or the snapshot asked for does not exist."""
+
+
 class LLMUnavailable(ShoalError):
     """The policy's chat endpoint kept failing after the bounded retries."""
 
@@ -165,9 +178,9 @@ class InternalError(ShoalError):
 _HTTP_STATUS: list[tuple[tuple[type[ShoalError], ...], int]] = [
     ((SandboxLost,), 410),
     ((HostUnavailable,), 503),
-    ((SandboxNotFound, ImageNotFound, LayerNotFound, TenantNotFound), 404),
+    ((SandboxNotFound, ImageNotFound, LayerNotFound, TenantNotFound, EpisodeNotFound), 404),
     ((QuotaExceeded, PoolExhausted), 429),
-    ((LayerInUse,), 409),
+    ((LayerInUse, BranchNotExact), 409),
     ((CommandTimeout,), 408),
     ((BackendUnavailable,), 501),
     ((OriginUnavailable, CorruptChunk, RegistryError), 502),

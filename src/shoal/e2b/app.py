@@ -16,6 +16,7 @@ from ..core.contract import SandboxBackend
 from ..core.errors import InvalidArgument, QuotaExceeded, SandboxNotFound, ShoalError
 from . import control, envd
 from .front import ApiError, Front
+from .ports import PortRoutes
 from .state import Boxes, BoxStore, Keys
 from .templates import DEFAULT_TEMPLATES
 
@@ -39,6 +40,7 @@ def make_app(backend: SandboxBackend, keys: Keys, templates: Mapping[str, str] |
     app.state.front = front
     app.include_router(control.router(front))
     app.include_router(envd.router(front))
+    app.add_middleware(PortRoutes, front=front)  # sandbox ports: get_host, the code interpreter
 
     @app.exception_handler(ApiError)
     async def api_error(_: Request, e: ApiError) -> JSONResponse:

@@ -97,6 +97,8 @@ def key_revoke(tenant: str = typer.Argument(...), keys: Path | None = KeysOpt, r
 def templates(template: list[str] = TemplateOpt,
               build: bool = typer.Option(False, "--build", help="build `base` (e2b-base:latest) from its recipe"),
               recipe: bool = typer.Option(False, "--recipe", help="print the `base` recipe"),
+              interpreter: bool = typer.Option(False, "--build-code-interpreter",
+                                               help="build `code-interpreter` (e2b-code-interpreter:latest)"),
               root: str | None = RootOpt):
     """The templates the front serves (NAME -> image); --build makes `base` on this host."""
     if recipe:
@@ -107,6 +109,12 @@ def templates(template: list[str] = TemplateOpt,
         from .templates import build_base
 
         img = build_base(Host.get(root), log=lambda line: console.print(line.rstrip(), markup=False))
+        console.print(f"built {img.ref}")
+    if interpreter:
+        from ..host import Host
+        from .templates import build_code_interpreter
+
+        img = build_code_interpreter(Host.get(root), log=lambda line: console.print(line.rstrip(), markup=False))
         console.print(f"built {img.ref}")
     for name, image in sorted(parse_template_args(template).items()):
         console.print(f"{name}\t{image}")

@@ -17,6 +17,7 @@ from ..core.contract import MAX_SECONDS, CreateRequest, TimeoutRequest
 from ..core.errors import ImageNotFound, SandboxNotFound, ShoalError
 from . import templates as tpl
 from .front import ApiError, Front
+from .ports import traffic_token
 from .state import ENVD_VERSION, Box
 
 
@@ -52,6 +53,7 @@ def sandbox_json(box: Box, access_token: bool = True) -> dict[str, Any]:
                            "envdVersion": ENVD_VERSION}
     if access_token:
         out["envdAccessToken"] = box.token
+        out["trafficAccessToken"] = traffic_token(box)  # the key to its ports (ports.py)
     return out
 
 
@@ -104,6 +106,7 @@ def router(front: Front) -> APIRouter:
                   memory_mb=info.limits.memory_mb, disk_mb=info.limits.disk_mb,
                   home=front.home if has_home else info.workdir or "/", has_home=has_home)
         front.boxes.add(box)
+        front.starts.run(front, info.id)  # the template's start command, if it has one (ports.py)
         return _json(201, sandbox_json(box))
 
     r.add_api_route("/sandboxes", create, methods=["POST"])
@@ -154,6 +157,7 @@ def router(front: Front) -> APIRouter:
         front.boxes.pop(sandbox_id)
         for proc in list(box.procs.values()):
             proc.handle.close()
+        front.starts.forget(sandbox_id)
         try:
             front.backend.kill(sandbox_id)
         except SandboxNotFound:

@@ -7,6 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ..core.contract import SandboxBackend
+from .ports import Starts
 from .state import Boxes, Keys
 from .templates import DEFAULT_TEMPLATES, HOME, USER
 
@@ -34,6 +35,7 @@ class Front:
     user: str = USER
     home: str = HOME
     boxes: Boxes = field(default_factory=Boxes)
+    starts: Starts = field(default_factory=Starts)  # templates' start commands (ports.py)
     # blocking waits of output streams (one per open Start/Connect/WatchDir stream): a pool of its own,
     # so long-lived streams never starve the request handlers' thread pool
     stream_pool: ThreadPoolExecutor = field(
@@ -43,4 +45,5 @@ class Front:
         for box in self.boxes.all():
             for proc in list(box.procs.values()):
                 proc.handle.close()
+            self.starts.forget(box.id)
         self.stream_pool.shutdown(wait=False, cancel_futures=True)

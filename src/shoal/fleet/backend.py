@@ -9,6 +9,7 @@ turns those into its own Server-Sent Events), never buffered to the end.
 from __future__ import annotations
 
 import logging
+import socket
 import ssl
 import threading
 import time
@@ -23,6 +24,7 @@ from ..core import errors as E
 from ..core.contract import (
     DEFAULT_DOWNLOAD_MAX,
     DEFAULT_READ_MAX,
+    PORT_CONNECT_TIMEOUT,
     CreateRequest,
     ExecRequest,
     ExecResult,
@@ -287,6 +289,9 @@ class FleetBackend(SandboxBackend):
 
     def reclaim(self, sandbox_id: str, req: ReclaimRequest) -> ReclaimResult:
         return self._on(sandbox_id, lambda c: c.reclaim(sandbox_id, req))
+
+    def connect_port(self, sandbox_id: str, port: int, timeout: float = PORT_CONNECT_TIMEOUT) -> socket.socket:
+        return self._on(sandbox_id, lambda c: c.connect_port(sandbox_id, port, timeout))
 
     # ---------------------------------------------------------------- commands
     def exec(self, sandbox_id: str, req: ExecRequest, on_stdout: OutputCallback | None = None,

@@ -1,9 +1,11 @@
 """One episode of an agent on a task (any `rollout.task.Task`), every step through the trajectory log.
 
-Streams per episode: `<ep>/sandbox` (tool calls on the sandbox), `<ep>/llm` (policy calls) and
-`<ep>/eval` (the grade). Running an episode that the log already holds, in part or whole, fast-
-forwards: logged LLM turns and tool results come back without calling the model or touching the
-sandbox, and the loop goes on live from where the log ends. Where the episode's sandbox is:
+Streams per episode: `<ep>/sandbox` (tool calls on the sandbox), `<ep>/llm` (policy calls),
+`<ep>/steps` (one mark per agent step: where each stream stood after it, and the step's snapshot when
+`snapshot_every` asks for one; what `rollout.branch` branches from) and `<ep>/eval` (the grade).
+Running an episode that the log already holds, in part or whole, fast-forwards: logged LLM turns
+and tool results come back without calling the model or touching the sandbox, and the loop goes on
+live from where the log ends. Where the episode's sandbox is:
 
 - still alive on the same backend (a worker died, the sandbox did not): it is reattached;
 - gone (its node was lost): a new one is created from the same layers and the logged effects are
@@ -22,10 +24,10 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from ..core.contract import SandboxBackend
-from ..core.errors import SandboxNotFound, UnknownOutcome
+from ..core.errors import InvalidArgument, SandboxNotFound, UnknownOutcome
 from ..envs.sandboxes import attach
 from ..sdk.sandbox import Sandbox
-from ..trajlog import LoggedSandbox, TrajectoryLog, restore
+from ..trajlog import LoggedSandbox, Stream, TrajectoryLog, restore
 from .policy import Policy
 from .task import Task, Verdict
 
@@ -63,7 +65,9 @@ class EpisodeRecord:
 
 
 def _sandbox_for(backend: SandboxBackend, log: TrajectoryLog, task: Task, name: str, size: int,
-                 node: str) -> tuple[Sandbox, int]:
+                 node: str) -> tuple[Sandbox, int, dict]:
+    """The episode's sandbox (reattached, or new with the log's effects re-applied), how many effects
+    were re-applied, and how the first one was created (what a branch from step 0 recreates)."""
     info = log.info(name)
     meta = (info.meta if info else {}) or {}
     where = backend.address
@@ -71,20 +75,48 @@ def _sandbox_for(backend: SandboxBackend, log: TrajectoryLog, task: Task, name: 
         try:
             sb = attach(backend, meta["sandbox"])
             if sb.is_running():
-                return sb, 0
+                return sb, 0, {}
         except SandboxNotFound:
             pass
     sb = task.sandbox(backend, ttl=SANDBOX_TTL_S)
+    created = sb.info()  # before any effect: the start state, as a branch from the start recreates it
     restored = 0
     if size:
         restored = restore(log, name, sb).ops
-    log.store.update_stream(name, layers=sb.info().layers, meta={"sandbox": sb.id, "backend": where, "node": node})
-    return sb, restored
+    log.store.update_stream(name, layers=created.layers, meta={"sandbox": sb.id, "backend": where, "node": node})
+    start = {"layers": created.layers, "env": created.env, "workdir": created.workdir,
+             "memory_mb": created.limits.memory_mb, "disk_mb": created.limits.disk_mb, "cpu": created.limits.cpu,
+             "pids": created.limits.pids, "upper": created.limits.upper}
+    return sb, restored, start
+
+
+def _mark(marks: Stream, sb: Sandbox, step: int, sandbox_seq: int, llm_seq: int, snapshot: bool) -> dict:
+    """Log where the streams stand after `step` (and a snapshot of the sandbox, if asked). Replayed,
+    not retaken, when the episode is resumed: the request names the step and both cursors."""
+    def take() -> dict:
+        if not snapshot:
+            return {"snapshot": None}
+        t0 = time.perf_counter()
+        info = sb.snapshot()
+        return {"snapshot": info.id, "image": info.image, "layer": info.layer, "size": info.size,
+                "snapshot_s": time.perf_counter() - t0}
+
+    req = {"step": step, "sandbox_seq": sandbox_seq, "llm_seq": llm_seq}
+    try:
+        return marks.call("step", req, take).result
+    except UnknownOutcome:  # its writer died mid-snapshot: taking it again is harmless
+        return marks.settle(take()).result
 
 
 async def run_episode(task: Task, policy: Policy, log: TrajectoryLog, backend: SandboxBackend, episode_id: str, *,
                       max_steps: int = 30, writer: str | None = None, node: str | None = None,
-                      keep_sandbox: bool = False) -> EpisodeRecord:
+                      keep_sandbox: bool = False, snapshot_every: int | None = None) -> EpisodeRecord:
+    """Run (or resume, or fast-forward) one episode. `snapshot_every=j`: a pack_diff snapshot of the
+    sandbox after every j-th step, taken while the policy thinks about the next one (branching from
+    those steps is then one sandbox create; from the others, a fast-forward from the nearest)."""
+    if snapshot_every is not None and (isinstance(snapshot_every, bool) or not isinstance(snapshot_every, int)
+                                       or snapshot_every < 1):
+        raise InvalidArgument(f"snapshot_every is a whole number of steps >= 1 (or None), got {snapshot_every!r}")
     node = node or socket.gethostname()
     t_start = time.perf_counter()
     # no image: the stream gets the sandbox's full layer stack once it exists (what replay recreates)
@@ -92,7 +124,11 @@ async def run_episode(task: Task, policy: Policy, log: TrajectoryLog, backend: S
                            meta={"instance_id": task.id, "task_image": task.image})
     llm = log.stream(f"{episode_id}/llm", episode=episode_id, writer=writer)
     ev = log.stream(f"{episode_id}/eval", episode=episode_id, writer=writer)
-    sb, restored = await asyncio.to_thread(_sandbox_for, backend, log, task, sb_stream.name, sb_stream.size, node)
+    marks = log.stream(f"{episode_id}/steps", episode=episode_id, writer=writer)
+    sb, restored, start = await asyncio.to_thread(_sandbox_for, backend, log, task, sb_stream.name, sb_stream.size,
+                                                  node)
+    if start and not marks.size:  # a new episode: how its sandbox began, for branches from the start
+        log.store.update_stream(marks.name, meta={"start": start, "snapshot_every": snapshot_every})
     lsb = LoggedSandbox(sb, sb_stream)
     tools = task.tools(lsb)
     setup_s = time.perf_counter() - t_start
@@ -103,6 +139,8 @@ async def run_episode(task: Task, policy: Policy, log: TrajectoryLog, backend: S
     llm_s = tools_s = 0.0
     submitted, unknown = False, 0
     step = 0
+    marking: asyncio.Future | None = None  # the previous step's mark (and snapshot), while the policy thinks
+    mark_s = 0.0
     for step in range(1, max_steps + 1):
         req = policy.request(messages, tools.specs)
         t0 = time.perf_counter()
@@ -111,13 +149,21 @@ async def run_episode(task: Task, policy: Policy, log: TrajectoryLog, backend: S
         except UnknownOutcome:  # a model call has no side effect: ask again, log that answer
             out = llm.settle(await policy.complete(req)).result
         llm_s += time.perf_counter() - t0
+        if marking is not None:  # the snapshot must hold the state before this step's tools touch it
+            t0 = time.perf_counter()
+            await marking
+            mark_s += time.perf_counter() - t0
+            marking = None
         turns.append({k: v for k, v in out.items() if k not in ("content", "tool_calls")})
         msg: dict = {"role": "assistant", "content": out.get("content", "")}
         if out.get("tool_calls"):
             msg["tool_calls"] = out["tool_calls"]
         messages.append(msg)
+        snap = snapshot_every is not None and step % snapshot_every == 0
         if not out.get("tool_calls"):
             messages.append({"role": "user", "content": "Use a tool call. Call `submit` when you are done."})
+            marking = asyncio.ensure_future(asyncio.to_thread(_mark, marks, sb, step, sb_stream.cursor, llm.cursor,
+                                                              snap))
             continue
         for call in out["tool_calls"]:
             fn = call.get("function", {})
@@ -131,8 +177,13 @@ async def run_episode(task: Task, policy: Policy, log: TrajectoryLog, backend: S
             if obs.submitted:
                 submitted = True
                 break
+        marking = asyncio.ensure_future(asyncio.to_thread(_mark, marks, sb, step, sb_stream.cursor, llm.cursor, snap))
         if submitted:
             break
+    if marking is not None:
+        t0 = time.perf_counter()
+        await marking
+        mark_s += time.perf_counter() - t0
     answer = await asyncio.to_thread(task.answer, tools)
     t0 = time.perf_counter()
 
@@ -154,7 +205,7 @@ async def run_episode(task: Task, policy: Policy, log: TrajectoryLog, backend: S
         policy=policy.name, reward=verdict.reward, resolved=verdict.resolved, report=verdict.report,
         patch=answer, steps=step, submitted=submitted, messages=messages, actions=actions, turns=turns,
         timings={"wall_s": time.perf_counter() - t_start, "setup_s": setup_s, "llm_s": llm_s, "tools_s": tools_s,
-                 "grade_s": grade_s},
+                 "grade_s": grade_s, "mark_wait_s": mark_s},
         sandbox=sb.id, layers=layers, node=node,
         replayed={"sandbox": sb_stream.replayed, "llm": llm.replayed, "eval": ev.replayed},
         executed={"sandbox": sb_stream.executed, "llm": llm.executed, "eval": ev.executed},

@@ -3,7 +3,8 @@
 It lets the HTTP policy path (retries, outages, token ids, logprobs) run end to end on a machine
 without a GPU: `model` picks the policy ("oracle", "null", "random"); the oracle finds its task by
 the problem statement in the conversation. `POST /admin/outage {"seconds": s, "status": 503}` makes
-it fail for a while, for outage tests and demos.
+it fail for a while, for outage tests and demos. Model "judge" (or "judge-bad:N": N invalid answers
+first) answers FLARE's step-judge prompt (`flare.judge.scripted_judge_completion`).
 
     python -m shoal.rollout.scripted_server --port 8011   # then SHOAL_LLM_URL=http://127.0.0.1:8011/v1
 """
@@ -21,8 +22,15 @@ from ..tasks.swe.suite import load_suite
 from .policy import NullPolicy, OraclePolicy, RandomEditPolicy, ScriptedPolicy
 
 
-def make_app(suite: str | None = None) -> FastAPI:
+def make_app(suite: str | None = None, model: str | None = None) -> FastAPI:
+    """`model`: a local model (HF directory or shoal.train.repro checkpoint) served on /v1/completions
+    with real logprobs and top-k (shoal.annotate.openai_routes), beside the scripted chat policies."""
     app = FastAPI(title="shoal scripted chat endpoint")
+    if model:
+        from ..annotate.model import LocalModel
+        from ..annotate.openai_routes import add_completions
+
+        add_completions(app, LocalModel.load(model))
     by_statement = {t.problem_statement: t for t in load_suite(suite)}
     state: dict[str, Any] = {"down_until": 0.0, "status": 503, "requests": 0, "failed": 0}
 
@@ -50,6 +58,10 @@ def make_app(suite: str | None = None) -> FastAPI:
         body = await request.json()
         messages = body.get("messages") or []
         model = body.get("model", "oracle")
+        if str(model).startswith("judge"):  # FLARE's step judge, answered by the programmatic diagnoser
+            from ..flare.judge import scripted_judge_completion
+
+            return scripted_judge_completion(body)
         if model == "oracle":
             statement = next((m.get("content") for m in messages if m.get("role") == "user"), "")
             task = by_statement.get(statement)
@@ -90,8 +102,9 @@ def main() -> None:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8011)
     ap.add_argument("--suite", default=None)
+    ap.add_argument("--model", default=None, help="also serve this local model on /v1/completions")
     a = ap.parse_args()
-    uvicorn.run(make_app(a.suite), host=a.host, port=a.port, log_level="warning")
+    uvicorn.run(make_app(a.suite, a.model), host=a.host, port=a.port, log_level="warning")
 
 
 if __name__ == "__main__":

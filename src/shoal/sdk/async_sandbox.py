@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -315,6 +316,12 @@ class AsyncSandbox:
 
     async def get_network(self) -> NetworkPolicy:
         return await _t(self._sync.get_network)
+
+    async def connect_port(self, port: int, timeout: float = 5.0) -> socket.socket:
+        """A TCP connection to 127.0.0.1:`port` inside the sandbox (a server it runs), though the
+        sandbox has no network: yours to use and close. Nothing listening is a SandboxError.
+        """
+        return await _t(self._sync.connect_port, port=port, timeout=timeout)
 
     async def snapshot(self, exclude: list[str] | None = None) -> SnapshotInfo:
         """pack_diff: capture the writable upper (processes frozen meanwhile) as a new layer on top of

@@ -18,6 +18,7 @@ from __future__ import annotations
 import io
 import os
 import queue
+import socket
 import tarfile
 import threading
 from collections.abc import Iterator
@@ -30,6 +31,7 @@ from ..backends import LOCAL, open_backend
 from ..core.contract import (
     DEFAULT_DOWNLOAD_MAX,
     DEFAULT_READ_MAX,
+    PORT_CONNECT_TIMEOUT,
     CreateRequest,
     ExecRequest,
     ExecResult,
@@ -312,6 +314,11 @@ class Sandbox:
 
     def get_network(self) -> NetworkPolicy:
         return self._backend.get_network(self.id)
+
+    def connect_port(self, port: int, timeout: float = PORT_CONNECT_TIMEOUT) -> socket.socket:
+        """A TCP connection to 127.0.0.1:`port` inside the sandbox (a server it runs), though the
+        sandbox has no network: yours to use and close. Nothing listening is a SandboxError."""
+        return self._backend.connect_port(self.id, port, timeout)
 
     def snapshot(self, exclude: list[str] | None = None) -> SnapshotInfo:
         """pack_diff: capture the writable upper (processes frozen meanwhile) as a new layer on top of

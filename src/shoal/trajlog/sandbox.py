@@ -153,11 +153,14 @@ def _compare(kind: str, logged: dict, now: dict) -> dict | None:
     return None
 
 
-def _run_into(log: TrajectoryLog, name: str, sb: Sandbox, effects_only: bool) -> ReplayReport:
+def _run_into(log: TrajectoryLog, name: str, sb: Sandbox, effects_only: bool, start: int = 0,
+              stop: int | None = None, kinds: tuple[str, ...] = EFFECTFUL) -> ReplayReport:
     rep = ReplayReport(stream=name, sandbox=sb.id)
     t0 = time.perf_counter()
     for e in log.history(name):
-        if e.status != DONE or (effects_only and e.kind not in EFFECTFUL):
+        if e.seq < start or (stop is not None and e.seq >= stop):
+            continue
+        if e.status != DONE or (effects_only and e.kind not in kinds):
             rep.skipped += 1
             continue
         rep.ops += 1
@@ -194,6 +197,15 @@ def replay(log: TrajectoryLog, name: str, *, root=None, url: str | None = None, 
         sb.kill()
         return rep, None
     return rep, sb
+
+
+def fast_forward(log: TrajectoryLog, name: str, sb: Sandbox, *, start: int = 0,
+                 stop: int | None = None) -> ReplayReport:
+    """Re-apply the effects (exec, write) logged at seq `start` <= seq < `stop` to `sb`, which must hold
+    the state before `start`, comparing each result with the logged one: a mismatch (a command whose
+    output is not reproducible) is in `mismatches`. Snapshot entries are not retaken (they change
+    nothing in the sandbox); UNKNOWN entries are skipped and counted."""
+    return _run_into(log, name, sb, effects_only=True, start=start, stop=stop, kinds=("exec", "write"))
 
 
 def restore(log: TrajectoryLog, name: str, sb: Sandbox) -> ReplayReport:

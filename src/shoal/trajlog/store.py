@@ -17,6 +17,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..core.errors import InvalidArgument
 from ..core.sqlite import PerThreadDB
 
 PENDING, DONE, UNKNOWN = "PENDING", "DONE", "UNKNOWN"
@@ -93,6 +94,8 @@ class StreamInfo:
     writer: str | None
     created: float
     meta: dict
+    parent: str | None = None  # the stream this one was branched from (rollout.branch), with the step
+    parent_step: int | None = None
 
 
 class LogStore(ABC):
@@ -143,6 +146,23 @@ class LogStore(ABC):
     @abstractmethod
     def streams(self, episode: str | None = None) -> list[StreamInfo]: ...
 
+    def branch_stream(self, source: str, stream: str, upto: int, *, episode: str | None, step: int,
+                      meta: dict | None = None) -> int:
+        """A new stream `stream` holding `source`'s entries with seq < `upto` (their `episode` set to
+        `episode`), its image and layers, its metadata merged with `meta`, and the parent link
+        (`source`, `step`). Refuses (InvalidArgument) when `stream` exists. Returns the entries copied."""
+        return self.branch_streams([(source, stream, upto, meta)], episode=episode, step=step)
+
+    def branch_streams(self, copies: list[tuple[str, str, int, dict | None]], *, episode: str | None,
+                       step: int) -> int:
+        """`branch_stream` for each (source, stream, upto, meta), all in one transaction: a branch's
+        streams are all there, or none is."""
+        raise NotImplementedError(f"{type(self).__name__} cannot branch streams")
+
+    def children(self, stream: str) -> list[StreamInfo]:
+        """The streams branched from `stream`, oldest first."""
+        return [s for s in self.streams() if s.parent == stream]
+
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS streams(
@@ -158,6 +178,18 @@ CREATE INDEX IF NOT EXISTS streams_episode ON streams(episode);
 """
 
 _COLS = "stream, seq, kind, req_hash, request, status, result, episode, sandbox, host, writer, started, finished"
+_STREAM_COLS = "stream, episode, image, layers, writer, created, meta, parent, parent_step"
+# added after the first release of the log: logs written before get them on open (NULL: no parent)
+_STREAM_MIGRATION = (("parent", "TEXT"), ("parent_step", "INTEGER"))
+
+
+def _migrate(db: sqlite3.Connection) -> None:
+    """Bring an older log's tables up to this schema (idempotent, under the write lock)."""
+    have = {r[1] for r in db.execute("PRAGMA table_info(streams)")}
+    for col, typ in _STREAM_MIGRATION:
+        if col not in have:
+            db.execute(f"ALTER TABLE streams ADD COLUMN {col} {typ}")
+    db.execute("CREATE INDEX IF NOT EXISTS streams_parent ON streams(parent)")
 
 
 class SQLiteLogStore(LogStore):
@@ -169,6 +201,8 @@ class SQLiteLogStore(LogStore):
         self._durable = durable
         self._conn = PerThreadDB(self.path, "FULL" if durable else "NORMAL")
         self._db.executescript(_SCHEMA)
+        with self._conn.transaction() as db:
+            _migrate(db)
 
     @property
     def _db(self) -> sqlite3.Connection:
@@ -193,15 +227,36 @@ class SQLiteLogStore(LogStore):
                         json.dumps(merged) if merged is not None else None, stream))
 
     def stream_info(self, stream):
-        row = self._db.execute("SELECT stream, episode, image, layers, writer, created, meta FROM streams "
-                               "WHERE stream=?", (stream,)).fetchone()
+        row = self._db.execute(f"SELECT {_STREAM_COLS} FROM streams WHERE stream=?", (stream,)).fetchone()
         return _stream(row) if row else None
 
     def streams(self, episode=None):
-        q = "SELECT stream, episode, image, layers, writer, created, meta FROM streams"
+        q = f"SELECT {_STREAM_COLS} FROM streams"
         rows = self._db.execute(q + " WHERE episode=? ORDER BY created", (episode,)) if episode is not None \
             else self._db.execute(q + " ORDER BY created")
         return [_stream(r) for r in rows]
+
+    def children(self, stream):
+        rows = self._db.execute(f"SELECT {_STREAM_COLS} FROM streams WHERE parent=? ORDER BY created", (stream,))
+        return [_stream(r) for r in rows]
+
+    def branch_streams(self, copies, *, episode, step) -> int:
+        n = 0
+        with self._conn.transaction() as db:  # one transaction: a branch is all there, or not at all
+            for source, stream, upto, meta in copies:
+                row = db.execute("SELECT image, layers, meta FROM streams WHERE stream=?", (source,)).fetchone()
+                if row is None:
+                    raise InvalidArgument(f"no trajectory stream named {source!r}")
+                merged = {**json.loads(row[2]), **(meta or {})}
+                try:
+                    db.execute(f"INSERT INTO streams({_STREAM_COLS}) VALUES(?,?,?,?,?,?,?,?,?)",
+                               (stream, episode, row[0], row[1], None, time.time(), json.dumps(merged), source, step))
+                except sqlite3.IntegrityError:
+                    raise InvalidArgument(f"trajectory stream {stream!r} exists already") from None
+                n += db.execute(f"INSERT INTO entries({_COLS}) SELECT ?, seq, kind, req_hash, request, status, result, "
+                                "?, sandbox, host, writer, started, finished FROM entries WHERE stream=? AND seq<?",
+                                (stream, episode, source, upto)).rowcount
+        return n
 
     def append(self, e: Entry) -> bool:
         try:
@@ -265,7 +320,7 @@ def _entry(r) -> Entry:
 
 def _stream(r) -> StreamInfo:
     return StreamInfo(stream=r[0], episode=r[1], image=r[2], layers=json.loads(r[3]), writer=r[4], created=r[5],
-                      meta=json.loads(r[6]))
+                      meta=json.loads(r[6]), parent=r[7], parent_step=r[8])
 
 
 class JournaledLogStore(SQLiteLogStore):
@@ -434,6 +489,10 @@ class JournaledLogStore(SQLiteLogStore):
     def get(self, stream, seq):
         self.flush()
         return super().get(stream, seq)
+
+    def branch_streams(self, copies, *, episode, step) -> int:
+        self.flush()  # the sources' newest entries may still be in this process's journal only
+        return super().branch_streams(copies, episode=episode, step=step)
 
     def entries(self, stream=None, **kw):
         self.flush()

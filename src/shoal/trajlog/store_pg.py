@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import time
 
+from ..core.errors import InvalidArgument
 from ..core.postgres import PerThreadPG
 from .store import _COLS, DONE, PENDING, UNKNOWN, Entry, LogStore, StreamInfo, _entry, entries_query, result_json
 
@@ -34,9 +35,12 @@ CREATE INDEX IF NOT EXISTS log_entries_episode ON log_entries(episode);
 CREATE INDEX IF NOT EXISTS log_entries_sandbox ON log_entries(sandbox);
 CREATE INDEX IF NOT EXISTS log_entries_started ON log_entries(started);
 CREATE INDEX IF NOT EXISTS log_streams_episode ON log_streams(episode);
+ALTER TABLE log_streams ADD COLUMN IF NOT EXISTS parent TEXT;
+ALTER TABLE log_streams ADD COLUMN IF NOT EXISTS parent_step INTEGER;
+CREATE INDEX IF NOT EXISTS log_streams_parent ON log_streams(parent);
 """
 _SCHEMA_LOCK = 0x5348_4F41_4C4C  # advisory lock id: concurrent first openers create the schema once
-_STREAM_COLS = "stream, episode, image, layers, writer, created, meta"
+_STREAM_COLS = "stream, episode, image, layers, writer, created, meta, parent, parent_step"
 
 
 class PgLogStore(LogStore):
@@ -53,7 +57,8 @@ class PgLogStore(LogStore):
     # ------------------------------------------------------------------ streams
     def open_stream(self, stream, *, episode, image, layers, writer, meta=None) -> int:
         with self._pg.transaction() as db:
-            db.execute(f"INSERT INTO log_streams({_STREAM_COLS}) VALUES(%s, %s, %s, %s, %s, %s, %s) "
+            db.execute("INSERT INTO log_streams(stream, episode, image, layers, writer, created, meta) "
+                       "VALUES(%s, %s, %s, %s, %s, %s, %s) "
                        "ON CONFLICT(stream) DO UPDATE SET writer=excluded.writer",
                        (stream, episode, image, Jsonb(layers), writer, time.time(), Jsonb(meta or {})))
             db.execute("UPDATE log_entries SET status=%s, finished=%s WHERE stream=%s AND status=%s "
@@ -75,6 +80,28 @@ class PgLogStore(LogStore):
         rows = self._pg.execute(q + " WHERE episode=%s ORDER BY created", (episode,)) if episode is not None \
             else self._pg.execute(q + " ORDER BY created")
         return [_stream(r) for r in rows]
+
+    def children(self, stream):
+        rows = self._pg.execute(f"SELECT {_STREAM_COLS} FROM log_streams WHERE parent=%s ORDER BY created", (stream,))
+        return [_stream(r) for r in rows]
+
+    def branch_streams(self, copies, *, episode, step) -> int:
+        n = 0
+        with self._pg.transaction() as db:  # one transaction: a branch is all there, or not at all
+            for source, stream, upto, meta in copies:
+                row = db.execute("SELECT image, layers, meta FROM log_streams WHERE stream=%s", (source,)).fetchone()
+                if row is None:
+                    raise InvalidArgument(f"no trajectory stream named {source!r}")
+                cur = db.execute(f"INSERT INTO log_streams({_STREAM_COLS}) VALUES(%s, %s, %s, %s, %s, %s, %s, %s, %s) "
+                                 "ON CONFLICT DO NOTHING",
+                                 (stream, episode, row[0], Jsonb(row[1]), None, time.time(),
+                                  Jsonb({**dict(row[2]), **(meta or {})}), source, step))
+                if cur.rowcount != 1:
+                    raise InvalidArgument(f"trajectory stream {stream!r} exists already")
+                n += db.execute(f"INSERT INTO log_entries({_COLS}) SELECT %s, seq, kind, req_hash, request, status, "
+                                "result, %s, sandbox, host, writer, started, finished FROM log_entries "
+                                "WHERE stream=%s AND seq<%s", (stream, episode, source, upto)).rowcount
+        return n
 
     # ------------------------------------------------------------------ entries
     def append(self, e: Entry) -> bool:
@@ -109,4 +136,4 @@ class PgLogStore(LogStore):
 
 def _stream(r) -> StreamInfo:
     return StreamInfo(stream=r[0], episode=r[1], image=r[2], layers=list(r[3]), writer=r[4], created=r[5],
-                      meta=dict(r[6]))
+                      meta=dict(r[6]), parent=r[7], parent_step=r[8])

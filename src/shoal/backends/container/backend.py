@@ -20,6 +20,7 @@ import secrets
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import threading
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ...core.contract import (
+    PORT_CONNECT_TIMEOUT,
     ExecRequest,
     ExecResult,
     Limits,
@@ -716,6 +718,17 @@ class ContainerBackend(LocalBackend):
 
     def get_network(self, sandbox_id: str) -> NetworkPolicy:
         return NetworkPolicy(**(self._live_meta(sandbox_id).get("egress") or {}))
+
+    def connect_port(self, sandbox_id: str, port: int, timeout: float = PORT_CONNECT_TIMEOUT) -> socket.socket:
+        """127.0.0.1:`port` in the sandbox's network namespace (ports.py); resumes a paused sandbox."""
+        from .ports import connect_in_netns
+
+        meta = self.ensure_running(sandbox_id)
+        if meta.get("network") == "host":  # its 127.0.0.1 is the host's: never a route to the host's services
+            raise InvalidArgument(f"sandbox {sandbox_id} uses the host network (a build sandbox): no port route")
+        if meta.get("idle_ttl"):
+            self.touch(sandbox_id)
+        return connect_in_netns(sandbox_id, meta["init_pid"], meta.get("init_start"), port, timeout)
 
     def upper_dir(self, sandbox_id: str) -> Path:
         """The sandbox's writable overlayfs upper (host path): its whole diff against its layers.

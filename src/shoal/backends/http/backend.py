@@ -23,6 +23,9 @@ from ...core.contract import (
     API_PREFIX,
     DEFAULT_DOWNLOAD_MAX,
     DEFAULT_READ_MAX,
+    PORT_CONNECT_TIMEOUT,
+    BranchReply,
+    BranchRequest,
     CreateRequest,
     Cursor,
     ExecRequest,
@@ -49,6 +52,7 @@ from ...core.contract import (
     SnapshotRequest,
     StartRequest,
     TimeoutRequest,
+    check_port,
 )
 
 DEFAULT_TIMEOUT = 120.0  # seconds for a request that does not wait on a command
@@ -98,6 +102,7 @@ class HttpBackend(SandboxBackend):
         urls = [u.strip() for u in url.split(",") if u.strip()] if "," in url else [url]
         self._clients = [self._client(u, headers, ssl_context, dead_peer_s) for u in urls]
         self._urls = urls
+        self._tls = ssl_context
         self._current = 0
         self.http = self._clients[0]
 
@@ -325,7 +330,29 @@ class HttpBackend(SandboxBackend):
     def fork(self, sandbox_id: str, req: ForkRequest) -> ForkReply:
         return ForkReply.model_validate(self.json("POST", self._sb(sandbox_id) + "/fork", body=req))
 
+    # ---------------------------------------------------------------- episodes (beyond the contract)
+    def branch_episode(self, episode: str, req: BranchRequest) -> BranchReply:
+        """Branch an episode of shoald's trajectory log at a step (rollout.branch); the reply's
+        sandbox is this client's. Unless `req` names them, the branch reattaches through this
+        backend's address."""
+        if req.address is None:
+            req = req.model_copy(update={"address": self.address})
+        return BranchReply.model_validate(self.json("POST", "/episodes/" + quote(episode, safe="") + "/branch",
+                                                    body=req))
+
+    def episode_tree(self, episode: str) -> dict:
+        return self.json("GET", "/episodes/" + quote(episode, safe="") + "/tree")
+
     # ---------------------------------------------------------------- network
+    def connect_port(self, sandbox_id: str, port: int, timeout: float = PORT_CONNECT_TIMEOUT) -> socket.socket:
+        """A tunnel through shoald (server/routes/ports.py, client in tunnel.py)."""
+        from .tunnel import open_tunnel
+
+        check_port(port)
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        path = f"{API_PREFIX}/sandboxes/{quote(sandbox_id, safe='')}/ports/{port}/connect?timeout={timeout:g}"
+        return open_tunnel(self._urls[self._current], path, headers, self._tls, timeout + 30)
+
     def get_network(self, sandbox_id: str) -> NetworkPolicy:
         return NetworkPolicy.model_validate(self.json("GET", self._sb(sandbox_id) + "/network"))
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from . import exec, files, health, images, sandboxes, sessions, snapshots, tenants
+from . import episodes, exec, files, health, images, ports, sandboxes, sessions, snapshots, tenants
 
-ROUTERS: list[APIRouter] = [m.router for m in (health, sandboxes, exec, sessions, files, snapshots, images, tenants)]
+ROUTERS: list[APIRouter] = [m.router for m in (health, sandboxes, exec, sessions, files, snapshots, images, tenants,
+                                               ports, episodes)]

@@ -1,0 +1,267 @@
+#!/usr/bin/env python3
+"""FLARE's mechanism on the bundled SWE suite: breakpoint regeneration vs global resampling vs no
+intervention, at equal agent-token budgets; and each diagnoser's ROC-AUC against RADAR-style labels.
+
+With the scripted policy (default) this measures the mechanism, not FLARE's model: the policy is a
+"fallible oracle" that knows the gold patch, makes a mistake with probability --p per turn, and
+follows a fix when told one (shoal.flare.policy). With SHOAL_LLM_URL (and SHOAL_LLM_MODEL) set, the
+policy is that OpenAI-compatible model instead.
+
+Per task and seed:
+- no intervention: one episode;
+- global resampling, N = 1..--n-max: N independent episodes (seeds differ); the answer is the one
+  whose worst step the diagnoser rated lowest (ties: the first), so both methods use the same
+  signal; tokens are the sum over the N episodes;
+- breakpoint regeneration, for each R in --regens: one episode that branches back before any step
+  rated >= --threshold, at most R times, with the diagnosis and fix in the policy's context.
+Tokens are the policy's prompt + completion tokens (every call, discarded branches included).
+"pass@N (any)" is also reported: whether any of the N episodes resolved; it needs the grader at
+selection time, so it is a ceiling, not a method.
+
+--part labels: failure-track labels (branches from each failed no-intervention episode) and
+success-track labels (mistakes injected into oracle runs), then ROC-AUC of the programmatic
+diagnoser and, with --judge-url/--judge-model (or SHOAL_JUDGE_URL/SHOAL_JUDGE_MODEL), of the LLM judge.
+
+Run under the shared lock: flock /tmp/shoal-bench.lock .venv/bin/python bench/flare.py --part compare
+Writes bench/results/flare.json + flare.png (compare) and flare_auc.json (labels).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from shoal import Host  # noqa: E402
+from shoal.core.errors import ImageNotFound  # noqa: E402
+from shoal.envs.debian import PYTHON_IMAGE, ensure_python_base  # noqa: E402
+from shoal.envs.workspaces import CATALOG, build_workspace  # noqa: E402
+from shoal.flare.judge import LLMJudge  # noqa: E402
+from shoal.flare.labels import failure_track, roc_auc, score, success_track  # noqa: E402
+from shoal.flare.policy import FallibleOraclePolicy  # noqa: E402
+from shoal.flare.programmatic import ProgrammaticDiagnoser  # noqa: E402
+from shoal.flare.regen import Budget, GradeCache, run_flare  # noqa: E402
+from shoal.rollout.policy import ChatEndpointPolicy, Policy  # noqa: E402
+from shoal.tasks.swe import load_suite  # noqa: E402
+
+RESULTS = Path(__file__).parent / "results"
+REPOS = ("iniconfig", "idna", "parse", "six", "toolz", "more-itertools")
+INJECT = ((1, "destructive-edit"), (1, "wrong-file"), (1, "test-tampering"), (1, "premature-submit"),
+          (2, "wrong-hypothesis"), (2, "environment-misuse"), (2, "loop"))
+
+
+def pick_tasks(n: int):
+    suite = load_suite()
+    out = []
+    for repo in REPOS:
+        cands = sorted((t for t in suite if t.repo == repo), key=lambda t: (len(t.FAIL_TO_PASS), t.instance_id))
+        if cands:
+            out.append(cands[0])
+    return out[:n]
+
+
+def prepare(host: Host, tasks) -> None:
+    try:
+        host.store.get_image(PYTHON_IMAGE)  # present (perhaps copied from another root): no rebuild
+    except ImageNotFound:
+        ensure_python_base(host)
+    for spec in CATALOG:
+        if any(t.repo == spec.name for t in tasks):
+            build_workspace(host, spec)
+
+
+def make_policy(task, p: float, seed: int) -> Policy:
+    url = os.environ.get("SHOAL_LLM_URL")
+    if url:
+        return ChatEndpointPolicy(url, os.environ.get("SHOAL_LLM_MODEL", "default"), temperature=0.7,
+                                  extra_body={"seed": seed})
+    return FallibleOraclePolicy(task, p=p, seed=seed)
+
+
+def spread(xs: list[float]) -> dict:
+    return {"mean": round(statistics.fmean(xs), 4), "min": round(min(xs), 4), "max": round(max(xs), 4),
+            "runs": [round(x, 4) for x in xs]}
+
+
+async def compare(a, host: Host, tasks) -> dict:
+    grades = GradeCache()
+    rows: list[dict] = []  # one per (seed, task, method)
+    t0 = time.monotonic()
+    for seed in range(a.seeds):
+        for task in tasks:
+            eps = []
+            for i in range(a.n_max):
+                ep = await run_flare(task, make_policy(task, a.p, 1000 * seed + i), host, threshold=None,
+                                     grades=grades, max_steps=a.max_steps)
+                eps.append(ep)
+            for n in range(1, a.n_max + 1):
+                first = eps[:n]
+                worst = [max((d.risk.level for d in e.diagnoses), default=0) for e in first]
+                chosen = first[worst.index(min(worst))]
+                rows.append({"seed": seed, "task": task.id, "method": f"global N={n}", "resolved": chosen.resolved,
+                             "tokens": sum(e.tokens for e in first), "sandbox_s": sum(e.sandbox_s for e in first),
+                             "any_resolved": any(e.resolved for e in first)})
+            for r in a.regens:
+                ep = await run_flare(task, make_policy(task, a.p, 1000 * seed), host, threshold=a.threshold,
+                                     budget=Budget(regenerations=r), grades=grades, max_steps=a.max_steps)
+                rows.append({"seed": seed, "task": task.id, "method": f"breakpoint R={r}", "resolved": ep.resolved,
+                             "tokens": ep.tokens, "sandbox_s": ep.sandbox_s, "regenerations": ep.regenerations,
+                             "flagged": [i["diagnosis"]["error_class"] for i in ep.interventions]})
+            print(f"seed {seed} {task.id}: done at {time.monotonic() - t0:.0f} s", flush=True)
+    methods = [f"global N={n}" for n in range(1, a.n_max + 1)] + [f"breakpoint R={r}" for r in a.regens]
+    table = []
+    for m in methods:
+        per_seed = [[x for x in rows if x["method"] == m and x["seed"] == s] for s in range(a.seeds)]
+        entry = {"method": m, "resolve_rate": spread([sum(x["resolved"] for x in ps) / len(ps) for ps in per_seed]),
+                 "tokens_per_task": spread([statistics.fmean(x["tokens"] for x in ps) for ps in per_seed]),
+                 "sandbox_s_per_task": spread([statistics.fmean(x["sandbox_s"] for x in ps) for ps in per_seed])}
+        if m.startswith("global"):
+            entry["pass_at_n_any"] = spread([sum(x["any_resolved"] for x in ps) / len(ps) for ps in per_seed])
+        if m == "global N=1":
+            entry["note"] = "= no intervention"
+        table.append(entry)
+    return {"rows": rows, "table": table, "grades": grades.graded, "seconds": round(time.monotonic() - t0, 1)}
+
+
+async def labels(a, host: Host, tasks) -> dict:
+    grades = GradeCache()
+    data = []
+    t0 = time.monotonic()
+    for task in tasks:
+        for seed in range(a.seeds):
+            ep = await run_flare(task, make_policy(task, a.p, 1000 * seed), host, threshold=None, grades=grades,
+                                 max_steps=a.max_steps)
+            lab = await failure_track(task, ep, host, grades, max_steps=a.max_steps)
+            if lab:
+                data.append(lab)
+        for turn, kind in INJECT:
+            lab = await success_track(task, host, grades, turn, kind, max_steps=a.max_steps)
+            if lab:
+                data.append(lab)
+        print(f"labels {task.id}: done at {time.monotonic() - t0:.0f} s", flush=True)
+    out: dict = {"labelled_steps": sum(len(d.labels) for d in data),
+                 "positives": sum(x.label for d in data for x in d.labels),
+                 "by_track": {tr: {"steps": sum(1 for d in data for x in d.labels if x.track == tr),
+                                   "positives": sum(x.label for d in data for x in d.labels if x.track == tr)}
+                              for tr in ("failure", "success")},
+                 "labels": [x.to_dict() for d in data for x in d.labels], "auc": {}}
+    diagnosers: list = [ProgrammaticDiagnoser()]
+    url = a.judge_url or os.environ.get("SHOAL_JUDGE_URL")
+    server = None
+    if not url:  # the judge's HTTP path with the scripted judge (the rules behind the API): plumbing, not a model
+        server, url = _scripted_server()
+        out["judge_note"] = "judge:judge is the scripted server's judge (the programmatic rules over HTTP)"
+    diagnosers.append(LLMJudge(url, a.judge_model or os.environ.get("SHOAL_JUDGE_MODEL", "judge")))
+    for dg in diagnosers:
+        s, y = await score(dg, data)
+        by = {}
+        for tr in ("failure", "success"):
+            sel = [(si, yi) for (si, yi), x in zip(zip(s, y), [x for d in data for x in d.labels]) if x.track == tr]
+            by[tr] = roc_auc([q for q, _ in sel], [w for _, w in sel])
+        out["auc"][dg.name] = {"all": roc_auc(s, y), **by}
+        await dg.aclose()
+    if server is not None:
+        server.terminate()
+        server.wait()
+    out["seconds"] = round(time.monotonic() - t0, 1)
+    return out
+
+
+def _scripted_server():
+    import socket
+    import subprocess
+
+    import httpx
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "shoal.rollout.scripted_server", "--port", str(port)],
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")})
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(400):
+        try:
+            if httpx.get(f"{url}/v1/models").status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    return proc, url
+
+
+def plot(res: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for prefix, style in (("global", "o-"), ("breakpoint", "s-")):
+        rows = [r for r in res["table"] if r["method"].startswith(prefix)]
+        xs = [r["tokens_per_task"]["mean"] for r in rows]
+        ys = [r["resolve_rate"]["mean"] for r in rows]
+        err = [[y - r["resolve_rate"]["min"] for y, r in zip(ys, rows)],
+               [r["resolve_rate"]["max"] - y for y, r in zip(ys, rows)]]
+        ax.errorbar(xs, ys, yerr=err, fmt=style, capsize=3,
+                    label="global resampling (N=1..)" if prefix == "global" else "breakpoint regeneration (R)")
+        for x, y, r in zip(xs, ys, rows):
+            ax.annotate(r["method"].split()[-1], (x, y), textcoords="offset points", xytext=(4, -10), fontsize=8)
+    n1 = next(r for r in res["table"] if r["method"] == "global N=1")
+    ax.axhline(n1["resolve_rate"]["mean"], color="grey", ls=":", label="no intervention")
+    ax.set_xlabel("policy tokens per task (prompt + completion)")
+    ax.set_ylabel("resolve rate")
+    ax.set_title(f"{res['config']['policy']}, p={res['config']['p']}: mean of {res['config']['seeds']} seeds "
+                 "(bars: min-max)", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--part", choices=("compare", "labels"), default="compare")
+    ap.add_argument("--root", default=os.environ.get("SHOAL_BENCH_ROOT", "/var/tmp/shoal-flare"))
+    ap.add_argument("--tasks", type=int, default=6)
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--p", type=float, default=0.3)
+    ap.add_argument("--n-max", type=int, default=4)
+    ap.add_argument("--regens", default="1,3")
+    ap.add_argument("--threshold", default="high")
+    ap.add_argument("--max-steps", type=int, default=10)
+    ap.add_argument("--judge-url")
+    ap.add_argument("--judge-model")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    a.regens = [int(x) for x in a.regens.split(",") if x]
+    host = Host.get(a.root)
+    tasks = pick_tasks(a.tasks)
+    prepare(host, tasks)
+    policy = f"chat:{os.environ.get('SHOAL_LLM_MODEL', 'default')}" if os.environ.get("SHOAL_LLM_URL") \
+        else "fallible-oracle (scripted)"
+    config = {"policy": policy, "p": a.p, "seeds": a.seeds, "tasks": [t.id for t in tasks], "n_max": a.n_max,
+              "regens": a.regens, "threshold": a.threshold, "max_steps": a.max_steps, "diagnoser": "programmatic",
+              "note": "scripted policy: measures the mechanism, not FLARE's model" if "scripted" in policy else ""}
+    RESULTS.mkdir(exist_ok=True)
+    if a.part == "compare":
+        res = {"config": config, **asyncio.run(compare(a, host, tasks))}
+        out = Path(a.out or RESULTS / "flare.json")
+        out.write_text(json.dumps(res, indent=1) + "\n")
+        plot(res, out.with_suffix(".png"))
+        print(f"{'method':<18} {'resolve rate (min-max)':<26} {'tokens/task':>12} {'sandbox-s/task':>15}")
+        for r in res["table"]:
+            rr, tk, sb = r["resolve_rate"], r["tokens_per_task"], r["sandbox_s_per_task"]
+            print(f"{r['method']:<18} {rr['mean']:.3f} ({rr['min']:.2f}-{rr['max']:.2f}){'':<10} "
+                  f"{tk['mean']:>12.0f} {sb['mean']:>15.1f}")
+    else:
+        res = {"config": config, **asyncio.run(labels(a, host, tasks))}
+        out = Path(a.out or RESULTS / "flare_auc.json")
+        out.write_text(json.dumps(res, indent=1) + "\n")
+        print(json.dumps({k: res[k] for k in ("labelled_steps", "positives", "by_track", "auc")}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

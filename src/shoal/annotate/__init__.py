@@ -1,0 +1,12 @@
+"""Token-level correction annotation (onPanda's locate -> correct -> continue loop), docs/annotate.md.
+
+- model.py      the model side: `ModelBackend` (score a response, top-k per token, continue from a token
+                prefix, streamed); `LocalModel` runs any Hugging Face causal LM (and shoal.train.repro's
+                checkpoints) on CPU; `OpenAIModel` is a client of an OpenAI-compatible /v1/completions
+- tokens.py     the model's own tokenizer, with exact per-token bytes (multi-byte characters split
+                across tokens stay exact)
+- tree.py       the annotation tree (every operation a node) in SQLite or PostgreSQL, optimistic versions
+- export.py     SFT, preference pairs (fork + outcome, TRL DPO format), token-level supervision,
+                find-and-replace correction pairs
+- app.py        `shoal annotate serve`: the FastAPI app and its keyboard-first page
+"""

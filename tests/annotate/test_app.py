@@ -1,0 +1,117 @@
+"""The annotation app over HTTP: accounts and queues, the correct -> continue loop, bad input."""
+from __future__ import annotations
+
+import json
+
+import httpx
+
+from shoal.annotate.app import episode_items
+
+
+def client(server, name):
+    c = httpx.Client(base_url=server.url, timeout=30)
+    r = c.get(f"/login?token={server.ann.store.tokens[name]}", follow_redirects=False)
+    assert r.status_code == 303
+    return c
+
+
+def events(r) -> list[tuple[str, dict]]:
+    out = []
+    for block in r.text.strip().split("\n\n"):
+        ev, data = block.split("\n")
+        out.append((ev.removeprefix("event: "), json.loads(data.removeprefix("data: "))))
+    return out
+
+
+def test_queue_start_correct_continue_label_export(app_server):
+    alice = client(app_server, "alice")
+    assert [q["item_id"] for q in alice.get("/api/queue").json()] == ["q0", "q1", "q2", "q3"]
+    assert httpx.get(f"{app_server.url}/api/queue").status_code == 401  # no cookie, no queue
+    evs = events(alice.post("/api/tree/q0/start", json={}))
+    assert evs[-1][0] == "done" and [e for e, _ in evs].count("token") == evs[-1][1]["n"] > 5
+    view = alice.get("/api/tree/q0").json()
+    toks = view["current"]["tokens"]
+    assert "".join(t["text"] for t in toks) == "".join(d["text"] for e, d in evs if e == "token")
+    assert all(len(t["top"]) == 8 for t in toks)
+    alt = toks[4]["top"][1]  # the model's second choice at token 4
+    r = alice.post("/api/tree/q0/correct", json={"parent": 0, "pos": 4, "token": alt["id"], "version": view["version"]})
+    evs = events(r)
+    node = int(r.headers["x-node"])
+    after = alice.get(f"/api/tree/q0?node={node}").json()
+    cur = after["current"]
+    assert [t["id"] for t in cur["tokens"][:5]] == [t["id"] for t in toks[:4]] + [alt["id"]]
+    assert cur["sources"] == "g" * 4 + "c" + "g" * (len(cur["tokens"]) - 5) and len(cur["tokens"]) > 5
+    assert after["version"] == evs[-1][1]["version"]
+    v = alice.post("/api/tree/q0/label", json={"node": node, "label": "good", "version": after["version"]}).json()
+    assert v["version"] == after["version"] + 1
+    assert alice.get("/api/queue").json()[0]["done"]
+    sft = [json.loads(x) for x in alice.get("/api/export/sft").text.splitlines()]
+    assert sft[0]["messages"][-1]["content"] == "".join(t["text"] for t in cur["tokens"])
+    pairs = [json.loads(x) for x in alice.get("/api/export/pairs").text.splitlines()]
+    assert pairs[0]["kind"] == "fork" and pairs[0]["rejected"] == "".join(t["text"] for t in toks)
+    assert alice.get("/api/export/everything").status_code == 400
+
+
+def test_bad_input_gets_clear_errors_and_changes_nothing(app_server):
+    alice = client(app_server, "alice")
+    events(alice.post("/api/tree/q1/start", json={}))
+    v = alice.get("/api/tree/q1").json()["version"]
+    r = alice.post("/api/tree/q1/correct", json={"parent": 0, "pos": 999, "token": 1, "version": v})
+    assert r.status_code == 400 and "token position 999 is outside node 0" in r.json()["error"]["message"]
+    r = alice.post("/api/tree/q1/correct", json={"parent": 7, "pos": 0, "token": 1, "version": v})
+    assert r.status_code == 404 and "no node 7" in r.json()["error"]["message"]
+    r = alice.post("/api/tree/q1/correct", json={"parent": 0, "pos": 0, "token": 10 ** 6, "version": v})
+    assert r.status_code == 400 and "outside the vocabulary" in r.json()["error"]["message"]
+    r = alice.post("/api/tree/q1/correct", json={"parent": 0, "pos": 0, "text": "abc", "version": v})
+    assert r.status_code == 400 and "not in this model's vocabulary" in r.json()["error"]["message"]
+    r = alice.post("/api/tree/q1/correct", json={"parent": 0, "pos": "x", "version": v})
+    assert r.status_code == 400
+    assert alice.get("/api/tree/nope").status_code == 404
+    assert alice.get("/api/tree/q1").json()["version"] == v
+
+
+def test_two_annotators_on_one_tree_conflict_and_nothing_is_lost(app_server):
+    alice, bob = client(app_server, "alice"), client(app_server, "bob")
+    events(alice.post("/api/tree/q2/start", json={}))
+    v = bob.get("/api/tree/q2").json()["version"]
+    events(alice.post("/api/tree/q2/correct", json={"parent": 0, "pos": 2, "token": 3, "version": v}))
+    r = bob.post("/api/tree/q2/correct", json={"parent": 0, "pos": 1, "token": 4, "version": v})
+    assert r.status_code == 409
+    err = r.json()["error"]
+    assert err["type"] == "EditConflict" and "another annotator" in err["message"] and err["current_version"] > v
+    retry = {"parent": 0, "pos": 1, "token": 4, "version": err["current_version"]}
+    events(bob.post("/api/tree/q2/correct", json=retry))
+    nodes = bob.get("/api/tree/q2").json()["nodes"]
+    assert [(n["annotator"], n["pos"]) for n in nodes] == [("alice", 0), ("alice", 2), ("bob", 1)]
+
+
+def test_an_episode_step_is_annotated_and_its_continuation_stops_at_the_next_tool_call(bpe_model, tmp_path):
+    from shoal.annotate.tree import AnnotationStore
+
+    from .conftest import AppServer
+
+    record = {"episode_id": "ep1", "instance_id": "demo", "reward": 0.0, "messages": [
+        {"role": "system", "content": "You fix bugs."}, {"role": "user", "content": "The tests fail."},
+        {"role": "assistant", "content": "Run the tests.", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": "{\"cmd\": \"pytest\"}"}}]},
+        {"role": "tool", "content": "1 failed"}, {"role": "assistant", "content": "Fix it."}]}
+    items = episode_items(record, "ep1")
+    assert [i["id"] for i in items] == ["ep1-step0", "ep1-step1"]
+    assert items[0]["prompt"]["messages"][-1]["role"] == "user" and items[0]["meta"]["after"][0]["role"] == "tool"
+    store = AnnotationStore(tmp_path / "a.db")
+    for it in items:
+        store.add_item(it["id"], it["prompt"], kind="episode", title=it["title"], response=it["response"],
+                       meta=it["meta"])
+    token = store.add_annotator("alice")
+    store.tokens = {"alice": token}  # type: ignore[attr-defined]
+    server = AppServer(store, bpe_model, k=5, max_tokens=40)
+    try:
+        alice = client(server, "alice")
+        assert alice.post("/api/tree/ep1-step0/start", json={}).json() == {"version": 1, "node": 0}
+        cur = alice.get("/api/tree/ep1-step0").json()["current"]
+        text = "".join(t["text"] for t in cur["tokens"])
+        assert text.startswith("Run the tests.\n<tool_call>") and text.endswith("</tool_call>")
+        assert set(cur["sources"]) == {"e"}
+    finally:
+        server.stop()
+        store.close()

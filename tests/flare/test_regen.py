@@ -1,0 +1,81 @@
+"""The diagnosing loop on a real SWE task sandbox: the probe sees what a mistake did, the
+programmatic diagnoser flags it, and breakpoint regeneration branches back before it, tells the
+policy, and the episode resolves where the same policy without it fails."""
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from shoal.flare.policy import FallibleOraclePolicy
+from shoal.flare.regen import Budget, GradeCache, run_flare
+from shoal.flare.schema import ErrorClass, Risk
+from shoal.rollout.branch import Episode
+from shoal.trajlog import SQLiteLogStore, TrajectoryLog
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def task(few_tasks):
+    return min(few_tasks, key=lambda t: len(t.FAIL_TO_PASS))  # the cheapest to grade
+
+
+def _changes(patch: str) -> list[str]:
+    """A diff's changed lines and file headers (git's index line aside)."""
+    return [ln for ln in patch.splitlines() if ln.startswith(("+", "-")) and not ln.startswith("index ")]
+
+
+def _run(task, host, mistakes, threshold, grades, **kw):
+    policy = FallibleOraclePolicy(task, p=1.0, seed=3, mistakes=mistakes)
+    return asyncio.run(run_flare(task, policy, host, threshold=threshold, grades=grades, **kw))
+
+
+def test_tampering_is_flagged_and_regenerated_away(task, host):
+    grades = GradeCache()
+    plain = _run(task, host, ("test-tampering",), None, grades)
+    assert not plain.resolved and plain.regenerations == 0
+    flagged = {d.error_class: d for d in plain.diagnoses}
+    assert flagged[ErrorClass.test_tampering].risk == Risk.critical
+    assert flagged[ErrorClass.premature_submit].risk == Risk.critical  # the submit after it: F2P still failing
+    assert plain.diagnoses[0].risk == Risk.none  # viewing the buggy file is fine
+    log = TrajectoryLog(SQLiteLogStore(Path(tempfile.mkdtemp(prefix="shoal-flare-t-")) / "traj.db"))
+    fixed = _run(task, host, ("test-tampering",), "high", grades, log=log, episode_id="tamper")
+    assert fixed.resolved and fixed.regenerations == 1
+    hit = fixed.interventions[0]
+    assert hit["diagnosis"]["error_class"] == "test-tampering" and hit["branch"] == "tamper.r1"
+    # the regeneration is a branch in the log's tree: after step 1 (the view), before the tampering
+    tree = Episode(log, "tamper").tree()
+    assert [(c.episode, c.step) for c in tree.children] == [("tamper.r1", 1)]
+    assert tree.steps == 1 and tree.children[0].steps == len(fixed.trace.steps)
+    # the branch restored the state before the flagged step exactly: the final diff is the gold patch's,
+    # with no trace of the tampering, and no step of the kept path is flagged
+    assert _changes(fixed.patch) == _changes(task.patch)
+    assert all(d.risk == Risk.none for d in fixed.diagnoses)
+    assert fixed.tokens > plain.tokens and fixed.sandbox_s > 0 and fixed.policy_calls == len(fixed.flagged)
+    assert [m["content"] for m in fixed.messages if m["role"] == "user"][-1].startswith("[flare diagnosis]")
+
+
+def test_budgets_stop_regeneration(task, host):
+    grades = GradeCache()
+    none_left = _run(task, host, ("destructive-edit",), "high", grades, budget=Budget(regenerations=0), max_steps=4)
+    assert none_left.regenerations == 0 and not none_left.resolved
+    destroyed = next(d for d in none_left.diagnoses if d.error_class == ErrorClass.destructive_edit)
+    assert destroyed.risk >= Risk.high and "fail now" in destroyed.evidence
+    tight = _run(task, host, ("destructive-edit",), "high", grades, budget=Budget(tokens=1), max_steps=4)
+    assert tight.stopped == "tokens" and tight.regenerations == 0 and tight.policy_calls == 1
+
+
+def test_a_step_that_does_not_reproduce_is_not_branched_over(task, host):
+    """Re-applying a logged step must give the logged result: a step whose output is random cannot be
+    restored by re-running it, and the loop says so instead of continuing from another state."""
+    from shoal.flare.regen import RewindMismatch
+    from shoal.rollout.policy import ScriptPolicy
+
+    test_file = task.FAIL_TO_PASS[0].split("::")[0]
+    policy = ScriptPolicy([["shell", {"command": "od -An -N8 -tx1 /dev/urandom > /tmp/key; cat /tmp/key"}],
+                           ["shell", {"command": f"echo '# x' >> {test_file}"}]])
+    with pytest.raises(RewindMismatch, match="step 1"):
+        asyncio.run(run_flare(task, policy, host, threshold="high", grades=GradeCache()))
