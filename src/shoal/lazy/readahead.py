@@ -26,8 +26,8 @@ A layer with a prefetch list does not use it (the list says what to fetch; read-
 would only add bytes). **Off by default**: `SHOAL_LAZY_MISS_READAHEAD_KB` sets the window's cap
 (1024 measured), `SHOAL_LAZY_MISS_CLUSTER_KB` the dense block (1024 measured); 0 (the default) is
 off. Measured (docs/lazy-loading.md, round 3): about a third fewer GETs and a faster cold start
-without a list, but 1.5-3.5 points more of the image fetched by the agent and tests sequences,
-which took 4 of the 10 benchmark images past the 15 % bytes goal.
+without a list, but 1.5-3.8 points more of the image fetched by the agent and tests sequences,
+which took 5 of the 10 benchmark images past the 15 % bytes goal.
 """
 from __future__ import annotations
 
