@@ -312,6 +312,12 @@ class HttpBackend(SandboxBackend):
     def mkdir(self, sandbox_id: str, path: str) -> None:
         self.call("POST", self._sb(sandbox_id) + "/files/mkdir", params={"path": path})
 
+    def set_xattrs(self, sandbox_id: str, path: str, attrs: dict[str, str]) -> None:
+        self.call("POST", self._sb(sandbox_id) + "/files/xattrs", params={"path": path}, json=attrs)
+
+    def chown(self, sandbox_id: str, path: str, uid: int, gid: int) -> None:
+        self.call("POST", self._sb(sandbox_id) + "/files/chown", params={"path": path, "uid": uid, "gid": gid})
+
     def remove_file(self, sandbox_id: str, path: str) -> None:
         self.call("DELETE", self._sb(sandbox_id) + "/files", params={"path": path})
 
@@ -414,6 +420,9 @@ class HttpProcessHandle(ProcessHandle):
 
     def close_stdin(self) -> None:
         self._be.call("POST", self._path + "/stdin/close")
+
+    def resize(self, rows: int, cols: int) -> None:
+        self._be.call("POST", self._path + "/resize", params={"rows": rows, "cols": cols})
 
     def close(self) -> None:
         """Stop tracking (the daemon frees its pipes and buffers); kills the command if still running."""
