@@ -287,6 +287,7 @@ TABLES: dict[str, tuple[str, Callable[[dict], list[list[str]]]]] = {
     "lazy": ("bench/results/lazy.json", _bench_renderer("lazy", "readme_rows")),
     "density": ("bench/results/density.json", _bench_renderer("density", "readme_rows")),
     "density-goals": ("bench/results/density.json", density_goal_rows),
+    "desktop": ("bench/results/desktop.json", _bench_renderer("desktop", "readme_rows")),
 }
 
 
