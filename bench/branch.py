@@ -3,7 +3,7 @@
 
 Per run and task, a long scripted episode (--steps tool calls, then submit) through the real agent
 loop and ToolBox on the task's sandbox: reading and grepping the repository, appending to notes,
-editing a source file in place (non-idempotent), a python one-liner, and the task's tests every 10th
+editing a source file in place (non-idempotent), a python one-liner, and the task's tests every 25th
 step. It is recorded twice, without and with a snapshot after every step, and:
 
   * branch latency at k = 5, 20, 50 (--reps each): `snapshot` (a create from step k's snapshot) and
@@ -64,7 +64,7 @@ def script(steps: int) -> list[list]:
     ]
     out: list[list] = []
     for i in range(steps):
-        if i % 10 == 9:
+        if i % 25 == 24:
             out.append(["shell", {"command": "python -m pytest -q -x -p no:cacheprovider 2>&1 | tail -3"}])
         elif i % 7 == 6:
             out.append(["create_file", {"path": f"scratch/note_{i}.txt", "content": f"hypothesis {i}\n" * 20}])
@@ -96,7 +96,8 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))]
 
 
-def one_run(host: Host, tasks, steps: int, reps: int, think: float, work: Path, run: int) -> dict:
+def one_run(host: Host, tasks, steps: int, reps: int, ff_reps: int, think: float, think_steps: int, work: Path,
+            run: int) -> dict:
     log = TrajectoryLog(work / f"run{run}.traj.db")
     out: dict = {"tasks": [], "latency_ms": {}, "overhead": {}, "storage": {}}
     ks = [k for k in KS if k <= steps]
@@ -104,12 +105,13 @@ def one_run(host: Host, tasks, steps: int, reps: int, think: float, work: Path, 
     per_step = {"none": [], "every": [], "none_think": [], "every_think": []}
     snap_bytes, log_bytes, snap_s = [], [], []
     acts = script(steps)
+    short = script(min(steps, think_steps))  # the thinking policy's episodes: the overhead per step needs fewer
     for task in tasks:
         eid = f"r{run}-{task.id}"
         recs = {}
         for mode, every, pol in (("none", None, ScriptPolicy(acts)), ("every", 1, ScriptPolicy(acts)),
-                                 ("none_think", None, ThinkingPolicy(acts, think)),
-                                 ("every_think", 1, ThinkingPolicy(acts, think))):
+                                 ("none_think", None, ThinkingPolicy(short, think)),
+                                 ("every_think", 1, ThinkingPolicy(short, think))):
             recs[mode] = asyncio.run(run_episode(task, pol, log, host, f"{eid}-{mode}", max_steps=steps + 1,
                                                  snapshot_every=every))
             per_step[mode].append(loop_s_per_step(recs[mode]))
@@ -123,7 +125,7 @@ def one_run(host: Host, tasks, steps: int, reps: int, think: float, work: Path, 
                              for e in log.history(f"{eid}-every/{s}")))
         for k in ks:
             for strategy in ("snapshot", "fastforward"):
-                for _ in range(reps):
+                for _ in range(reps if strategy == "snapshot" else ff_reps):
                     t0 = time.perf_counter()
                     b = ep.branch(step=k, strategy=strategy, from_step=0 if strategy == "fastforward" else None)
                     lat[f"{strategy}@{k}"].append(time.perf_counter() - t0)
@@ -133,8 +135,8 @@ def one_run(host: Host, tasks, steps: int, reps: int, think: float, work: Path, 
         # share one content-addressed layer)
         made = [e.result for mode in ("every", "every_think") for e in log.history(f"{eid}-{mode}/steps")
                 if e.result and e.result.get("image")]
-        for r in made:
-            host.store.remove_image(r["image"])
+        for image in {r["image"] for r in made}:  # a step that changed nothing kept the one before it
+            host.store.remove_image(image)
         for layer in {r["layer"] for r in made}:
             try:
                 host.store.remove_layer(layer)
@@ -202,7 +204,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--root", default="/var/lib/shoal-bench")
     ap.add_argument("--steps", type=int, default=55)
-    ap.add_argument("--reps", type=int, default=5, help="branches per (k, strategy, task) in each run")
+    ap.add_argument("--reps", type=int, default=5, help="snapshot branches per (k, task) in each run")
+    ap.add_argument("--ff-reps", type=int, default=2, help="fastforward branches per (k, task) in each run")
+    ap.add_argument("--think-steps", type=int, default=20, help="steps of the thinking policy's episodes")
     ap.add_argument("--think", type=float, default=0.25)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--repos", default=",".join(REPOS))
@@ -220,9 +224,10 @@ def main() -> None:
     runs = []
     for i in range(a.runs):
         console.print(f"run {i + 1}/{a.runs}: {len(tasks)} tasks x 4 episodes of {a.steps} steps, branches ...")
-        runs.append(one_run(host, tasks, a.steps, a.reps, a.think, work, i))
+        runs.append(one_run(host, tasks, a.steps, a.reps, a.ff_reps, a.think, a.think_steps, work, i))
     res: dict = {"machine": {"cpus": os.cpu_count()}, "runs": a.runs, "tasks": [t.id for t in tasks],
-                 "steps": a.steps, "reps": a.reps, "ks": [k for k in KS if k <= a.steps],
+                 "steps": a.steps, "reps": a.reps, "ff_reps": a.ff_reps, "think_steps": a.think_steps,
+                 "ks": [k for k in KS if k <= a.steps],
                  "load_avg_before": round(load0, 2),
                  "load_avg_after": round(os.getloadavg()[0], 2), "per_run": runs,
                  "latency_ms": {k: {q: spread(runs, "latency_ms", k, q) for q in ("p50", "p99")}

@@ -294,6 +294,12 @@ class Host(SandboxBackend):
     def mkdir(self, sandbox_id: str, path: str) -> None:
         self._route(sandbox_id).mkdir(sandbox_id, path)
 
+    def chown(self, sandbox_id: str, path: str, uid: int, gid: int) -> None:
+        self._route(sandbox_id).chown(sandbox_id, path, uid, gid)
+
+    def set_xattrs(self, sandbox_id: str, path: str, attrs: dict[str, str]) -> None:
+        self._route(sandbox_id).set_xattrs(sandbox_id, path, attrs)
+
     def remove_file(self, sandbox_id: str, path: str) -> None:
         self._route(sandbox_id).remove_file(sandbox_id, path)
 

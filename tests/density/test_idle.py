@@ -106,3 +106,26 @@ def test_busy_sandbox_is_not_paused(idle_daemon):
             assert sb.info().state == SandboxState.RUNNING
     finally:
         sb.kill()
+
+
+def test_requests_that_fail_auth_are_not_activity(idle_daemon):
+    """Anyone who can reach the socket must not keep a sandbox awake: requests with a bad key, or by a
+    tenant that may not see the sandbox, do not count, and it is paused under them."""
+    from daemonctl import make_tenants
+
+    other = make_tenants(idle_daemon["url"], names=("idle-outsider",))["idle-outsider"]
+    sb = Sandbox.create(idle_daemon["image"], url=idle_daemon["url"], memory_mb=64, disk_mb=16)
+    path = f"/v1/sandboxes/{sb.id}/exec"
+    body = {"argv": ["true"]}
+    try:
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(idle_daemon["sock"])), base_url="http://x") as c:
+            assert sb.commands.run("true").ok  # real activity: the idle period starts now
+            assert sb.info().state == SandboxState.RUNNING
+            deadline = time.monotonic() + IDLE_PAUSE_S + 5
+            while sb.info().state != SandboxState.PAUSED:
+                assert time.monotonic() < deadline, "requests that failed auth kept the sandbox awake"
+                assert c.post(path, json=body, headers={"Authorization": "Bearer not-a-key"}).status_code == 401
+                assert c.post(path, json=body, headers={"Authorization": f"Bearer {other}"}).status_code == 404
+                time.sleep(0.1)
+    finally:
+        sb.kill()

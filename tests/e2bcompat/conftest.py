@@ -1,8 +1,9 @@
 """`shoal e2b serve` on loopback over the container backend (SHOAL_URL=local, the session's root), and
 the unmodified `e2b` SDK pointed at it.
 
-The template is `base` mapped to a busybox image with /bin/bash (a wrapper around busybox sh, since
-the SDK always runs `/bin/bash -l -c CMD`) and /home/user: the full Debian `base` (templates.py's
+The template is `base` mapped to a busybox image with the host's own bash (binary and libraries
+copied in: the SDK runs `/bin/bash -l -c CMD`, and its PTYs an interactive login bash), E2B's user
+`user` (uid 1000) in /etc/passwd and /home/user owned by it: the full Debian `base` (templates.py's
 recipe) needs debootstrap and apt, minutes, which this suite does not spend."""
 from __future__ import annotations
 
@@ -15,12 +16,27 @@ import time
 import httpx
 import pytest
 
-BASH_WRAPPER = b'#!/bin/sh\nexec /bin/sh "$@"\n'
+PASSWD = (b"root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000:user:/home/user:/bin/bash\n"
+          b"nobody:x:65534:65534:nobody:/:/bin/false\n")
+GROUP = b"root:x:0:\nuser:x:1000:\nnogroup:x:65534:\n"
+
+
+def host_bash() -> dict[str, bytes]:
+    """The host's /bin/bash and the shared libraries it loads, at the same paths (a real bash in a
+    busybox image, without debootstrap)."""
+    out = subprocess.run(["ldd", "/bin/bash"], check=True, capture_output=True, text=True).stdout
+    files = {"bin/bash": open("/bin/bash", "rb").read()}
+    for line in out.splitlines():
+        path = line.split("=>")[-1].split("(")[0].strip()
+        if path.startswith("/"):
+            files[path.lstrip("/")] = open(os.path.realpath(path), "rb").read()
+    return files
 
 
 @pytest.fixture(scope="session")
 def e2b_image(host, base_image, make_layer_session) -> str:
-    layer = make_layer_session({"bin/bash": BASH_WRAPPER, "home/user/.keep": b""})
+    layer = make_layer_session({**host_bash(), "etc/passwd": PASSWD, "etc/group": GROUP, "root/.keep": b"",
+                                "home/user/.keep": b""}, owned={"home/user": (1000, 1000)})
     busybox = host.store.get_image(base_image).layers
     host.store.create_image("e2b-test:latest", [*busybox, layer])
     return "e2b-test:latest"
@@ -38,14 +54,19 @@ def code_interpreter_image(host) -> str:
 
 @pytest.fixture(scope="session")
 def make_layer_session(host, tmp_path_factory):
-    def _make(files: dict[str, bytes]) -> str:
+    def _make(files: dict[str, bytes], owned: dict[str, tuple[int, int]] | None = None) -> str:
         d = tmp_path_factory.mktemp("e2blayer")
         for rel, content in files.items():
             p = d / rel
             p.parent.mkdir(parents=True, exist_ok=True)
             p.write_bytes(content)
-            if rel.startswith("bin/"):
+            if rel.startswith(("bin/", "lib")):
                 p.chmod(0o755)
+        for rel, (uid, gid) in (owned or {}).items():
+            for dirpath, _, names in os.walk(d / rel):
+                os.chown(dirpath, uid, gid)
+                for n in names:
+                    os.chown(os.path.join(dirpath, n), uid, gid)
         return host.store.build_from_dir(d, name="e2b-test").digest
 
     return _make

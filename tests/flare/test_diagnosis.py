@@ -203,3 +203,14 @@ def test_trace_from_an_episode_record():
     assert tr.steps[1].actions[0].arguments == {"__unparsed__": "not json"} and tr.steps[1].submitted
     d = ProgrammaticDiagnoser().diagnose_now(tr.prefix(2))  # no probe facts: the action rules only
     assert d.risk == Risk.none
+
+
+def test_the_same_call_after_the_state_changed_is_not_a_loop():
+    apply_ = ("shell", {"command": "git apply /tmp/fix.patch"}, "[exit code 0]", False)
+    s1 = step(1, apply_, changed={"pkg/core.py": "M"}, f2p_failed=[], diff_sha="fixed")
+    s2 = step(2, ("shell", {"command": "git checkout -- ."}, "", False), tests_ran=True, diff_sha="0")
+    s3 = step(3, apply_, changed={"pkg/core.py": "M"}, f2p_failed=[], diff_sha="fixed")
+    assert diagnose(s1, s2, s3).error_class != ErrorClass.loop  # re-applied after a reset: progress
+    s3_again = step(3, apply_, diff_sha="fixed", f2p_failed=[], changed={"pkg/core.py": "M"})
+    assert diagnose(s1, step(2, apply_, diff_sha="fixed", f2p_failed=[], changed={"pkg/core.py": "M"}),
+                    s3_again).risk == Risk.medium  # twice since the state last changed (step 1 changed it)

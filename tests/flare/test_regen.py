@@ -4,12 +4,16 @@ policy, and the episode resolves where the same policy without it fails."""
 from __future__ import annotations
 
 import asyncio
+import tempfile
+from pathlib import Path
 
 import pytest
 
 from shoal.flare.policy import FallibleOraclePolicy
 from shoal.flare.regen import Budget, GradeCache, run_flare
 from shoal.flare.schema import ErrorClass, Risk
+from shoal.rollout.branch import Episode
+from shoal.trajlog import SQLiteLogStore, TrajectoryLog
 
 pytestmark = pytest.mark.slow
 
@@ -37,10 +41,15 @@ def test_tampering_is_flagged_and_regenerated_away(task, host):
     assert flagged[ErrorClass.test_tampering].risk == Risk.critical
     assert flagged[ErrorClass.premature_submit].risk == Risk.critical  # the submit after it: F2P still failing
     assert plain.diagnoses[0].risk == Risk.none  # viewing the buggy file is fine
-    fixed = _run(task, host, ("test-tampering",), "high", grades)
+    log = TrajectoryLog(SQLiteLogStore(Path(tempfile.mkdtemp(prefix="shoal-flare-t-")) / "traj.db"))
+    fixed = _run(task, host, ("test-tampering",), "high", grades, log=log, episode_id="tamper")
     assert fixed.resolved and fixed.regenerations == 1
     hit = fixed.interventions[0]
-    assert hit["diagnosis"]["error_class"] == "test-tampering" and hit["branch"].endswith("/b1/sandbox")
+    assert hit["diagnosis"]["error_class"] == "test-tampering" and hit["branch"] == "tamper.r1"
+    # the regeneration is a branch in the log's tree: after step 1 (the view), before the tampering
+    tree = Episode(log, "tamper").tree()
+    assert [(c.episode, c.step) for c in tree.children] == [("tamper.r1", 1)]
+    assert tree.steps == 1 and tree.children[0].steps == len(fixed.trace.steps)
     # the branch restored the state before the flagged step exactly: the final diff is the gold patch's,
     # with no trace of the tampering, and no step of the kept path is flagged
     assert _changes(fixed.patch) == _changes(task.patch)

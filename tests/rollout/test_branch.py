@@ -53,6 +53,7 @@ RANDOM = [
     ["create_file", {"path": "/tmp/x/y.txt", "content": "y\n"}],
     ["shell", {"command": RAND_SEEN}],
     ["shell", {"command": "rm /tmp/x/y.txt; " + COUNT}],
+    ["read", {"path": "/work/log"}],  # changes nothing: keeps the previous step's snapshot
 ]
 
 
@@ -74,6 +75,8 @@ class ShellTools:
             self.sb.exec(["mkdir", "-p", args["path"].rsplit("/", 1)[0]])
             self.sb.write(args["path"], args["content"])
             obs = Observation("ok")
+        elif name == "read":
+            obs = Observation(self.sb.read(args["path"]))
         else:
             return Observation(f"unknown tool {name}", error=True)
         if live:  # the original sandbox's state after this step (one tool call per step)
@@ -149,8 +152,11 @@ def test_every_step_of_an_episode_with_random_output_branches_exactly(host, base
     n = len(RANDOM)
     assert rec.steps == n + 1 and len(ep) == n + 1 and len(truth) == n
     truth[n + 1] = truth[n]  # the submit step changes nothing
-    assert all(m.snapshot for m in ep.marks())
-    assert len(set(truth.values())) == n  # every step changed the file system
+    marks = ep.marks()
+    assert all(m.snapshot for m in marks)
+    assert len(set(truth.values())) == n - 1  # every step changed the file system but the last read
+    # a step that ran no exec or write keeps the snapshot before it: same state, no new snapshot taken
+    assert len({m.snapshot for m in marks}) == n - 1 and marks[n - 1].snapshot == marks[n - 2].snapshot
     for k in range(1, n + 2):
         b = _check(ep, k, truth[k], "auto", "snapshot")
         # the branch's log is the prefix: its sandbox stream is the parent's up to step k
@@ -232,6 +238,19 @@ def test_branch_of_a_branch_and_the_tree(host, base_image, log):
     assert any(f"{bb.id} from step 5" in ln and "<-" in ln for ln in lines)
 
 
+def test_branches_on_a_postgresql_log(host, base_image, pg_dsn):
+    """The same on the log a fleet's workers share: prefixes copied and parent links set in PostgreSQL."""
+    log = TrajectoryLog(pg_dsn)
+    truth: dict[int, str] = {}
+    _run(ShellTask(base_image, truth), DETERMINISTIC[:5], log, host, "pg", snapshot_every=2)
+    ep = Episode(log, "pg", host)
+    truth[6] = truth[5]
+    for k in range(1, 7):
+        b = _check(ep, k, truth[k], "auto", "snapshot" if k % 2 == 0 else "fastforward")
+        assert log.info(f"{b.id}/sandbox").parent == "pg/sandbox"
+    assert sorted(c.step for c in ep.tree().children) == [1, 2, 3, 4, 5, 6]
+
+
 def test_bad_branch_points_are_typed_errors(host, base_image, log):
     truth: dict[int, str] = {}
     _run(ShellTask(base_image, truth), DETERMINISTIC[:2], log, host, "bad", snapshot_every=1)
@@ -251,6 +270,10 @@ def test_bad_branch_points_are_typed_errors(host, base_image, log):
     with pytest.raises(InvalidArgument, match="exists already"):
         ep.branch(step=1, episode_id="bad")
     assert log.store.children("bad/steps") == []  # nothing was left behind by the refusals
+    for every in (0, -2, 1.5, True):
+        with pytest.raises(InvalidArgument, match="snapshot_every"):
+            _run(ShellTask(base_image, {}), [], log, host, "never", snapshot_every=every)
+    assert not Episode(log, "never").exists()
 
 
 # ------------------------------------------------------------------------------------------ through shoald

@@ -15,7 +15,7 @@ import stat
 import tarfile
 from pathlib import PurePosixPath
 
-from ..core.contract import FileEntry, FileType
+from ..core.contract import FileEntry, FileType, check_xattrs
 from ..core.errors import FileOpError, InvalidArgument, PathOutsideSandbox
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -173,7 +173,53 @@ class SandboxFiles:
         finally:
             os.close(pfd)
         return FileEntry(name=PurePosixPath(path).name or "/", path=path, type=_type(st.st_mode), size=st.st_size,
-                         mode=stat.S_IMODE(st.st_mode), mtime=st.st_mtime)
+                         mode=stat.S_IMODE(st.st_mode), mtime=st.st_mtime, uid=st.st_uid, gid=st.st_gid,
+                         xattrs=self._xattrs(path, st.st_mode))
+
+    def _xattrs(self, path: str, mode: int) -> dict[str, str] | None:
+        """user.* xattrs of a regular file or directory (never read through a symlink, a FIFO or a device)."""
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            return None
+        try:
+            fd = self._open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+        except (FileOpError, PathOutsideSandbox):
+            return None
+        try:
+            names = [n for n in os.listxattr(fd) if n.startswith("user.")]
+            return {n: os.getxattr(fd, n).decode("utf-8", "replace") for n in names} or None
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+
+    def set_xattrs(self, path: str, attrs: dict[str, str]) -> None:
+        check_xattrs(attrs)
+        fd = self._open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode) and not stat.S_ISDIR(os.fstat(fd).st_mode):
+                raise FileOpError(f"set_xattrs {path!r}: not a regular file or directory")
+            for k, v in attrs.items():
+                os.setxattr(fd, k, v.encode())
+        except OSError as e:
+            raise self._err(e, "set_xattrs", path) from e
+        finally:
+            os.close(fd)
+
+    def chown(self, path: str, uid: int, gid: int) -> None:
+        """The owner of `path` (the final component is never followed: a planted symlink is chowned
+        itself, not what it names)."""
+        if not (0 <= uid < 1 << 31 and 0 <= gid < 1 << 31):
+            raise InvalidArgument(f"uid and gid must be in [0, 2^31), got {uid}:{gid}")
+        if PurePosixPath(path).name in ("", "/"):
+            pfd, name = self._open("/", os.O_PATH | os.O_DIRECTORY), "."
+        else:
+            pfd, name = self._parent(path)
+        try:
+            os.chown(name, uid, gid, dir_fd=pfd, follow_symlinks=False)
+        except OSError as e:
+            raise self._err(e, "chown", path) from e
+        finally:
+            os.close(pfd)
 
     def exists(self, path: str) -> bool:
         try:
@@ -277,7 +323,8 @@ class SandboxFiles:
                 except FileNotFoundError:
                     continue
                 out.append(FileEntry(name=name, path=str(PurePosixPath(path) / name), type=_type(st.st_mode),
-                                     size=st.st_size, mode=stat.S_IMODE(st.st_mode), mtime=st.st_mtime))
+                                     size=st.st_size, mode=stat.S_IMODE(st.st_mode), mtime=st.st_mtime,
+                                     uid=st.st_uid, gid=st.st_gid))
             return out
         finally:
             os.close(fd)

@@ -90,6 +90,12 @@ class LocalBackend(SandboxBackend):
     def mkdir(self, sandbox_id: str, path: str) -> None:
         self.root_files(sandbox_id).mkdir(path, parents=True)
 
+    def chown(self, sandbox_id: str, path: str, uid: int, gid: int) -> None:
+        self.root_files(sandbox_id).chown(path, uid, gid)
+
+    def set_xattrs(self, sandbox_id: str, path: str, attrs: dict[str, str]) -> None:
+        self.root_files(sandbox_id).set_xattrs(path, attrs)
+
     def remove_file(self, sandbox_id: str, path: str) -> None:
         self.root_files(sandbox_id).remove(path)
 

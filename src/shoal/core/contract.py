@@ -18,11 +18,14 @@ import math
 import socket
 import time
 from collections.abc import Callable
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .errors import InvalidArgument, NotSupported
+
+if TYPE_CHECKING:
+    from ..desktop.actions import ActionResult, DesktopAction
 
 API_PREFIX = "/v1"  # every shoald route lives under it; the HTTP backend prefixes the same constant
 
@@ -195,6 +198,21 @@ class TimeoutRequest(_Wire):
 
 
 # ------------------------------------------------------------------------------------ commands
+MAX_XATTRS = 64
+
+
+def check_xattrs(attrs: dict[str, str]) -> dict[str, str]:
+    """The contract's limits on set_xattrs (InvalidArgument otherwise)."""
+    if not isinstance(attrs, dict) or len(attrs) > MAX_XATTRS:
+        raise InvalidArgument(f"at most {MAX_XATTRS} extended attributes at once")
+    for k, v in attrs.items():
+        if not (isinstance(k, str) and k.startswith("user.") and 5 < len(k) <= 205 and "\0" not in k):
+            raise InvalidArgument(f"extended attribute names are user.<1-200 chars>, got {k!r}")
+        if not isinstance(v, str) or len(v.encode()) > 4096 or "\0" in v:
+            raise InvalidArgument(f"extended attribute {k!r}: the value must be a string of at most 4 KiB")
+    return attrs
+
+
 def _check_argv(v: list[str]) -> list[str]:
     if not v or not v[0]:
         raise ValueError("argv must name a program")
@@ -203,8 +221,27 @@ def _check_argv(v: list[str]) -> list[str]:
     return v
 
 
+_USER = ("run as this user: a name in the sandbox's /etc/passwd (its uid, primary gid, the groups /etc/group "
+         "lists it in, and HOME/USER/LOGNAME unless env sets them), or numeric 'uid' / 'uid:gid'; "
+         "null = the sandbox's root. Backends that cannot switch users raise NotSupported")
+
+
+def _check_user(v: str | None) -> str | None:
+    if v is not None and (not v or len(v) > 64 or any(ch in v for ch in "\0\n/")):
+        raise ValueError(f"user must be a user name or uid[:gid], got {v!r}")
+    return v
+
+
+class PtySize(_Wire):
+    """The size of a pseudo-terminal, in character cells."""
+
+    rows: int = Field(24, ge=1, le=1000)
+    cols: int = Field(80, ge=1, le=1000)
+
+
 class ExecRequest(_Wire):
     argv: list[str]
+    user: str | None = Field(None, description=_USER)
     cwd: str | None = Field(None, description="working directory; null = the sandbox's workdir")
     env: dict[str, str] = Field(default_factory=dict)
     stdin: bytes | None = Field(None, description="bytes fed to the command's stdin (base64 in JSON)")
@@ -215,6 +252,7 @@ class ExecRequest(_Wire):
 
     _argv = field_validator("argv")(classmethod(lambda cls, v: _check_argv(v)))
     _timeout = field_validator("timeout")(_seconds)
+    _user = field_validator("user")(classmethod(lambda cls, v: _check_user(v)))
 
 
 class ExecResult(BaseModel):
@@ -253,9 +291,15 @@ class StartRequest(_Wire):
     ring_bytes: int = Field(1 << 20, gt=0, le=MAX_OUTPUT_CAP)
     stdin: bool = Field(False, description="keep a pipe to its stdin open (write_stdin / close_stdin); "
                                            "false = stdin is /dev/null")
+    user: str | None = Field(None, description=_USER)
+    pty: PtySize | None = Field(None, description="run it on a new pseudo-terminal of this size (its controlling "
+                                                  "terminal and stdin/stdout/stderr; output arrives as stdout, "
+                                                  "write_stdin types, resize() changes the size); null = pipes. "
+                                                  "Backends without PTYs raise NotSupported")
 
     _argv = field_validator("argv")(classmethod(lambda cls, v: _check_argv(v)))
     _timeout = field_validator("timeout")(_seconds)
+    _user = field_validator("user")(classmethod(lambda cls, v: _check_user(v)))
 
 
 class ProcessInfo(BaseModel):
@@ -306,6 +350,11 @@ class FileEntry(BaseModel):
     size: int
     mode: int
     mtime: float
+    uid: int | None = Field(None, description="owner's uid inside the sandbox; null where the backend cannot tell")
+    gid: int | None = Field(None, description="owner's gid inside the sandbox")
+    xattrs: dict[str, str] | None = Field(None, description="the file's `user.*` extended attributes (name -> "
+                                                            "value, UTF-8); null when it has none or the backend "
+                                                            "cannot tell")
 
 
 # ------------------------------------------------------------------------------------ snapshots
@@ -449,6 +498,10 @@ class ProcessHandle(abc.ABC):
         """End of input for its stdin."""
         raise InvalidArgument(f"this backend's processes take no stdin ({type(self).__name__})")
 
+    def resize(self, rows: int, cols: int) -> None:
+        """Set the size of its PTY (started with pty=...); the process gets SIGWINCH."""
+        raise NotSupported(f"this backend's processes have no PTY ({type(self).__name__})")
+
 
 class SessionHandle(abc.ABC):
     """A long-lived shell: cwd, env and shell variables persist between run() calls."""
@@ -577,6 +630,17 @@ class SandboxBackend(abc.ABC):
     def remove_file(self, sandbox_id: str, path: str) -> None:
         """Remove a file or a directory tree."""
 
+    def set_xattrs(self, sandbox_id: str, path: str, attrs: dict[str, str]) -> None:
+        """Set extended attributes of a regular file or directory. Only the `user.` namespace (names
+        `user.<1-200 chars>`, values up to 4 KiB, at most 64): others (trusted., security.) carry
+        meaning to the kernel and overlayfs. Backends that cannot raise NotSupported."""
+        raise NotSupported(f"the {self.name} backend cannot set extended attributes")
+
+    def chown(self, sandbox_id: str, path: str, uid: int, gid: int) -> None:
+        """Set the owner of a file or directory (a symlink itself, never its target). Backends whose
+        files API cannot raise NotSupported."""
+        raise NotSupported(f"the {self.name} backend cannot change a file's owner")
+
     @abc.abstractmethod
     def upload_tar(self, sandbox_id: str, dest_dir: str, tar: bytes) -> int:
         """Extract a tar into dest_dir; returns the number of entries written."""
@@ -616,6 +680,22 @@ class SandboxBackend(abc.ABC):
         enabled it). The sandbox keeps its state: pages come back on demand when it next runs.
         Backends without per-sandbox memory control raise NotSupported."""
         raise NotSupported(f"the {self.name} backend cannot reclaim a sandbox's memory")
+
+    # ---------------------------------------------------------------- desktop (computer use)
+    # Over the rest of the contract (a file read, a command) by default; the http backend sends
+    # them to shoald's desktop routes instead (one request each, PNG bytes on the wire).
+    def desktop_screenshot(self, sandbox_id: str, scale: float | None = None) -> bytes:
+        """A PNG of a desktop sandbox's screen, nearest-neighbour scaled by `scale` in (0, 1];
+        DesktopUnavailable when its X server is not running."""
+        from ..desktop import ops
+
+        return ops.screenshot(self, sandbox_id, scale)
+
+    def desktop_action(self, sandbox_id: str, action: DesktopAction) -> ActionResult:
+        """One mouse / keyboard action (shoal.desktop.actions.DesktopAction) in a desktop sandbox."""
+        from ..desktop import ops
+
+        return ops.act(self, sandbox_id, action)
 
     # ---------------------------------------------------------------- images
     @abc.abstractmethod

@@ -4,8 +4,10 @@ Point the SDK at it with E2B_API_URL and E2B_SANDBOX_URL set to the same address
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -15,19 +17,74 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..core.contract import SandboxBackend
 from ..core.errors import InvalidArgument, QuotaExceeded, SandboxNotFound, ShoalError
 from . import control, envd
-from .front import ApiError, Front
+from .front import ApiError, Front, Limits
 from .ports import PortRoutes
 from .state import Boxes, BoxStore, Keys
 from .templates import DEFAULT_TEMPLATES
 
+CONTROL_BODY_MAX = 64 << 10  # bytes of a control-plane request body (create's JSON is well under 1 KiB)
+_ENVD_PREFIXES = ("/process.Process/", "/filesystem.Filesystem/", "/files", "/health")
+
+
+class ControlGuard:
+    """The control plane (every path that is not envd's) checks X-API-KEY before any body is read,
+    and reads at most CONTROL_BODY_MAX bytes of one: an unauthenticated client cannot make the front
+    buffer anything, and an authenticated one not more than that. envd's routes check their sandbox's
+    token first and cap their own bodies (envd.py)."""
+
+    def __init__(self, app: Any, keys: Keys):
+        self.app, self.keys = app, keys
+
+    async def __call__(self, scope: dict, receive: Callable[[], Awaitable[dict]],
+                       send: Callable[[dict], Awaitable[None]]) -> None:
+        if scope.get("type") != "http" or scope.get("path", "").startswith(_ENVD_PREFIXES):
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        if self.keys.tenant(headers.get("x-api-key")) is None:
+            await _reply(send, 401, "Invalid API key: pass a key from `shoal e2b key create` in X-API-KEY")
+            return
+        length = headers.get("content-length", "")
+        if length.isdigit() and int(length) > CONTROL_BODY_MAX:
+            await _reply(send, 413, f"request body over {CONTROL_BODY_MAX} bytes")
+            return
+        body, more = b"", True
+        while more:
+            msg = await receive()
+            if msg["type"] != "http.request":
+                return  # the client went away
+            body += msg.get("body", b"")
+            more = msg.get("more_body", False)
+            if len(body) > CONTROL_BODY_MAX:
+                await _reply(send, 413, f"request body over {CONTROL_BODY_MAX} bytes")
+                return
+        replayed = False
+
+        async def replay() -> dict:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+async def _reply(send: Callable[[dict], Awaitable[None]], status: int, message: str) -> None:
+    payload = json.dumps({"code": status, "message": message}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
+                            (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": payload})
+
 
 def make_app(backend: SandboxBackend, keys: Keys, templates: Mapping[str, str] | None = None,
-             default_timeout: float = 300.0, state: Path | None = None) -> FastAPI:
+             default_timeout: float = 300.0, state: Path | None = None, limits: Limits | None = None) -> FastAPI:
     """state: the index's SQLite file (None: memory only). Sandboxes it lists that the backend no
     longer has are dropped at start."""
     store = BoxStore(state) if state is not None else None
     front = Front(backend=backend, keys=keys, templates=dict(templates or DEFAULT_TEMPLATES),
-                  default_timeout=default_timeout, boxes=Boxes(store))
+                  default_timeout=default_timeout, boxes=Boxes(store), limits=limits or Limits())
     if store is not None:
         for box in store.load():
             try:
@@ -40,6 +97,8 @@ def make_app(backend: SandboxBackend, keys: Keys, templates: Mapping[str, str] |
     app.state.front = front
     app.include_router(control.router(front))
     app.include_router(envd.router(front))
+    app.add_middleware(ControlGuard, keys=keys)
+    # added last, so outermost: a sandbox port's traffic (its own token) never meets the API key check
     app.add_middleware(PortRoutes, front=front)  # sandbox ports: get_host, the code interpreter
 
     @app.exception_handler(ApiError)
@@ -77,10 +136,11 @@ def default_keys_path(root: str | None = None) -> Path:
 
 def serve(backend: SandboxBackend, keys: Keys, host: str = "127.0.0.1", port: int = 3000,
           templates: Mapping[str, str] | None = None, log_level: str = "warning", state: Path | None = None,
-          tls: tuple[str, str] | None = None) -> None:
+          tls: tuple[str, str] | None = None, limits: Limits | None = None) -> None:
     """`tls`: (certificate, key) PEM files: serve https."""
     import uvicorn
 
-    uvicorn.run(make_app(backend, keys, templates, state=state), host=host, port=port, log_level=log_level,
+    uvicorn.run(make_app(backend, keys, templates, state=state, limits=limits), host=host, port=port,
+                log_level=log_level,
                 http="h11", access_log=False, timeout_graceful_shutdown=2,  # open streams don't hold a stop
                 ssl_certfile=tls[0] if tls else None, ssl_keyfile=tls[1] if tls else None)

@@ -38,11 +38,16 @@ def serve(listen: str = typer.Option("127.0.0.1:3000", "--listen", help="HOST:PO
           memory_only: bool = typer.Option(False, "--memory-only", help="keep the index in memory only"),
           tls_cert: Path | None = typer.Option(None, "--tls-cert", help="PEM certificate: serve https"),
           tls_key: Path | None = typer.Option(None, "--tls-key", help="PEM private key of --tls-cert"),
+          max_sandboxes: int = typer.Option(100, "--max-sandboxes", help="live sandboxes per tenant (0: no limit)"),
+          max_streams: int = typer.Option(64, "--max-streams", help="open output/watch streams per tenant"),
+          max_processes: int = typer.Option(64, "--max-processes", help="running background processes per sandbox"),
+          max_watchers: int = typer.Option(16, "--max-watchers", help="polling watchers per sandbox"),
           log_level: str = typer.Option("warning", "--log-level")):
     """Serve E2B's control plane and envd on one address: set E2B_API_URL and E2B_SANDBOX_URL to http://LISTEN."""
     from ..backends import open_backend
     from ..config import load_settings
     from .app import serve as run
+    from .front import Limits
 
     host, _, port = listen.rpartition(":")
     if (tls_cert is None) != (tls_key is None):
@@ -58,7 +63,8 @@ def serve(listen: str = typer.Option("127.0.0.1:3000", "--listen", help="HOST:PO
                   f"E2B_API_URL=E2B_SANDBOX_URL={scheme}://{listen}")
     run(backend, k, host=host or "127.0.0.1", port=int(port), templates=parse_template_args(template),
         log_level=log_level, state=None if memory_only else state or load_settings(root).root / "e2b-state.db",
-        tls=(str(tls_cert), str(tls_key)) if tls_cert and tls_key else None)
+        tls=(str(tls_cert), str(tls_key)) if tls_cert and tls_key else None,
+        limits=Limits(sandboxes=max_sandboxes, streams=max_streams, processes=max_processes, watchers=max_watchers))
 
 
 def is_loopback(host: str) -> bool:

@@ -82,6 +82,18 @@ def router(front: Front) -> APIRouter:
 
     def create(request: Request, body: dict = Body(...)) -> Response:
         tenant = tenant_of(request)
+        cap = front.limits.sandboxes
+        if cap:  # creates in flight hold a slot too: a burst of concurrent creates cannot pass the cap
+            room = cap - sum(1 for b in front.boxes.all() if b.tenant == tenant)
+            if room <= 0 or not front.creating.take(tenant, room):
+                raise ApiError(429, f"this API key's tenant has {cap} sandboxes (the front's limit): kill some first")
+        try:
+            return _create(request, tenant, body)
+        finally:
+            if cap:
+                front.creating.give(tenant)
+
+    def _create(request: Request, tenant: str, body: dict) -> Response:
         template = body.get("templateID")
         if not isinstance(template, str) or not template:
             raise ApiError(400, "templateID is required")

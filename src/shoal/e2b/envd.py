@@ -26,14 +26,22 @@ from fastapi import APIRouter, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 
-from ..core.contract import ExecRequest, FileEntry, ProcessHandle, StartRequest
-from ..core.errors import FileOpError, InvalidArgument, PathOutsideSandbox, SandboxNotFound, ShoalError
+from ..core.contract import ExecRequest, FileEntry, ProcessHandle, PtySize, StartRequest, check_xattrs
+from ..core.errors import (
+    FileOpError,
+    InvalidArgument,
+    NotSupported,
+    PathOutsideSandbox,
+    SandboxNotFound,
+    ShoalError,
+)
 from . import wire
 from .front import ApiError, Front, not_running
 from .state import Box
 
 MAX_UPLOAD = 1 << 30  # bytes of one POST /files body
 RING = 4 << 20  # bytes of each output stream a process keeps for Connect
+XATTR_PREFIX = "user.e2b."  # where envd keeps upload metadata (X-Metadata-* headers)
 SIGNALS = {"SIGNAL_SIGKILL": 9, "SIGNAL_SIGTERM": 15, "SIGNAL_SIGINT": 2, "SIGNAL_SIGHUP": 1, "SIGNAL_UNSPECIFIED": 9}
 
 
@@ -43,6 +51,21 @@ class Proc:
     handle: ProcessHandle
     config: dict[str, Any]
     tag: str | None = None
+    pty: bool = False  # output travels as `data.pty`, input as `input.pty`
+
+
+@dataclass(frozen=True)
+class Account:
+    """Who an envd call acts as: E2B's `user` (the request's Basic auth user, else the front's default)."""
+
+    name: str
+    uid: int
+    gid: int
+    home: str
+    run_as: str | None  # the contract's `user`; None = the sandbox's root
+
+
+ACCOUNTS_TTL_S = 2.0  # how long a sandbox's /etc/passwd and /etc/group are cached by the front
 
 
 @dataclass
@@ -66,11 +89,26 @@ def _ftype(t: str) -> str:
         t, "FILE_TYPE_UNSPECIFIED")
 
 
-def entry_json(e: FileEntry, path: str) -> dict[str, Any]:
+def entry_json(e: FileEntry, path: str, names: Callable[[FileEntry], tuple[str, str]] | None = None) -> dict[str, Any]:
     mode = e.mode & 0o7777 | {"file": st.S_IFREG, "dir": st.S_IFDIR, "symlink": st.S_IFLNK}.get(e.type, 0)
-    return {"name": e.name, "type": _ftype(e.type), "path": path, "size": str(e.size), "mode": e.mode & 0o7777,
-            "permissions": _permissions(mode), "owner": "root", "group": "root",
-            "modifiedTime": _rfc3339(e.mtime)}
+    owner, group = names(e) if names else ("root", "root")
+    out = {"name": e.name, "type": _ftype(e.type), "path": path, "size": str(e.size), "mode": e.mode & 0o7777,
+           "permissions": _permissions(mode), "owner": owner, "group": group,
+           "modifiedTime": _rfc3339(e.mtime)}
+    meta = {k[len(XATTR_PREFIX):]: v for k, v in (e.xattrs or {}).items() if k.startswith(XATTR_PREFIX)}
+    if meta:
+        out["metadata"] = meta
+    return out
+
+
+def upload_metadata(request: Request) -> dict[str, str]:
+    """`X-Metadata-<key>: value` headers as the `user.e2b.<key>` xattrs envd stores (keys lowercased)."""
+    attrs = {XATTR_PREFIX + k[len("x-metadata-"):].lower(): v for k, v in request.headers.items()
+             if k.lower().startswith("x-metadata-") and len(k) > len("x-metadata-")}
+    try:
+        return check_xattrs(attrs)
+    except InvalidArgument as e:
+        raise ApiError(400, f"X-Metadata-* headers: {e}") from None
 
 
 def _rpc_error(e: Exception) -> wire.RpcError:
@@ -84,6 +122,8 @@ def _rpc_error(e: Exception) -> wire.RpcError:
         return wire.RpcError("invalid_argument", msg)
     if isinstance(e, SandboxNotFound):
         return wire.RpcError("unavailable", f"The sandbox was not found: {msg}")
+    if isinstance(e, NotSupported):
+        return wire.RpcError("unimplemented", msg)
     if isinstance(e, ShoalError):
         return wire.RpcError("internal", f"{type(e).__name__}: {msg}")
     return wire.RpcError("internal", f"{type(e).__name__}: {msg}")
@@ -136,13 +176,108 @@ def router(front: Front) -> APIRouter:
             raise wire.RpcError("invalid_argument", "path is required")
         return posixpath.normpath(path if path.startswith("/") else posixpath.join(box.home, path))
 
+    # ------------------------------------------------------------------ users (E2B's `user=`)
+    def user_name(request: Request) -> str:
+        """The SDK names a user as HTTP Basic auth `user:` (no password); none = the default user."""
+        auth = request.headers.get("authorization", "")
+        if auth[:6].lower() != "basic ":
+            return front.user
+        try:
+            name = base64.b64decode(auth[6:].strip(), validate=True).decode().partition(":")[0]
+        except (ValueError, UnicodeDecodeError):
+            raise ApiError(400, "malformed Authorization header (Basic base64(user:))") from None
+        return name or front.user
+
+    def table(box: Box, path: str, fresh: bool = False) -> list[list[str]]:
+        """Rows of the sandbox's /etc/passwd or /etc/group, cached ACCOUNTS_TTL_S."""
+        cached = box.accounts.get(path)
+        if cached is None or fresh or time.monotonic() - cached[0] > ACCOUNTS_TTL_S:
+            try:
+                text = be.read_file(box.id, path, 4 << 20).decode("utf-8", "replace")
+            except (FileOpError, PathOutsideSandbox, InvalidArgument):
+                text = ""
+            rows = [r.split(":") for r in text.splitlines() if r.count(":") >= 2 and not r.startswith("#")]
+            cached = (time.monotonic(), rows)
+            box.accounts[path] = cached
+        return cached[1]
+
+    def account(box: Box, name: str) -> Account:
+        if name == "root":
+            return Account("root", 0, 0, "/root", None)
+        for fresh in (False, True):  # a user added since the cache was filled
+            row = next((r for r in table(box, "/etc/passwd", fresh) if len(r) >= 7 and r[0] == name
+                        and r[2].isdigit() and r[3].isdigit()), None)
+            if row is not None:
+                return Account(name, int(row[2]), int(row[3]), row[5] or "/", name)
+        if name == front.user:  # an image without E2B's user: the sandbox's root, with the user's HOME
+            return Account(name, 0, 0, box.home, None)
+        raise InvalidArgument(f"user {name!r} does not exist in the sandbox (/etc/passwd)")
+
+    def names(box: Box) -> Callable[[FileEntry], tuple[str, str]]:
+        """uid/gid -> the sandbox's own user and group names (the number where it has none)."""
+        users = {r[2]: r[0] for r in table(box, "/etc/passwd") if len(r) >= 3}
+        groups = {r[2]: r[0] for r in table(box, "/etc/group") if len(r) >= 3}
+        users.setdefault("0", "root")
+        groups.setdefault("0", "root")
+
+        def of(e: FileEntry) -> tuple[str, str]:
+            u, g = str(e.uid if e.uid is not None else 0), str(e.gid if e.gid is not None else 0)
+            return users.get(u, u), groups.get(g, g)
+
+        return of
+
+    def cmd_env(box: Box, acct: Account) -> dict[str, str]:
+        """What the command's environment gets from who it runs as (a named user's HOME, USER and
+        LOGNAME come from the backend, which resolves the same /etc/passwd)."""
+        if acct.run_as is not None:
+            return {}
+        if acct.name == "root":
+            return {"HOME": "/root", "USER": "root"}
+        return {"HOME": box.home, "USER": acct.name} if box.has_home else {}
+
+    def default_cwd(box: Box, acct: Account) -> str:
+        if acct.home == box.home or acct.run_as is None and acct.name != "root":
+            return box.home
+        try:
+            return acct.home if be.stat_file(box.id, acct.home).type == "dir" else box.home
+        except (FileOpError, PathOutsideSandbox):
+            return box.home
+
+    def made_for(acct: Account) -> bool:
+        return acct.run_as is not None and acct.uid != 0
+
+    def missing(box: Box, acct: Account, path: str) -> list[str]:
+        """The ancestors of `path` that do not exist yet (a write or make_dir creates them), for own()."""
+        out: list[str] = []
+        d = posixpath.dirname(path)
+        while made_for(acct) and d not in ("/", ""):
+            try:
+                be.stat_file(box.id, d)
+                break
+            except FileOpError:
+                out.append(d)
+                d = posixpath.dirname(d)
+        return out
+
+    def own(box: Box, acct: Account, path: str, parents: list[str]) -> None:
+        """What the files API made for a non-root user (the path and the parents it created) becomes
+        theirs, as envd's are: their commands can then write there."""
+        if made_for(acct):
+            for p in [path, *parents]:
+                be.chown(box.id, p, acct.uid, acct.gid)
+
     # ------------------------------------------------------------------ unary + stream plumbing
-    def unary(name: str, fn: Callable[[Box, dict[str, Any]], dict[str, Any]]) -> None:
+    def unary(name: str, fn: Callable[..., dict[str, Any]], as_user: bool = False) -> None:
+        """as_user: fn also gets the Account the call acts as (E2B's `user=`)."""
         async def handler(request: Request) -> Response:
             box = box_for(request)
             try:
                 req = wire.decode(await _body(request))
-                out = await run_in_threadpool(fn, box, req)
+                if as_user:
+                    acct = await run_in_threadpool(account, box, user_name(request))
+                    out = await run_in_threadpool(fn, box, req, acct)
+                else:
+                    out = await run_in_threadpool(fn, box, req)
             except Exception as e:  # every failure travels as a Connect error
                 if isinstance(e, SandboxNotFound):
                     front.boxes.pop(box.id)
@@ -165,6 +300,12 @@ def router(front: Front) -> APIRouter:
             deadline = time.monotonic() + int(deadline_ms) / 1000 if deadline_ms and deadline_ms.isdigit() else None
 
             async def body() -> AsyncIterator[bytes]:
+                # taken in the body, so that the finally below always gives it back
+                if not front.streams.take(box.tenant, front.limits.streams):
+                    yield wire.end_of_stream(wire.RpcError(
+                        "resource_exhausted", f"this API key's tenant has {front.limits.streams} streams open "
+                                              "(the front's limit); close some first"))
+                    return
                 try:
                     async for msg in fn(box, msgs[0] if msgs else {}, request):
                         yield wire.message(msg)
@@ -173,6 +314,8 @@ def router(front: Front) -> APIRouter:
                 except Exception as e:
                     yield wire.end_of_stream(_rpc_error(e))
                     return
+                finally:
+                    front.streams.give(box.tenant)
                 yield wire.end_of_stream()
 
             return StreamingResponse(body(), media_type=wire.STREAM_CONTENT_TYPE)
@@ -207,7 +350,7 @@ def router(front: Front) -> APIRouter:
             out = await loop.run_in_executor(front.stream_pool, proc.handle.wait_output, cursor, ka)
             cursor = out.cursor
             if out.stdout:
-                yield {"event": {"data": {"stdout": wire.b64(out.stdout.encode())}}}
+                yield {"event": {"data": {"pty" if proc.pty else "stdout": wire.b64(out.stdout.encode())}}}
             if out.stderr:
                 yield {"event": {"data": {"stderr": wire.b64(out.stderr.encode())}}}
             if out.exit_code is not None:
@@ -229,24 +372,47 @@ def router(front: Front) -> APIRouter:
             cmd = cfg.get("cmd")
             if not isinstance(cmd, str) or not cmd:
                 raise wire.RpcError("invalid_argument", "process.cmd is required")
+            pty = None
             if req.get("pty"):
-                raise wire.RpcError("unimplemented", "PTYs are not supported by Shoal's E2B front yet")
+                size = (req["pty"] or {}).get("size") or {}
+                try:
+                    pty = PtySize(rows=wire.as_int(size.get("rows"), "pty.size.rows", 24),
+                                  cols=wire.as_int(size.get("cols"), "pty.size.cols", 80))
+                except ValueError as e:
+                    raise wire.RpcError("invalid_argument", f"bad PTY size: {e}") from None
             args = [str(a) for a in cfg.get("args") or []]
             envs = {str(k): str(v) for k, v in (cfg.get("envs") or {}).items()}
-            cwd = resolve(box, cfg["cwd"]) if cfg.get("cwd") else box.home
-            env = {"HOME": box.home, "USER": front.user, **envs} if box.has_home else envs
-            sreq = StartRequest(argv=[cmd, *args], cwd=cwd, env=env, stdin=bool(req.get("stdin")), ring_bytes=RING)
+            await run_in_threadpool(room_for_a_process, box)
+            acct = await run_in_threadpool(account, box, user_name(request))
+            cwd = resolve(box, cfg["cwd"]) if cfg.get("cwd") else await run_in_threadpool(default_cwd, box, acct)
+            env = {**cmd_env(box, acct), **envs}
+            sreq = StartRequest(argv=[cmd, *args], cwd=cwd, env=env, stdin=bool(req.get("stdin")) and pty is None,
+                                ring_bytes=RING, user=acct.run_as, pty=pty)
             handle = await run_in_threadpool(be.start, box.id, sreq)
             if handle.pid is None:
                 handle.close()
                 raise wire.RpcError("internal", f"{cmd!r} did not start")
-            proc = Proc(pid=handle.pid, handle=handle, tag=req.get("tag") or None,
+            proc = Proc(pid=handle.pid, handle=handle, tag=req.get("tag") or None, pty=pty is not None,
                         config={"cmd": cmd, "args": args, "envs": envs, "cwd": cwd})
             with box.lock:
                 box.procs[proc.pid] = proc
             async for ev in events(box, proc, (0, 0), request):
                 yield ev
         return gen()
+
+    def room_for_a_process(box: Box) -> None:
+        """The per-sandbox cap on running processes the front tracks (each holds its output rings);
+        finished ones nobody streamed are dropped here."""
+        with box.lock:
+            done = [p for p in box.procs.values() if p.handle.poll() is not None]
+            for p in done:
+                box.procs.pop(p.pid, None)
+            live = len(box.procs)
+        for p in done:
+            p.handle.close()
+        if front.limits.processes and live >= front.limits.processes:
+            raise wire.RpcError("resource_exhausted", f"sandbox {box.id} runs {live} processes started through "
+                                                      "the front (its limit); kill or wait for some first")
 
     def connect(box: Box, req: dict[str, Any], request: Request) -> AsyncIterator[dict]:
         async def gen() -> AsyncIterator[dict]:
@@ -268,9 +434,7 @@ def router(front: Front) -> APIRouter:
     def send_input(box: Box, req: dict[str, Any]) -> dict[str, Any]:
         proc = selected(box, req)
         inp = req.get("input") or {}
-        if "pty" in inp:
-            raise wire.RpcError("unimplemented", "PTYs are not supported by Shoal's E2B front yet")
-        proc.handle.write_stdin(wire.unb64(inp.get("stdin", ""), "input.stdin"))
+        proc.handle.write_stdin(_input(inp))
         return {}
 
     def send_signal(box: Box, req: dict[str, Any]) -> dict[str, Any]:
@@ -287,8 +451,14 @@ def router(front: Front) -> APIRouter:
         return {}
 
     def update(box: Box, req: dict[str, Any]) -> dict[str, Any]:
-        selected(box, req)
-        raise wire.RpcError("unimplemented", "PTYs are not supported by Shoal's E2B front yet")
+        proc = selected(box, req)
+        size = (req.get("pty") or {}).get("size")
+        if not isinstance(size, dict):
+            raise wire.RpcError("invalid_argument", "Update needs pty.size")
+        if not proc.pty:
+            raise wire.RpcError("invalid_argument", f"process {proc.pid} has no PTY")
+        proc.handle.resize(wire.as_int(size.get("rows"), "rows", 0), wire.as_int(size.get("cols"), "cols", 0))
+        return {}
 
     async def stream_input(request: Request) -> Response:
         """Client stream: a `start` naming the process, then `data` chunks, in order."""
@@ -304,7 +474,7 @@ def router(front: Front) -> APIRouter:
                     if proc is None:
                         raise wire.RpcError("invalid_argument", "data before start")
                     inp = (ev["data"] or {}).get("input") or {}
-                    await run_in_threadpool(proc.handle.write_stdin, wire.unb64(inp.get("stdin", ""), "stdin"))
+                    await run_in_threadpool(proc.handle.write_stdin, _input(inp))
         except Exception as e:
             return _stream_error(_rpc_error(e))
         return Response(content=wire.message({}) + wire.end_of_stream(), media_type=wire.STREAM_CONTENT_TYPE)
@@ -321,7 +491,7 @@ def router(front: Front) -> APIRouter:
     # ------------------------------------------------------------------ filesystem.Filesystem
     def stat(box: Box, req: dict[str, Any]) -> dict[str, Any]:
         path = resolve(box, req.get("path"))
-        return {"entry": entry_json(be.stat_file(box.id, path), path)}
+        return {"entry": entry_json(be.stat_file(box.id, path), path, names(box))}
 
     def list_dir(box: Box, req: dict[str, Any]) -> dict[str, Any]:
         path = resolve(box, req.get("path"))
@@ -332,18 +502,19 @@ def router(front: Front) -> APIRouter:
         if top.type != "dir":
             raise wire.RpcError("invalid_argument", f"path {path!r} is not a directory")
         out: list[dict[str, Any]] = []
+        nm = names(box)
 
         def walk(d: str, level: int) -> None:
             for e in sorted(be.list_files(box.id, d), key=lambda e: e.name):
                 p = posixpath.join(d, e.name)
-                out.append(entry_json(e, p))
+                out.append(entry_json(e, p, nm))
                 if e.type == "dir" and level < depth:
                     walk(p, level + 1)
 
         walk(path, 1)
         return {"entries": out}
 
-    def make_dir(box: Box, req: dict[str, Any]) -> dict[str, Any]:
+    def make_dir(box: Box, req: dict[str, Any], acct: Account) -> dict[str, Any]:
         path = resolve(box, req.get("path"))
         try:
             be.stat_file(box.id, path)
@@ -351,8 +522,10 @@ def router(front: Front) -> APIRouter:
             pass
         else:
             raise wire.RpcError("already_exists", f"{path!r} already exists")
+        parents = missing(box, acct, path)
         be.mkdir(box.id, path)
-        return {"entry": entry_json(be.stat_file(box.id, path), path)}
+        own(box, acct, path, parents)
+        return {"entry": entry_json(be.stat_file(box.id, path), path, names(box))}
 
     def move(box: Box, req: dict[str, Any]) -> dict[str, Any]:
         src, dst = resolve(box, req.get("source")), resolve(box, req.get("destination"))
@@ -362,7 +535,7 @@ def router(front: Front) -> APIRouter:
                                           timeout=60))
         if res.exit_code != 0:
             raise wire.RpcError("invalid_argument", f"move {src!r} -> {dst!r}: {res.stderr.strip()}")
-        return {"entry": entry_json(be.stat_file(box.id, dst), dst)}
+        return {"entry": entry_json(be.stat_file(box.id, dst), dst, names(box))}
 
     def remove(box: Box, req: dict[str, Any]) -> dict[str, Any]:
         path = resolve(box, req.get("path"))
@@ -372,11 +545,15 @@ def router(front: Front) -> APIRouter:
 
     def snapshot(box: Box, path: str, recursive: bool) -> dict[str, tuple[str, int, float, int]]:
         out: dict[str, tuple[str, int, float, int]] = {}
+        cap = front.limits.watch_entries
 
         def walk(d: str, prefix: str) -> None:
             for e in be.list_files(box.id, d):
                 rel = prefix + e.name
                 out[rel] = (e.type, e.size, e.mtime, e.mode)
+                if cap and len(out) > cap:  # each poll re-lists the tree: a big one would cost every 50 ms
+                    raise wire.RpcError("resource_exhausted", f"{path!r} holds more than {cap} entries to "
+                                                              "watch (the front's limit); watch a smaller tree")
                 if recursive and e.type == "dir":
                     walk(posixpath.join(d, e.name), rel + "/")
 
@@ -430,6 +607,9 @@ def router(front: Front) -> APIRouter:
         recursive = bool(req.get("recursive"))
         if be.stat_file(box.id, path).type != "dir":
             raise wire.RpcError("invalid_argument", f"path {path!r} is not a directory")
+        if front.limits.watchers and len(box.watchers) >= front.limits.watchers:
+            raise wire.RpcError("resource_exhausted", f"sandbox {box.id} has {len(box.watchers)} watchers (the "
+                                                      "front's limit); remove some first")
         wid = "w-" + secrets.token_hex(8)
         box.watchers[wid] = Watcher(path=path, recursive=recursive, snapshot=snapshot(box, path, recursive))
         return {"watcherId": wid}
@@ -449,7 +629,7 @@ def router(front: Front) -> APIRouter:
 
     unary("filesystem.Filesystem/Stat", stat)
     unary("filesystem.Filesystem/ListDir", list_dir)
-    unary("filesystem.Filesystem/MakeDir", make_dir)
+    unary("filesystem.Filesystem/MakeDir", make_dir, as_user=True)
     unary("filesystem.Filesystem/Move", move)
     unary("filesystem.Filesystem/Remove", remove)
     streaming("filesystem.Filesystem/WatchDir", watch_dir)
@@ -505,7 +685,15 @@ def router(front: Front) -> APIRouter:
             files.append((path, body))
         if not files:
             raise ApiError(400, "no file in the upload")
-        signed_path = request.query_params.get("path") if request.query_params.get("signature") else None
+        attrs = upload_metadata(request)
+        signed = request.query_params.get("signature") is not None
+        signed_path = request.query_params.get("path") if signed else None
+        try:
+            # the SDK names the user in ?username= on /files (and signs it into a signed URL)
+            name = request.query_params.get("username") or (front.user if signed else user_name(request))
+            acct = await run_in_threadpool(account, box, name)
+        except InvalidArgument as e:
+            raise ApiError(400, str(e)) from None
         if signed_path:  # a signed URL writes the one path it was signed for, whatever the body names
             if len(files) != 1:
                 raise ApiError(400, "a signed upload URL takes exactly one file")
@@ -514,12 +702,19 @@ def router(front: Front) -> APIRouter:
         for name, data in files:
             p = _http_path(resolve, box, name)
             try:
+                parents = await run_in_threadpool(missing, box, acct, p)
                 await run_in_threadpool(be.write_file, box.id, p, data)
+                await run_in_threadpool(own, box, acct, p, parents)
+                if attrs:
+                    await run_in_threadpool(be.set_xattrs, box.id, p, attrs)
             except SandboxNotFound:
                 raise not_running(box.id) from None
             except (FileOpError, InvalidArgument) as e:
                 raise ApiError(400, str(e)) from None
-            out.append({"path": p, "name": posixpath.basename(p), "type": "file"})
+            except NotSupported as e:
+                raise ApiError(501, str(e)) from None
+            out.append({"path": p, "name": posixpath.basename(p), "type": "file",
+                        **({"metadata": {k[len(XATTR_PREFIX):]: v for k, v in attrs.items()}} if attrs else {})})
         return Response(_dumps(out), media_type="application/json")
 
     return r
@@ -572,6 +767,13 @@ async def _body(request: Request, cap: int = wire.MAX_MESSAGE) -> bytes:
             raise ApiError(413, f"request body over {cap} bytes")
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def _input(inp: dict[str, Any]) -> bytes:
+    """ProcessInput's oneof: `stdin` bytes for a pipe, `pty` bytes for a terminal (the same fd here)."""
+    if "pty" in inp:
+        return wire.unb64(inp.get("pty", ""), "input.pty")
+    return wire.unb64(inp.get("stdin", ""), "input.stdin")
 
 
 def _dumps(obj: Any) -> bytes:

@@ -2,6 +2,7 @@
 keys, the sandbox index, templates, and the typed error the REST side answers with."""
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -26,6 +27,43 @@ def not_running(sandbox_id: str) -> ApiError:
     return ApiError(502, f"The sandbox {sandbox_id} was not found (killed, paused or timed out)")
 
 
+@dataclass(frozen=True)
+class Limits:
+    """What one tenant may hold in the front (0 = no limit). On top of these, a front over shoald
+    (`--url` with a tenant key) is held to that tenant's quotas (sandboxes, CPU, memory, disk): the
+    backend's QuotaExceeded answers 429 as these do."""
+
+    sandboxes: int = 100  # live sandboxes per tenant (paused ones count)
+    streams: int = 64  # open Start/Connect/WatchDir streams per tenant
+    processes: int = 64  # running background processes per sandbox (each keeps 2 x 4 MiB of output)
+    watchers: int = 16  # polling watchers (CreateWatcher) per sandbox
+    watch_entries: int = 20_000  # entries a watcher re-lists each poll; a bigger tree is refused
+
+
+class StreamSlots:
+    """A count per tenant with a cap (open streams, creates in flight)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open: dict[str, int] = {}
+
+    def take(self, tenant: str, limit: int) -> bool:
+        with self._lock:
+            n = self._open.get(tenant, 0)
+            if limit and n >= limit:
+                return False
+            self._open[tenant] = n + 1
+            return True
+
+    def give(self, tenant: str) -> None:
+        with self._lock:
+            n = self._open.get(tenant, 0) - 1
+            if n > 0:
+                self._open[tenant] = n
+            else:
+                self._open.pop(tenant, None)
+
+
 @dataclass
 class Front:
     backend: SandboxBackend
@@ -35,6 +73,9 @@ class Front:
     user: str = USER
     home: str = HOME
     boxes: Boxes = field(default_factory=Boxes)
+    limits: Limits = field(default_factory=Limits)
+    streams: StreamSlots = field(default_factory=StreamSlots)
+    creating: StreamSlots = field(default_factory=StreamSlots)  # creates in flight per tenant
     starts: Starts = field(default_factory=Starts)  # templates' start commands (ports.py)
     # blocking waits of output streams (one per open Start/Connect/WatchDir stream): a pool of its own,
     # so long-lived streams never starve the request handlers' thread pool

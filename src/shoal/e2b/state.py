@@ -38,30 +38,49 @@ class Keys:
 
     def __init__(self, path: Path | None = None, keys: dict[str, str] | None = None):
         self.path = path
-        self._by_hash: dict[str, str] = {}
-        if path is not None and path.exists():
-            data = json.loads(path.read_text())
-            self._by_hash.update({h: t for h, t in data.get("keys", {}).items()})
-        for key, tenant in (keys or {}).items():
-            self._by_hash[_hash(key)] = tenant
+        self._given = {_hash(key): tenant for key, tenant in (keys or {}).items()}
+        self._by_hash: dict[str, str] = dict(self._given)
+        self._seen: tuple[int, int, int] | None = None  # the key file's (inode, size, mtime) when last read
+        self._reload()
+
+    def _reload(self) -> None:
+        """Re-read the key file when it changed (`shoal e2b key create/revoke` in another process): a
+        revoked key stops working at the next request, without a restart. One stat() per lookup."""
+        if self.path is None:
+            return
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            seen = None
+        else:
+            seen = (st.st_ino, st.st_size, st.st_mtime_ns)
+        if seen == self._seen:
+            return
+        data = json.loads(self.path.read_text()) if seen is not None else {}
+        self._by_hash = {**{h: t for h, t in data.get("keys", {}).items()}, **self._given}
+        self._seen = seen
 
     def tenant(self, key: str | None) -> str | None:
         if not key:
             return None
+        self._reload()
         return self._by_hash.get(_hash(key))
 
     def create(self, tenant: str) -> str:
         if not tenant or not tenant.replace("-", "").replace("_", "").isalnum() or len(tenant) > 64:
             raise InvalidArgument(f"tenant names are 1-64 letters, digits, '-' or '_', got {tenant!r}")
+        self._reload()  # keep the keys other processes added meanwhile
         key = new_api_key()
         self._by_hash[_hash(key)] = tenant
         self._save()
         return key
 
     def revoke_tenant(self, tenant: str) -> int:
+        self._reload()
         gone = [h for h, t in self._by_hash.items() if t == tenant]
         for h in gone:
             del self._by_hash[h]
+            self._given.pop(h, None)
         self._save()
         return len(gone)
 
@@ -102,6 +121,7 @@ class Box:
     paused_left: float = 0.0  # seconds of lifetime left when paused (the clock stops meanwhile)
     procs: dict[int, Any] = field(default_factory=dict)  # pid -> envd.Proc
     watchers: dict[str, Any] = field(default_factory=dict)  # id -> envd.Watcher
+    accounts: dict[str, Any] = field(default_factory=dict)  # envd's cache of the sandbox's passwd/group
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property

@@ -12,7 +12,7 @@ riskiest one. Rules, most severe first:
 | PASS_TO_PASS tests that passed before this step fail now | high (critical if >= half) | destructive-edit |
 | files deleted by this step | high | destructive-edit |
 | a shell command that changes the environment (pip, git reset, rm -rf, network) | medium | environment-misuse |
-| the same action as an earlier step (3rd time: high) | medium | loop-no-progress |
+| the same call as a step since the repository last changed (3rd: high) | medium | loop-no-progress |
 | a source edit to a file the failing tests' tracebacks do not name, F2P unchanged | medium | wrong-file |
 | a source edit to a named file, the failing tests still failing | low | wrong-hypothesis |
 | a tool call that failed (bad arguments, an edit matching nothing) | low | tool-misuse |
@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 from .diagnoser import Diagnoser
 from .probe import protected
-from .schema import Action, ErrorClass, Prefix, Risk, StepDiagnosis, StepView
+from .schema import Action, ErrorClass, Prefix, Risk, StepDiagnosis
 
 _EDIT_TOOLS = ("edit_file", "create_file")
 _ENV_MISUSE = [
@@ -128,15 +128,23 @@ class ProgrammaticDiagnoser(Diagnoser):
                         out.append(Finding(Risk.medium, ErrorClass.environment_misuse, f"`{cmd[:200]}` {why}",
                                            "work on the repository's source files only; the environment is fixed"))
                         break
-        # --- loops: the same action as an earlier step
-        earlier = [a.key() for s in prefix.steps[:-1] for a in s.actions]
+        # --- loops: the same action as an earlier step since the repository last changed (the same
+        # call after the state changed, e.g. a fix re-applied after a reset, is progress, not a loop)
+        states = [prefix.start.get("diff_sha")] + [s.facts.get("diff_sha") for s in prefix.steps]
+        here = states[-2]  # the state before this step
+        window = []
+        for i in range(len(prefix.steps) - 2, -1, -1):
+            if here is not None and states[i] is not None and states[i] != here:
+                break
+            window.append(prefix.steps[i])
+        earlier = [a.key() for s in window for a in s.actions]
         for a in step.actions:
             if a.tool != "submit":
                 n = earlier.count(a.key())
                 if n:
                     out.append(Finding(Risk.high if n >= 2 else Risk.medium, ErrorClass.loop,
-                                       f"`{a.tool}` with the same arguments for the {n + 1}th time",
-                                       "do something different: the last attempt's result is already known"))
+                                       f"`{a.tool}` with the same arguments from the same state, "
+                                       f"{n + 1} times now", "do something different: that call's result is known"))
         # --- edits to source files vs where the failure points
         sources = [p for p in edited if not protected(p) and p.endswith(".py") and not p.startswith("/tmp/")]
         if sources and now.get("tests_ran"):
@@ -165,7 +173,3 @@ class ProgrammaticDiagnoser(Diagnoser):
 
     def _cmd(self, test: str) -> str:
         return f"python3 -m pytest -q {test.split(' ')[0]}"
-
-
-def steps_with(prefix: Prefix, tool: str) -> list[StepView]:
-    return [s for s in prefix.steps if any(a.tool == tool for a in s.actions)]

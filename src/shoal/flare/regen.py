@@ -3,10 +3,10 @@
 After each step the probe (if the task has one) records what the sandbox shows, and the diagnoser
 judges the step from the prefix. When the risk reaches `threshold` and the budget allows:
 
-1. the episode branches at the step before the flagged one: a new sandbox in exactly the state
-   after step k-1 (the logged effects of steps 1..k-1 re-applied to a fresh sandbox of the task,
-   each exec's result compared with the logged one: `RewindMismatch` if a step does not
-   reproduce), and a new log stream `<ep>/b<n>/sandbox` whose meta names its parent and the step;
+1. the episode branches at the step before the flagged one through `rollout.branch.Episode`
+   (the loop writes its streams as `run_episode` does, a `<ep>/steps` mark per kept step): a new
+   episode `<ep>.r<n>` in the log's tree whose sandbox is in exactly the state after step k-1 (each
+   re-applied result compared with the log: `RewindMismatch` if a step does not reproduce);
 2. the flagged step's messages are dropped and the diagnosis (evidence and fix) is added to the
    policy's context as a user message;
 3. the loop goes on from step k.
@@ -32,11 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from ..core.contract import SandboxBackend
-from ..core.errors import ShoalError
+from ..core.errors import InvalidArgument, ShoalError
 from ..rollout.policy import Policy
 from ..rollout.task import Task, Verdict
 from ..sdk.sandbox import Sandbox
-from ..trajlog import DONE, LoggedSandbox, SQLiteLogStore, TrajectoryLog
+from ..trajlog import DONE, LoggedSandbox, SQLiteLogStore, Stream, TrajectoryLog
 from ..trajlog.sandbox import EFFECTFUL, apply
 from .diagnoser import Diagnoser
 from .policy import feedback_message
@@ -149,16 +149,62 @@ class _Live:
         self.tools: Any = None
         self.born = 0.0
         self.stream_name = ""
+        self.episode = ""
+        self.marks: Stream | None = None
 
-    def open(self, name: str, meta: dict) -> None:
+    def open(self, episode: str, meta: dict) -> None:
+        """A fresh sandbox of the task and the episode's streams, laid out as `run_episode` lays them
+        out (`<ep>/sandbox`, `<ep>/llm`, `<ep>/steps` with one mark per kept step and the start state
+        in its meta), so `rollout.branch.Episode` can branch it and `shoal traj tree` shows it."""
         lp = self.loop
         self.sb = lp.task.sandbox(lp.backend, ttl=SANDBOX_TTL_S)
         self.born = time.monotonic()
-        stream = lp.log.stream(name, episode=lp.episode_id, sandbox=self.sb.id, layers=self.sb.info().layers,
-                               meta=meta)
-        self.stream_name = name
+        created = self.sb.info()
+        self._streams(episode, meta={**meta, "sandbox": self.sb.id, "backend": lp.backend.address})
+        start = {"layers": created.layers, "env": created.env, "workdir": created.workdir,
+                 "memory_mb": created.limits.memory_mb, "disk_mb": created.limits.disk_mb,
+                 "cpu": created.limits.cpu, "pids": created.limits.pids, "upper": created.limits.upper}
+        lp.log.store.update_stream(f"{episode}/steps", meta={"start": start, "snapshot_every": None})
+
+    def _streams(self, episode: str, meta: dict | None = None) -> None:
+        lp = self.loop
+        assert self.sb is not None
+        self.episode = episode
+        self.stream_name = f"{episode}/sandbox"
+        stream = lp.log.stream(self.stream_name, episode=episode, sandbox=self.sb.id, meta=meta)
+        lp.log.stream(f"{episode}/llm", episode=episode)  # the policy's calls are not logged here; branches copy it
+        self.marks = lp.log.stream(f"{episode}/steps", episode=episode)
         self.lsb = LoggedSandbox(self.sb, stream)
         self.tools = lp.task.tools(self.lsb)
+
+    def mark(self, step: int) -> None:
+        """The mark `rollout.branch` reads: where the sandbox stream stood after this kept step."""
+        assert self.lsb is not None and self.marks is not None
+        self.marks.call("step", {"step": step, "sandbox_seq": self.lsb.stream.cursor, "llm_seq": 0},
+                        lambda: {"snapshot": None})
+
+    def branch(self, parent: str, step: int, new_id: str, kept: list[StepView]) -> None:
+        """The state after `step` of episode `parent`, through `rollout.branch.Episode.branch`
+        (fast-forward from the start, every result compared with the log); then the kept steps'
+        calls are replayed through the branch's copied streams (served from the log, nothing runs)
+        so that new calls land after them."""
+        from ..core.errors import BranchNotExact
+        from ..rollout.branch import Episode
+
+        lp = self.loop
+        try:
+            child = Episode(lp.log, parent, lp.backend).branch(step=step, strategy="fastforward", episode_id=new_id)
+        except BranchNotExact as e:
+            raise RewindMismatch(str(e)) from None
+        self.sb = child.sandbox()
+        if self.sb is None:
+            raise RewindMismatch(f"branch {new_id!r} of {parent!r} has no live sandbox")
+        self.born = time.monotonic()
+        self._streams(new_id)
+        for view in kept:
+            for a in view.actions:
+                self.tools.run(a.tool, a.arguments)
+            self.mark(view.step)
 
     def need(self) -> Sandbox:
         if self.sb is None:
@@ -208,6 +254,8 @@ class FlareLoop:
         self.log = log or TrajectoryLog(SQLiteLogStore(Path(tempfile.mkdtemp(prefix="shoal-flare-")) / "traj.db"))
         self.episode_id = episode_id or f"flare-{uuid.uuid4().hex[:10]}"
         self.grades = grades or GradeCache()
+        if resume is not None and self.threshold is not None:
+            raise InvalidArgument("a resumed run (resume=) continues without regeneration: pass threshold=None")
         self.resume = resume
 
     async def run(self) -> FlareEpisode:
@@ -224,7 +272,7 @@ class FlareLoop:
 
         t0 = time.monotonic()
         task = self.task
-        await asyncio.to_thread(live.open, f"{self.episode_id}/sandbox", {"instance_id": task.id})
+        await asyncio.to_thread(live.open, self.episode_id, {"instance_id": task.id})
         sandbox_s = 0.0
         probe_runs0 = self.probe.runs if self.probe else 0
         problem = next((m["content"] for m in task.prompt() if m["role"] == "user"), "")
@@ -287,11 +335,13 @@ class FlareLoop:
                     and (self.budget.tokens is None or tokens < self.budget.tokens)
                     and (self.budget.sandbox_s is None or spent < self.budget.sandbox_s)):
                 # breakpoint: back to the state after step k-1, the diagnosis in context
-                branch = f"{self.episode_id}/b{len(interventions) + 1}/sandbox"
+                branch = f"{self.episode_id}.r{len(interventions) + 1}"
+                parent = live.episode
                 sandbox_s += await asyncio.to_thread(live.close)
-                await asyncio.to_thread(live.open, branch, {"instance_id": task.id, "parent": self.episode_id,
-                                                            "branch_step": k - 1})
-                await asyncio.to_thread(live.reapply, effects)
+                if k > 1:  # a branch of the current episode in the log's tree
+                    await asyncio.to_thread(live.branch, parent, k - 1, branch, steps)
+                else:  # back to the start: a fresh episode (a branch is made after a step, 1 or later)
+                    await asyncio.to_thread(live.open, branch, {"instance_id": task.id, "regenerated_from": parent})
                 interventions.append({"step": k, "branch": branch, "diagnosis": diag.model_dump(mode="json")})
                 del messages[n_msgs:]
                 messages.append(feedback_message(diag))
@@ -301,6 +351,7 @@ class FlareLoop:
             msgs_before.append(n_msgs)
             steps.append(view)
             diags.append(diag)
+            await asyncio.to_thread(live.mark, k)
         answer = await asyncio.to_thread(task.answer, live.tools)
         sandbox_s += await asyncio.to_thread(live.close)
         verdict = await asyncio.to_thread(self.grades.grade, task, self.backend, answer)

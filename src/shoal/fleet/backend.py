@@ -331,6 +331,12 @@ class FleetBackend(SandboxBackend):
     def mkdir(self, sandbox_id: str, path: str) -> None:
         self._on(sandbox_id, lambda c: c.mkdir(sandbox_id, path))
 
+    def chown(self, sandbox_id: str, path: str, uid: int, gid: int) -> None:
+        self._on(sandbox_id, lambda c: c.chown(sandbox_id, path, uid, gid))
+
+    def set_xattrs(self, sandbox_id: str, path: str, attrs: dict[str, str]) -> None:
+        self._on(sandbox_id, lambda c: c.set_xattrs(sandbox_id, path, attrs))
+
     def remove_file(self, sandbox_id: str, path: str) -> None:
         self._on(sandbox_id, lambda c: c.remove_file(sandbox_id, path))
 

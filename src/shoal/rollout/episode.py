@@ -90,22 +90,56 @@ def _sandbox_for(backend: SandboxBackend, log: TrajectoryLog, task: Task, name: 
     return sb, restored, start
 
 
-def _mark(marks: Stream, sb: Sandbox, step: int, sandbox_seq: int, llm_seq: int, snapshot: bool) -> dict:
-    """Log where the streams stand after `step` (and a snapshot of the sandbox, if asked). Replayed,
-    not retaken, when the episode is resumed: the request names the step and both cursors."""
-    def take() -> dict:
-        if not snapshot:
-            return {"snapshot": None}
-        t0 = time.perf_counter()
-        info = sb.snapshot()
-        return {"snapshot": info.id, "image": info.image, "layer": info.layer, "size": info.size,
-                "snapshot_s": time.perf_counter() - t0}
+class _Marker:
+    """The step marks of one run: each logged after its step, the snapshot (if any) taken in a thread
+    while the policy thinks about the next step, and awaited before that step's tools run. A step
+    that made no exec or write keeps the previous step's snapshot (its state is the same)."""
 
-    req = {"step": step, "sandbox_seq": sandbox_seq, "llm_seq": llm_seq}
-    try:
-        return marks.call("step", req, take).result
-    except UnknownOutcome:  # its writer died mid-snapshot: taking it again is harmless
-        return marks.settle(take()).result
+    def __init__(self, marks: Stream, sb: Sandbox, lsb: LoggedSandbox, every: int | None):
+        self.marks, self.sb, self.lsb, self.every = marks, sb, lsb, every
+        self.pending: asyncio.Future | None = None
+        self.last: dict | None = None  # the newest mark with a snapshot, and the effect count it holds
+        self.last_effects = -1
+        self.wait_s = 0.0
+
+    def start(self, step: int, sandbox_seq: int, llm_seq: int) -> None:
+        want = self.every is not None and step % self.every == 0
+        effects = self.lsb.effects
+        same = self.last if self.last is not None and effects == self.last_effects else None
+        self.pending = asyncio.ensure_future(asyncio.to_thread(self._mark, step, sandbox_seq, llm_seq, want, same,
+                                                               effects))
+
+    async def wait(self) -> None:
+        if self.pending is None:
+            return
+        t0 = time.perf_counter()
+        try:
+            await self.pending
+        finally:
+            self.pending = None
+            self.wait_s += time.perf_counter() - t0
+
+    def _mark(self, step: int, sandbox_seq: int, llm_seq: int, want: bool, same: dict | None, effects: int) -> dict:
+        """Log where the streams stand after `step` (and a snapshot, if asked). Replayed, not retaken,
+        when the episode is resumed: the request names the step and both cursors."""
+        def take() -> dict:
+            if not want:
+                return {"snapshot": None}
+            if same is not None:  # nothing ran that could change the file system since that snapshot
+                return {**same, "size": 0, "snapshot_s": 0.0, "same_as_step": same.get("step")}
+            t0 = time.perf_counter()
+            info = self.sb.snapshot()
+            return {"snapshot": info.id, "image": info.image, "layer": info.layer, "size": info.size,
+                    "snapshot_s": time.perf_counter() - t0, "step": step}
+
+        req = {"step": step, "sandbox_seq": sandbox_seq, "llm_seq": llm_seq}
+        try:
+            result = self.marks.call("step", req, take).result
+        except UnknownOutcome:  # its writer died mid-snapshot: taking it again is harmless
+            result = self.marks.settle(take()).result
+        if result.get("snapshot"):
+            self.last, self.last_effects = result, effects
+        return result
 
 
 async def run_episode(task: Task, policy: Policy, log: TrajectoryLog, backend: SandboxBackend, episode_id: str, *,
@@ -139,8 +173,7 @@ async def run_episode(task: Task, policy: Policy, log: TrajectoryLog, backend: S
     llm_s = tools_s = 0.0
     submitted, unknown = False, 0
     step = 0
-    marking: asyncio.Future | None = None  # the previous step's mark (and snapshot), while the policy thinks
-    mark_s = 0.0
+    marker = _Marker(marks, sb, lsb, snapshot_every)
     for step in range(1, max_steps + 1):
         req = policy.request(messages, tools.specs)
         t0 = time.perf_counter()
@@ -149,21 +182,15 @@ async def run_episode(task: Task, policy: Policy, log: TrajectoryLog, backend: S
         except UnknownOutcome:  # a model call has no side effect: ask again, log that answer
             out = llm.settle(await policy.complete(req)).result
         llm_s += time.perf_counter() - t0
-        if marking is not None:  # the snapshot must hold the state before this step's tools touch it
-            t0 = time.perf_counter()
-            await marking
-            mark_s += time.perf_counter() - t0
-            marking = None
+        await marker.wait()  # the snapshot must hold the state before this step's tools touch it
         turns.append({k: v for k, v in out.items() if k not in ("content", "tool_calls")})
         msg: dict = {"role": "assistant", "content": out.get("content", "")}
         if out.get("tool_calls"):
             msg["tool_calls"] = out["tool_calls"]
         messages.append(msg)
-        snap = snapshot_every is not None and step % snapshot_every == 0
         if not out.get("tool_calls"):
             messages.append({"role": "user", "content": "Use a tool call. Call `submit` when you are done."})
-            marking = asyncio.ensure_future(asyncio.to_thread(_mark, marks, sb, step, sb_stream.cursor, llm.cursor,
-                                                              snap))
+            marker.start(step, sb_stream.cursor, llm.cursor)
             continue
         for call in out["tool_calls"]:
             fn = call.get("function", {})
@@ -177,13 +204,10 @@ async def run_episode(task: Task, policy: Policy, log: TrajectoryLog, backend: S
             if obs.submitted:
                 submitted = True
                 break
-        marking = asyncio.ensure_future(asyncio.to_thread(_mark, marks, sb, step, sb_stream.cursor, llm.cursor, snap))
+        marker.start(step, sb_stream.cursor, llm.cursor)
         if submitted:
             break
-    if marking is not None:
-        t0 = time.perf_counter()
-        await marking
-        mark_s += time.perf_counter() - t0
+    await marker.wait()
     answer = await asyncio.to_thread(task.answer, tools)
     t0 = time.perf_counter()
 
@@ -205,7 +229,7 @@ async def run_episode(task: Task, policy: Policy, log: TrajectoryLog, backend: S
         policy=policy.name, reward=verdict.reward, resolved=verdict.resolved, report=verdict.report,
         patch=answer, steps=step, submitted=submitted, messages=messages, actions=actions, turns=turns,
         timings={"wall_s": time.perf_counter() - t_start, "setup_s": setup_s, "llm_s": llm_s, "tools_s": tools_s,
-                 "grade_s": grade_s, "mark_wait_s": mark_s},
+                 "grade_s": grade_s, "mark_wait_s": marker.wait_s},
         sandbox=sb.id, layers=layers, node=node,
         replayed={"sandbox": sb_stream.replayed, "llm": llm.replayed, "eval": ev.replayed},
         executed={"sandbox": sb_stream.executed, "llm": llm.executed, "eval": ev.executed},

@@ -1,15 +1,18 @@
 """shoald's idle policy: a sandbox nobody has sent a request for `idle_pause_s` is paused, and once
 idle for `reclaim_after_s` its cold memory goes to swap (`reclaim_target` of its anonymous memory).
 
-Activity is every request on a sandbox's routes (exec, sessions, files, ...), counted from when it
-arrives until its response body has been sent, so a long exec or a streamed one is never paused
-under itself; reading its info and asking to pause or reclaim it are not activity. Background
+Activity is every request on a sandbox's routes (exec, sessions, files, ...) by a caller allowed to
+see that sandbox, counted from when its auth passed until its response body has been sent, so a long
+exec or a streamed one is never paused under itself; reading its info and asking to pause or
+reclaim it are not activity. A request that fails auth, or names another tenant's sandbox, is not
+activity either: anyone who can reach the socket could otherwise keep any sandbox awake. Background
 commands do not count (as for the idle TTL): an agent's sandbox with a server running in it still
 sleeps. Any later request resumes a paused sandbox transparently, and its memory pages back in on
 demand. Thresholds come from the config's [density] table (docs/density.md).
 """
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
 import time
@@ -134,8 +137,31 @@ def sandbox_of(scope: Scope) -> str | None:
     return sid
 
 
+class _Pending:
+    """A request's claim to be activity on `sid`, made good once auth lets it see the sandbox."""
+
+    __slots__ = ("policy", "sid", "begun")
+
+    def __init__(self, policy: IdlePolicy, sid: str):
+        self.policy, self.sid, self.begun = policy, sid, False
+
+
+_pending: contextvars.ContextVar[_Pending | None] = contextvars.ContextVar("shoal_idle_pending", default=None)
+
+
+def authorized(sandbox_id: str) -> None:
+    """Called where a request's caller has been allowed to see `sandbox_id` (Served.visible): from now
+    until its response is sent, the request is activity on it. A no-op outside such a request (the
+    context is copied into the worker thread a sync route runs in, so this works from there too)."""
+    p = _pending.get()
+    if p is not None and not p.begun and p.sid == sandbox_id:
+        p.begun = True
+        p.policy.begin(sandbox_id)
+
+
 class ActivityMiddleware:
-    """Marks a sandbox busy from a request's arrival until its last body chunk went out."""
+    """Marks a sandbox busy from the moment a request on it passed auth (`authorized`) until its last
+    body chunk went out."""
 
     def __init__(self, app: ASGIApp, policy: IdlePolicy):
         self.app, self.policy = app, policy
@@ -146,8 +172,11 @@ class ActivityMiddleware:
         if sid is None:
             await self.app(scope, receive, send)
             return
-        self.policy.begin(sid)
+        pending = _Pending(self.policy, sid)
+        token = _pending.set(pending)
         try:
             await self.app(scope, receive, send)
         finally:
-            self.policy.end(sid)
+            _pending.reset(token)
+            if pending.begun:
+                self.policy.end(sid)

@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 from ..core import errors as E
 from ..core.contract import CreateRequest, ForkReply, ForkRequest, SandboxBackend, SandboxInfo
+from .idle import authorized
 from .state import Quotas, Tenant
 
 
@@ -81,6 +82,7 @@ class Served(abc.ABC):
         """The id, if the tenant may see that sandbox; SandboxNotFound (404, never 403) otherwise."""
         if not tenant.admin and self.state.owner("sandbox", sandbox_id) != tenant.name:
             raise E.SandboxNotFound(f"sandbox {sandbox_id} not found")
+        authorized(sandbox_id)  # the request is activity for the idle policy from here (idle.py)
         return sandbox_id
 
     def keep(self, table: Handles, sandbox_id: str, obj: Any) -> str:

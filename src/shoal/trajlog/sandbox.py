@@ -80,6 +80,7 @@ class LoggedSandbox:
 
     def __init__(self, sandbox: Sandbox | None, stream: Stream):
         self.sandbox, self.stream = sandbox, stream
+        self.effects = 0  # exec and write calls so far (live or replayed): a step without any changed nothing
         if sandbox is not None:
             stream.set_sandbox(sandbox.id)
 
@@ -88,6 +89,9 @@ class LoggedSandbox:
         self.stream.set_sandbox(sandbox.id)
 
     def _call(self, kind: str, req: dict, idempotent: bool = False) -> Outcome:
+        if kind in ("exec", "write"):
+            self.effects += 1
+
         def run() -> dict:
             if self.sandbox is None:
                 raise errors.SandboxError(f"stream {self.stream.name} has no sandbox attached for live operations")

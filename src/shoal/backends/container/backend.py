@@ -627,11 +627,12 @@ class ContainerBackend(LocalBackend):
         oom_before = self.cgroups.oom_kills(sandbox_id)
         own_before = self.cgroups.own_ooms(sandbox_id) if oom_before is not None else None
         try:
+            ids, user_env = self._user(sandbox_id, req.user)
             result = initclient.run(self.sock_path(sandbox_id), sandbox_id, req.argv,
-                                    self.env_for(sandbox_id, req.env),
+                                    self.env_for(sandbox_id, {**user_env, **req.env}),
                                     cwd=req.cwd or meta.get("workdir", "/"), timeout=req.timeout, stdin=req.stdin,
                                     output_cap=req.output_cap or self.settings.output_cap_bytes,
-                                    on_stdout=on_stdout, on_stderr=on_stderr)
+                                    on_stdout=on_stdout, on_stderr=on_stderr, ids=ids)
             return self._mark_oom(sandbox_id, meta, result, oom_before, own_before)
         except initclient.SandboxGone:
             # say why it ended (TTL, killed...) once the supervisor has written the tombstone
@@ -677,15 +678,29 @@ class ContainerBackend(LocalBackend):
         return self._gone(sandbox_id)
 
     def _spawn(self, sandbox_id: str, argv: list[str], env: dict[str, str] | None, cwd: str | None,
-               timeout: float | None = None, stdin_pipe: bool = False) -> initclient.Process:
+               timeout: float | None = None, stdin_pipe: bool = False, user: str | None = None,
+               pty: tuple[int, int] | None = None) -> initclient.Process:
         """Start a process (killed when its connection closes) and hand back its pipes and control connection."""
         meta = self.ensure_running(sandbox_id)
-        return initclient.Process(self.sock_path(sandbox_id), sandbox_id, argv, self.env_for(sandbox_id, env),
+        ids, user_env = self._user(sandbox_id, user)
+        return initclient.Process(self.sock_path(sandbox_id), sandbox_id, argv,
+                                  self.env_for(sandbox_id, {**user_env, **(env or {})}),
                                   cwd or meta.get("workdir", "/"), timeout, initclient.FLAG_KILL_ON_CLOSE,
-                                  stdin_pipe=stdin_pipe)
+                                  stdin_pipe=stdin_pipe, ids=ids, pty=pty)
+
+    def _user(self, sandbox_id: str, user: str | None) -> tuple[initclient.Ids | None, dict[str, str]]:
+        """A request's `user` as ids for init (resolved in the sandbox's /etc/passwd) and its env."""
+        if user is None:
+            return None, {}
+        from ..users import resolve
+
+        files = self.root_files(sandbox_id)
+        u = resolve(user, lambda path, cap: files.read(path, max_bytes=cap))
+        return initclient.Ids(u.uid, u.gid, u.groups), u.env()
 
     def start(self, sandbox_id: str, req: StartRequest) -> ContainerProcess:
-        proc = self._spawn(sandbox_id, req.argv, req.env, req.cwd, timeout=req.timeout, stdin_pipe=req.stdin)
+        proc = self._spawn(sandbox_id, req.argv, req.env, req.cwd, timeout=req.timeout, stdin_pipe=req.stdin,
+                           user=req.user, pty=(req.pty.rows, req.pty.cols) if req.pty else None)
         return ContainerProcess(proc, req.ring_bytes, list(req.argv),
                                 oom_kills=lambda: self.cgroups.oom_kills(sandbox_id))
 

@@ -8,10 +8,12 @@ stream (head and tail kept, the middle counted and dropped), so `yes` cannot blo
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import selectors
 import socket
 import struct
+import termios
 import threading
 import time
 from array import array
@@ -23,6 +25,8 @@ from ...core.errors import CommandTimeout, InvalidArgument, SandboxError, Sandbo
 MAX_REQUEST = 200 * 1024
 FLAG_KILL_ON_CLOSE = 1
 FLAG_BUSY = 2
+FLAG_EXT = 4  # the exec header is followed by the PTY size and the user ids (init's `struct exec_ext`)
+MAX_GROUPS = 64
 SIG_MODE_GROUP = 0
 SIG_MODE_EXCEPT_LEADER = 1
 
@@ -92,7 +96,28 @@ class RingLog:
             return bytes(self.buf[off:]), self.end, lost
 
 
-def encode_exec(argv: list[str], env: dict[str, str], cwd: str, timeout: float | None, flags: int) -> bytes:
+class Ids:
+    """Who a command runs as: uid, primary gid and supplementary groups (resolved by the caller)."""
+
+    def __init__(self, uid: int, gid: int, groups: list[int] | None = None):
+        if not (0 <= uid < 1 << 31 and 0 <= gid < 1 << 31):
+            raise InvalidArgument(f"uid and gid must be in [0, 2^31), got {uid}:{gid}")
+        groups = sorted(set(groups or [gid]))
+        if len(groups) > MAX_GROUPS or any(not 0 <= g < 1 << 31 for g in groups):
+            raise InvalidArgument(f"at most {MAX_GROUPS} groups in [0, 2^31)")
+        self.uid, self.gid, self.groups = uid, gid, groups
+
+
+def encode_ext(pty: tuple[int, int] | None, ids: Ids | None) -> bytes:
+    rows, cols = pty or (0, 0)
+    if not (0 <= rows < 1 << 16 and 0 <= cols < 1 << 16) or (rows == 0) != (cols == 0):
+        raise InvalidArgument(f"bad PTY size {rows}x{cols}")
+    uid, gid, groups = (ids.uid, ids.gid, ids.groups) if ids else (-1, -1, [])
+    return struct.pack(f"<HHiiI{len(groups)}I", rows, cols, uid, gid, len(groups), *groups)
+
+
+def encode_exec(argv: list[str], env: dict[str, str], cwd: str, timeout: float | None, flags: int,
+                pty: tuple[int, int] | None = None, ids: Ids | None = None) -> bytes:
     strs = [cwd] + argv + [f"{k}={v}" for k, v in env.items()]
     for s in strs:
         if "\0" in s:
@@ -105,7 +130,11 @@ def encode_exec(argv: list[str], env: dict[str, str], cwd: str, timeout: float |
         body = b"".join(s.encode("utf-8", "surrogateescape") + b"\0" for s in strs)
     except UnicodeEncodeError as e:
         raise InvalidArgument(f"command, cwd and env must be valid Unicode: {e}") from None
-    msg = struct.pack("<BBHIII", ord("E"), flags, 0, timeout_ms, len(argv), len(env)) + body
+    ext = b""
+    if pty is not None or ids is not None:
+        flags |= FLAG_EXT
+        ext = encode_ext(pty, ids)
+    msg = struct.pack("<BBHIII", ord("E"), flags, 0, timeout_ms, len(argv), len(env)) + ext + body
     if len(msg) > MAX_REQUEST:
         raise InvalidArgument(f"command too large ({len(msg)} bytes > {MAX_REQUEST}); upload a script file instead")
     return msg
@@ -132,11 +161,21 @@ class Process:
     """One command running in a sandbox, with its pipes and its control connection."""
 
     def __init__(self, sock_path: str, sandbox_id: str, argv: list[str], env: dict[str, str], cwd: str,
-                 timeout: float | None, flags: int, stdin_pipe: bool, merge_stderr: bool = False):
+                 timeout: float | None, flags: int, stdin_pipe: bool, merge_stderr: bool = False,
+                 pty: tuple[int, int] | None = None, ids: Ids | None = None):
         self.sandbox_id = sandbox_id
         self._close_lock = threading.Lock()
-        msg = encode_exec(argv, env, cwd, timeout, flags)
+        self.pty_fd = -1  # the PTY master, when the command runs on one (init opens it in the sandbox)
+        self.started = time.monotonic()
+        self.pid: int | None = None
+        self.status: int | None = None
+        self.timed_out = False
+        self.error: str | None = None
+        msg = encode_exec(argv, env, cwd, timeout, flags, pty, ids)
         self.sock = connect(sock_path, sandbox_id)
+        if pty is not None:
+            self._start_on_pty(msg)
+            return
         if stdin_pipe:
             in_r, self.stdin_w = os.pipe2(os.O_CLOEXEC)
         else:
@@ -156,16 +195,50 @@ class Process:
             os.close(out_w)
             if err_w != out_w:
                 os.close(err_w)
-        self.started = time.monotonic()
-        self.pid: int | None = None
-        self.status: int | None = None
-        self.timed_out = False
-        self.error: str | None = None
+
+    def _start_on_pty(self, msg: bytes) -> None:
+        """Send the request with no fds and wait for 'S' with the master (or 'F'): the master is the
+        process's stdout (reads), stdin (a dup, for writes) and where resize() applies. stderr is the
+        same terminal, so there is no second stream."""
+        self.err_r = -1
+        try:
+            self.sock.send(msg)
+            self.sock.settimeout(10.0)
+            try:
+                self.handle_control()
+            finally:
+                self.sock.settimeout(None)
+        except OSError as e:
+            self.sock.close()
+            raise SandboxError(f"sandbox {self.sandbox_id}: could not start a command on a PTY: {e}") from e
+        if self.pty_fd < 0:
+            self.sock.close()
+            if self.status is None:
+                raise SandboxError(f"sandbox {self.sandbox_id}: no PTY came back for the command")
+            raise SandboxError(f"sandbox {self.sandbox_id}: {self.error or 'could not start the command on a PTY'}")
+        self.out_r = self.pty_fd
+        self.stdin_w = os.dup(self.pty_fd)
+        os.set_inheritable(self.stdin_w, False)
+
+    def _recv(self) -> bytes:
+        """One control message; a PTY master passed with it is kept as pty_fd, any other fd closed."""
+        data, anc, _, _ = self.sock.recvmsg(4096, socket.CMSG_SPACE(4 * 4))
+        for level, kind, payload in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds = array("i")
+                fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+                for fd in fds:
+                    if self.pty_fd < 0 and data[:1] == b"S":
+                        self.pty_fd = fd
+                        os.set_inheritable(fd, False)
+                    else:
+                        os.close(fd)
+        return data
 
     def handle_control(self) -> bool:
         """Read one control message; returns False when the connection closed."""
         try:
-            data = self.sock.recv(4096)
+            data = self._recv()
         except (BlockingIOError, InterruptedError):
             return True
         except OSError:
@@ -199,9 +272,19 @@ class Process:
         except OSError:
             pass
 
+    def resize(self, rows: int, cols: int) -> None:
+        """Set the PTY's size; the kernel sends SIGWINCH to its foreground process group."""
+        if not (1 <= rows <= 1000 and 1 <= cols <= 1000):
+            raise InvalidArgument(f"a PTY is 1..1000 rows and columns, got {rows}x{cols}")
+        with self._close_lock:
+            if self.stdin_w < 0 or self.pty_fd < 0:
+                raise InvalidArgument("the command has no PTY (or it has ended)")
+            fcntl.ioctl(self.stdin_w, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
     def close_pipes(self) -> None:
         """Release the stdio pipes once output is drained; the control socket stays (kill-on-close)."""
         with self._close_lock:  # the reader thread and the owner may both close; never close an fd twice
+            self.pty_fd = -1  # it is out_r: closed below
             for attr in ("stdin_w", "out_r", "err_r"):
                 fd = getattr(self, attr, -1)
                 if fd is not None and fd >= 0:
@@ -219,10 +302,10 @@ class Process:
 def run(sock_path: str, sandbox_id: str, argv: list[str], env: dict[str, str], cwd: str = "/",
         timeout: float | None = 60.0, stdin: bytes | None = None, output_cap: int = 1 << 20,
         on_stdout: Callable[[str], None] | None = None, on_stderr: Callable[[str], None] | None = None,
-        raise_on_timeout: bool = False) -> ExecResult:
+        raise_on_timeout: bool = False, ids: Ids | None = None) -> ExecResult:
     """Run a command to completion, capturing (capped) output and optionally streaming it."""
     proc = Process(sock_path, sandbox_id, argv, env, cwd, timeout, FLAG_KILL_ON_CLOSE | FLAG_BUSY,
-                   stdin_pipe=stdin is not None)
+                   stdin_pipe=stdin is not None, ids=ids)
     out, err = CappedBuffer(output_cap), CappedBuffer(output_cap)
     decoders = {}
     sel = selectors.DefaultSelector()

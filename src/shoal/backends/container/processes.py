@@ -6,6 +6,7 @@ a session writes each command to a long-lived shell and reads until a random end
 """
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import select
@@ -30,6 +31,19 @@ def _partial_utf8(data: bytes) -> int:
             need = 2 if b & 0xE0 == 0xC0 else 3 if b & 0xF0 == 0xE0 else 4 if b & 0xF8 == 0xF0 else 1
             return back if need > back else 0
     return 0
+
+
+def _read(fd: int) -> bytes | None:
+    """A read of a pipe or a PTY master: b"" at the end (a master answers EIO once the terminal's last
+    holder closed it), None when nothing is there yet (the master is non-blocking)."""
+    try:
+        return os.read(fd, 65536)
+    except BlockingIOError:
+        return None
+    except OSError as e:
+        if e.errno == errno.EIO:
+            return b""
+        raise
 
 
 class ContainerProcess(ProcessHandle):
@@ -58,8 +72,10 @@ class ContainerProcess(ProcessHandle):
         sel = selectors.DefaultSelector()
         sel.register(p.sock, selectors.EVENT_READ, None)
         sel.register(p.out_r, selectors.EVENT_READ, self._out)
-        sel.register(p.err_r, selectors.EVENT_READ, self._err)
-        streams = 2
+        streams = 1
+        if p.err_r >= 0:  # a PTY has one stream: stderr goes to the same terminal
+            sel.register(p.err_r, selectors.EVENT_READ, self._err)
+            streams = 2
         try:
             while streams or p.status is None:
                 for key, _ in sel.select(0.2 if p.status is not None else None):
@@ -69,7 +85,9 @@ class ContainerProcess(ProcessHandle):
                             if p.status is None:
                                 p.status = 137 << 8
                         continue
-                    data = os.read(key.fd, 65536)
+                    data = _read(key.fd)
+                    if data is None:
+                        continue
                     if not data:
                         sel.unregister(key.fd)
                         streams -= 1
@@ -80,7 +98,7 @@ class ContainerProcess(ProcessHandle):
                     # exited; give a lingering daemon's pipes 200 ms, then stop reading
                     for key, _ in sel.select(0.2):
                         if key.data is not None:
-                            data = os.read(key.fd, 65536)
+                            data = _read(key.fd)
                             if data:
                                 key.data.add(data)
                     break
@@ -151,8 +169,14 @@ class ContainerProcess(ProcessHandle):
             except BrokenPipeError:
                 raise InvalidArgument("the process no longer reads its stdin") from None
 
+    def resize(self, rows: int, cols: int) -> None:
+        self._proc.resize(rows, cols)
+
     def close_stdin(self) -> None:
         p = self._proc
+        if p.pty_fd >= 0:  # a terminal's end of input is ^D; its master stays open for the output
+            self.write_stdin(b"\x04")
+            return
         with p._close_lock:
             if p.stdin_w >= 0:
                 os.close(p.stdin_w)

@@ -54,6 +54,7 @@ from ...core.errors import (
     BackendUnavailable,
     CommandTimeout,
     InvalidArgument,
+    NotSupported,
     QuotaExceeded,
     SandboxError,
     SandboxNotFound,
@@ -490,6 +491,7 @@ class GvisorBackend(LocalBackend):
 
     def exec(self, sandbox_id: str, req: ExecRequest, on_stdout: OutputCallback | None = None,
              on_stderr: OutputCallback | None = None) -> ExecResult:
+        _unsupported(req.user, None)
         meta = self.ensure_running(sandbox_id)
         cap = req.output_cap or self.settings.output_cap_bytes
         with self._busy(sandbox_id):
@@ -500,6 +502,7 @@ class GvisorBackend(LocalBackend):
                 x.close()
 
     def start(self, sandbox_id: str, req: StartRequest) -> ProcessHandle:
+        _unsupported(req.user, req.pty)
         meta = self.ensure_running(sandbox_id)
         x = self._spawn(meta, req.argv, req.env, req.cwd, stdin=False)
         return GvisorProcess(x, req.argv, req.ring_bytes, req.timeout)
@@ -858,3 +861,11 @@ class GvisorSession(SessionHandle):
         with contextlib.suppress(Exception):
             self._sel.close()
         self._x.close()
+
+
+def _unsupported(user: object, pty: object) -> None:
+    """The contract's per-command user and PTY are not wired into runsc exec yet."""
+    if user is not None:
+        raise NotSupported("the gvisor backend cannot run a command as another user yet (user=)")
+    if pty is not None:
+        raise NotSupported("the gvisor backend cannot run a command on a PTY yet (pty=)")

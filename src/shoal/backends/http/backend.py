@@ -11,7 +11,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import httpx
@@ -54,6 +54,9 @@ from ...core.contract import (
     TimeoutRequest,
     check_port,
 )
+
+if TYPE_CHECKING:
+    from ...desktop.actions import ActionResult, DesktopAction
 
 DEFAULT_TIMEOUT = 120.0  # seconds for a request that does not wait on a command
 COMMAND_SLACK = 30.0  # a request that waits on a command may take its timeout plus this
@@ -295,6 +298,16 @@ class HttpBackend(SandboxBackend):
         info = SessionInfo.model_validate(self.json("POST", self._sb(sandbox_id) + "/sessions", body=req))
         return HttpSessionHandle(self, sandbox_id, info)
 
+    # ---------------------------------------------------------------- desktop
+    def desktop_screenshot(self, sandbox_id: str, scale: float | None = None) -> bytes:
+        params = {} if scale is None else {"scale": scale}
+        return self.call("GET", self._sb(sandbox_id) + "/desktop/screenshot", params=params).content
+
+    def desktop_action(self, sandbox_id: str, action: DesktopAction) -> ActionResult:
+        from ...desktop.actions import ActionResult
+
+        return ActionResult.model_validate(self.json("POST", self._sb(sandbox_id) + "/desktop/actions", body=action))
+
     # ---------------------------------------------------------------- files
     def read_file(self, sandbox_id: str, path: str, max_bytes: int = DEFAULT_READ_MAX) -> bytes:
         return self.call("GET", self._sb(sandbox_id) + "/files", params={"path": path, "max_bytes": max_bytes}).content
@@ -311,6 +324,12 @@ class HttpBackend(SandboxBackend):
 
     def mkdir(self, sandbox_id: str, path: str) -> None:
         self.call("POST", self._sb(sandbox_id) + "/files/mkdir", params={"path": path})
+
+    def set_xattrs(self, sandbox_id: str, path: str, attrs: dict[str, str]) -> None:
+        self.call("POST", self._sb(sandbox_id) + "/files/xattrs", params={"path": path}, json=attrs)
+
+    def chown(self, sandbox_id: str, path: str, uid: int, gid: int) -> None:
+        self.call("POST", self._sb(sandbox_id) + "/files/chown", params={"path": path, "uid": uid, "gid": gid})
 
     def remove_file(self, sandbox_id: str, path: str) -> None:
         self.call("DELETE", self._sb(sandbox_id) + "/files", params={"path": path})
@@ -414,6 +433,9 @@ class HttpProcessHandle(ProcessHandle):
 
     def close_stdin(self) -> None:
         self._be.call("POST", self._path + "/stdin/close")
+
+    def resize(self, rows: int, cols: int) -> None:
+        self._be.call("POST", self._path + "/resize", params={"rows": rows, "cols": cols})
 
     def close(self) -> None:
         """Stop tracking (the daemon frees its pipes and buffers); kills the command if still running."""

@@ -106,6 +106,14 @@ def close_stdin(sandbox_id: str, command_id: str, c: Caller = Depends(caller)) -
     return Response(status_code=204)
 
 
+@router.post("/commands/{command_id}/resize", status_code=204)
+def resize(sandbox_id: str, command_id: str, rows: int = Query(ge=1, le=1000), cols: int = Query(ge=1, le=1000),
+           c: Caller = Depends(caller)) -> Response:
+    """Set the size of the command's PTY (started with pty); 501 NotSupported where the backend has none."""
+    c.d.lookup(c.d.commands, c.t, sandbox_id, command_id).resize(rows, cols)
+    return Response(status_code=204)
+
+
 @router.post("/commands/{command_id}/wait")
 def wait(sandbox_id: str, command_id: str, timeout: float | None = Query(None, gt=0, le=MAX_SECONDS),
          c: Caller = Depends(caller)) -> ExecResult:

@@ -39,6 +39,21 @@ def mkdir(sandbox_id: str, path: str, c: Caller = Depends(caller)) -> Response:
     return Response(status_code=204)
 
 
+@router.post("/xattrs", status_code=204)
+def set_xattrs(sandbox_id: str, path: str, attrs: dict[str, str] = Body(...), c: Caller = Depends(caller)) -> Response:
+    """Set `user.*` extended attributes of a file (contract's set_xattrs limits)."""
+    c.d.backend.set_xattrs(c.sandbox(sandbox_id), path, attrs)
+    return Response(status_code=204)
+
+
+@router.post("/chown", status_code=204)
+def chown(sandbox_id: str, path: str, uid: int = Query(ge=0, lt=1 << 31), gid: int = Query(ge=0, lt=1 << 31),
+          c: Caller = Depends(caller)) -> Response:
+    """Set a file's owner inside the sandbox (a symlink itself, never its target)."""
+    c.d.backend.chown(c.sandbox(sandbox_id), path, uid, gid)
+    return Response(status_code=204)
+
+
 @router.get("/list")
 def list_files(sandbox_id: str, path: str = "/", c: Caller = Depends(caller)) -> list[FileEntry]:
     return c.d.backend.list_files(c.sandbox(sandbox_id), path)

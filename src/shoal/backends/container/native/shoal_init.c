@@ -19,18 +19,24 @@
  *
  * Protocol (little endian; one message per packet; see shoal/runtime/container/agent.py):
  *   client -> init   'E' exec: u8 op, u8 flags, u16 pad, u32 timeout_ms, u32 argc, u32 envc,
+ *                              [flags & 4: u16 pty_rows, u16 pty_cols, i32 uid, i32 gid, u32 ngroups,
+ *                               u32 groups[ngroups]]
  *                              then cwd\0 argv[i]\0... env[i]\0...; SCM_RIGHTS: stdin, stdout, stderr
+ *                              (none with a PTY: rows > 0 runs it on a new PTY of the sandbox's devpts,
+ *                              whose master comes back with 'S'; uid >= 0 drops to uid/gid/groups)
  *                    'K' signal: u8 op, u8 mode (0 = process group, 1 = group except leader), i32 sig
  *                    'T' touch: u8 op, u8 busy   (marks this connection busy/idle for the idle TTL)
  *                    'P' ping:  u8 op            (answers 'P' + u32 running commands)
  *                    'L' lifetimes: u8 op, 7 pad, i64 ttl_ms from now (0 none, -1 keep), i64 idle_ttl_ms
- *   init -> client   'S' started: u8 op, 3 pad, i32 pid (pid inside the sandbox)
+ *   init -> client   'S' started: u8 op, 3 pad, i32 pid (pid inside the sandbox); SCM_RIGHTS: the PTY
+ *                                master when one was asked for
  *                    'X' exited:  u8 op, u8 timed_out, 2 pad, i32 wait status
  *                    'F' failed:  u8 op, 3 pad, i32 errno, message
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <linux/audit.h>
 #include <linux/capability.h>
 #include <linux/filter.h>
@@ -68,6 +74,9 @@
 #endif
 
 #define MAX_CGROUPS 16
+#ifndef TIOCGPTPEER /* Linux 4.13; older headers lack it */
+#define TIOCGPTPEER _IO('T', 0x41)
+#endif
 #ifndef PR_SET_MEMORY_MERGE /* Linux 6.4: KSM for every anonymous mapping of a process, inherited by children */
 #define PR_SET_MEMORY_MERGE 67
 #define PR_GET_MEMORY_MERGE 68
@@ -717,30 +726,126 @@ static void kill_group_except_leader(pid_t pgid, int sig) {
     closedir(d);
 }
 
+#define FLAG_EXT 4
+#define MAX_GROUPS 64
+
+struct exec_ext {
+    uint16_t rows, cols; /* rows > 0: run on a new PTY of this size */
+    int32_t uid, gid;    /* uid >= 0: drop to it (and gid, groups) before exec */
+    uint32_t ngroups;
+    gid_t groups[MAX_GROUPS];
+};
+
+/* The optional block after the 16-byte exec header (flags & FLAG_EXT); *hdr = where the strings start. */
+static int parse_ext(const char *msg, ssize_t len, struct exec_ext *x, size_t *hdr) {
+    if (len < 32) return -1;
+    memcpy(&x->rows, msg + 16, 2);
+    memcpy(&x->cols, msg + 18, 2);
+    memcpy(&x->uid, msg + 20, 4);
+    memcpy(&x->gid, msg + 24, 4);
+    memcpy(&x->ngroups, msg + 28, 4);
+    if (x->ngroups > MAX_GROUPS || (size_t)len < 32 + 4 * (size_t)x->ngroups) return -1;
+    if ((x->uid >= 0) != (x->gid >= 0) || (x->rows == 0) != (x->cols == 0)) return -1;
+    for (uint32_t i = 0; i < x->ngroups; i++) {
+        uint32_t g;
+        memcpy(&g, msg + 32 + 4 * i, 4);
+        x->groups[i] = (gid_t)g;
+    }
+    *hdr = 32 + 4 * (size_t)x->ngroups;
+    return 0;
+}
+
+/* A new PTY pair in the sandbox's own devpts (its /dev/pts, mounted newinstance), opened by path and
+ * checked to be the ptmx device: root inside the sandbox could have put anything at /dev/ptmx. The
+ * peer is opened from the master (TIOCGPTPEER), never by a path the sandbox could swap. */
+static int open_pty(const struct exec_ext *x, int *master, int *slave) {
+    int m = open("/dev/pts/ptmx", O_RDWR | O_NOCTTY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
+    if (m < 0) return -1;
+    struct stat st;
+    int unlock = 0;
+    struct winsize ws = {.ws_row = x->rows, .ws_col = x->cols};
+    if (fstat(m, &st) < 0 || !S_ISCHR(st.st_mode) || major(st.st_rdev) != 5 || minor(st.st_rdev) != 2) {
+        close(m);
+        errno = ENODEV;
+        return -1;
+    }
+    int s = -1;
+    if (ioctl(m, TIOCSPTLCK, &unlock) < 0 || ioctl(m, TIOCSWINSZ, &ws) < 0 ||
+        (s = ioctl(m, TIOCGPTPEER, O_RDWR | O_NOCTTY | O_CLOEXEC)) < 0) {
+        int e = errno;
+        close(m);
+        errno = e;
+        return -1;
+    }
+    *master = m;
+    *slave = s;
+    return 0;
+}
+
+/* In the forked child, before exec: become uid/gid with exactly `groups`. Every failure ends the
+ * child: a command asked to run as a user must never run as root instead. Leaving uid 0 clears the
+ * permitted, effective and ambient capabilities; no_new_privs (set in init) keeps setuid binaries
+ * and file capabilities from handing them back. */
+static void drop_to_user(const struct exec_ext *x) {
+    if (setgroups(x->ngroups, x->groups) < 0 || setresgid((gid_t)x->gid, (gid_t)x->gid, (gid_t)x->gid) < 0 ||
+        setresuid((uid_t)x->uid, (uid_t)x->uid, (uid_t)x->uid) < 0) {
+        dprintf(2, "shoal: cannot switch to uid %d gid %d: %s\n", x->uid, x->gid, strerror(errno));
+        _exit(126);
+    }
+    uid_t r, e, s;
+    if (x->uid != 0 && (getresuid(&r, &e, &s) < 0 || r == 0 || e == 0 || s == 0 || setuid(0) == 0)) _exit(126);
+}
+
+static void send_msg_fd(int fd, const void *buf, size_t len, int pass) {
+    if (pass < 0) { send_msg(fd, buf, len); return; }
+    char cbuf[CMSG_SPACE(sizeof(int))];
+    memset(cbuf, 0, sizeof cbuf);
+    struct iovec iov = {(void *)buf, len};
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof cbuf};
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cm), &pass, sizeof(int));
+    ssize_t r = sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+    (void)r;
+}
+
 static void handle_exec(int ci, char *msg, ssize_t len, int *fds, int nfds) {
     struct conn *c = &conns[ci];
     if (c->pid > 0) { reply_failed(c->fd, EBUSY, "connection already runs a command"); goto closefds; }
-    if (nfds != 3 || len < 16) { reply_failed(c->fd, EINVAL, "exec needs 3 fds and a header"); goto closefds; }
+    if (len < 16) { reply_failed(c->fd, EINVAL, "exec needs a header"); goto closefds; }
     uint8_t flags = (uint8_t)msg[1];
     uint32_t timeout_ms, argc, envc;
     memcpy(&timeout_ms, msg + 4, 4);
     memcpy(&argc, msg + 8, 4);
     memcpy(&envc, msg + 12, 4);
     if (argc == 0 || argc > 65536 || envc > 65536) { reply_failed(c->fd, EINVAL, "bad argc/envc"); goto closefds; }
+    struct exec_ext ext = {.uid = -1, .gid = -1};
+    size_t hdr = 16;
+    if (flags & FLAG_EXT) {
+        if (parse_ext(msg, len, &ext, &hdr) < 0) { reply_failed(c->fd, EINVAL, "bad exec extension"); goto closefds; }
+    }
+    if (nfds != (ext.rows ? 0 : 3)) { reply_failed(c->fd, EINVAL, "exec needs 3 fds (none with a PTY)"); goto closefds; }
+    int master = -1, slave = -1;
+    if (ext.rows && open_pty(&ext, &master, &slave) < 0) {
+        reply_failed(c->fd, errno, "could not open a PTY in the sandbox");
+        goto closefds;
+    }
     /* split the NUL-separated strings: cwd, argv..., env... */
     size_t want = 1 + argc + envc;
     char **strs = calloc(want + 2, sizeof *strs);
-    if (!strs) { reply_failed(c->fd, ENOMEM, "oom"); goto closefds; }
-    char *p = msg + 16, *end = msg + len;
+    if (!strs) { reply_failed(c->fd, ENOMEM, "oom"); goto closepty; }
+    char *p = msg + hdr, *end = msg + len;
     for (size_t i = 0; i < want; i++) {
         char *z = memchr(p, 0, (size_t)(end - p));
-        if (!z) { free(strs); reply_failed(c->fd, EINVAL, "truncated exec request"); goto closefds; }
+        if (!z) { free(strs); reply_failed(c->fd, EINVAL, "truncated exec request"); goto closepty; }
         strs[i] = p;
         p = z + 1;
     }
     char *cwd = strs[0];
     char **argv = calloc(argc + 1, sizeof *argv), **envp = calloc(envc + 1, sizeof *envp);
-    if (!argv || !envp) { free(strs); free(argv); free(envp); reply_failed(c->fd, ENOMEM, "oom"); goto closefds; }
+    if (!argv || !envp) { free(strs); free(argv); free(envp); reply_failed(c->fd, ENOMEM, "oom"); goto closepty; }
     for (uint32_t i = 0; i < argc; i++) argv[i] = strs[1 + i];
     for (uint32_t i = 0; i < envc; i++) envp[i] = strs[1 + argc + i];
 
@@ -752,8 +857,16 @@ static void handle_exec(int ci, char *msg, ssize_t len, int *fds, int nfds) {
         for (int s = 1; s < NSIG; s++) signal(s, SIG_DFL);
         setsid();
         write_file("/proc/self/oom_score_adj", COMMAND_OOM_ADJ); /* raising needs no capability */
-        if (dup2(fds[0], 0) < 0 || dup2(fds[1], 1) < 0 || dup2(fds[2], 2) < 0) _exit(126);
+        if (slave >= 0) {
+            /* the PTY becomes the session's controlling terminal and its stdio */
+            if (ioctl(slave, TIOCSCTTY, 0) < 0 || dup2(slave, 0) < 0 || dup2(slave, 1) < 0 || dup2(slave, 2) < 0)
+                _exit(126);
+            if (ext.uid >= 0 && fchown(0, (uid_t)ext.uid, (gid_t)-1) < 0) _exit(126); /* /dev/tty opens for it */
+        } else if (dup2(fds[0], 0) < 0 || dup2(fds[1], 1) < 0 || dup2(fds[2], 2) < 0) {
+            _exit(126);
+        }
         syscall(SYS_close_range, 3, ~0U, 0);
+        if (ext.uid >= 0) drop_to_user(&ext);
         if (chdir(cwd) < 0) {
             dprintf(2, "shoal: cannot enter working directory %s: %s\n", cwd, strerror(errno));
             _exit(126);
@@ -768,7 +881,7 @@ static void handle_exec(int ci, char *msg, ssize_t len, int *fds, int nfds) {
     free(strs);
     free(argv);
     free(envp);
-    if (pid < 0) { reply_failed(c->fd, errno, "fork failed"); goto closefds; }
+    if (pid < 0) { reply_failed(c->fd, errno, "fork failed"); goto closepty; }
     c->pid = pid;
     c->kill_on_close = flags & 1;
     c->busy = (flags & 2) ? 1 : 0;
@@ -777,7 +890,10 @@ static void handle_exec(int ci, char *msg, ssize_t len, int *fds, int nfds) {
     char out[8] = {'S', 0, 0, 0};
     int32_t p32 = pid;
     memcpy(out + 4, &p32, 4);
-    send_msg(c->fd, out, sizeof out);
+    send_msg_fd(c->fd, out, sizeof out, master);
+closepty:
+    if (master >= 0) close(master);
+    if (slave >= 0) close(slave);
 closefds:
     for (int i = 0; i < nfds; i++) close(fds[i]);
 }
