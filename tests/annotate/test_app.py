@@ -148,3 +148,21 @@ def test_a_browser_that_goes_away_mid_stream_keeps_what_the_model_wrote(bpe_mode
         server.stop()
         remote.close()
         store.close()
+
+
+def test_prompt_and_episode_files_become_queue_items(tmp_path):
+    from shoal.annotate.cli import demo_prompts, load_items
+    from shoal.annotate.tree import AnnotationStore
+
+    prompts = demo_prompts(tmp_path / "p.jsonl", n=3)
+    eps = tmp_path / "e.jsonl"
+    eps.write_text(json.dumps({"episode_id": "ep9", "messages": [
+        {"role": "user", "content": "go"}, {"role": "assistant", "content": "ok"}]}) + "\n")
+    store = AnnotationStore(tmp_path / "a.db")
+    ids = load_items(store, prompts, eps)
+    assert ids == ["arith-0", "arith-1", "arith-2", "ep9-step0"]
+    assert store.item("arith-0")["title"] == store.item("arith-0")["prompt"]["text"]
+    assert store.item("ep9-step0")["response"] == [{"role": "assistant", "content": "ok"}]
+    assert load_items(store, prompts, None) == ids[:3]  # loading twice adds nothing twice
+    assert store.items() == ids
+    store.close()
