@@ -72,3 +72,22 @@ def test_bundled_suite_parses():
     assert len(tasks) >= 4 and all(t.oracle for t in tasks)
     assert {t.category for t in tasks} >= {"Diversity", "Robustness"}
     assert all(t.variant for t in tasks if t.category == "Robustness")
+
+
+def test_osworld_task_converts():
+    from shoal.tasks.desktop.osworld import from_osworld
+
+    osw = {"id": "030eeff7", "snapshot": "chrome", "instruction": "Turn on Do Not Track in Chrome.",
+           "source": "https://example.org", "related_apps": ["chrome"],
+           "config": [{"type": "launch", "parameters": {"command": ["google-chrome", "--remote-debugging-port=1337"]}},
+                      {"type": "launch",
+                       "parameters": {"command": ["socat", "tcp-listen:9222,fork", "tcp:localhost:1337"]}}],
+           "evaluator": {"func": "exact_match", "result": {"type": "enable_do_not_track"},
+                         "expected": {"type": "rule", "rules": {"expected": "true"}}}}
+    task, dropped = from_osworld(osw)
+    assert task.id == "osworld-030eeff7" and task.apps == ["browser"]
+    assert [(s.app, s.args) for s in task.setup] == [("browser", [])]
+    assert len(task.subgoals) == 1 and task.subgoals[0].check is None and "exact_match" in task.subgoals[0].rubric
+    assert len(dropped) == 1 and "socat" in dropped[0]
+    with pytest.raises(InvalidArgument):
+        from_osworld({"instruction": "x"})

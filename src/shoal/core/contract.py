@@ -671,7 +671,7 @@ class SandboxBackend(abc.ABC):
     def connect_port(self, sandbox_id: str, port: int, timeout: float = PORT_CONNECT_TIMEOUT) -> socket.socket:
         """A stream socket connected to 127.0.0.1:`port` inside the sandbox's own network namespace
         (the sandbox needs no network for it): the caller owns it and closes it. A port nothing
-        listens on is a SandboxError; backends that cannot reach into a sandbox raise NotSupported."""
+        listens on is a PortClosed (409); backends that cannot reach into a sandbox raise NotSupported."""
         raise NotSupported(f"the {self.name} backend cannot connect to a port inside a sandbox")
 
     # ---------------------------------------------------------------- memory

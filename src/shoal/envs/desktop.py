@@ -61,8 +61,10 @@ APPS: dict[str, DesktopApp] = {a.name: a for a in (
     DesktopApp("spreadsheet", ("gnumeric",), ("/usr/bin/gnumeric",)),
     DesktopApp("files", ("thunar",), ("/usr/bin/thunar",)),
     # chromium's own sandbox needs user namespaces, which the Shoal sandbox withholds; the debugging
-    # port listens on the sandbox's loopback only (its own network namespace)
-    DesktopApp("browser", ("chromium",), ("/usr/bin/chromium", "--no-sandbox", "--no-first-run", "--disable-gpu",
+    # port listens on the sandbox's loopback only (its own network namespace); ACCESSIBILITY_ENABLED
+    # puts web content in the AT-SPI tree (the flag alone exposed only the window)
+    DesktopApp("browser", ("chromium",), ("/usr/bin/env", "ACCESSIBILITY_ENABLED=1", "/usr/bin/chromium",
+                                          "--no-sandbox", "--no-first-run", "--disable-gpu",
                                           "--disable-dev-shm-usage", "--force-renderer-accessibility",
                                           "--password-store=basic", "--remote-debugging-address=127.0.0.1",
                                           "--remote-debugging-port=9222", "--user-data-dir=/root/.chromium-shoal")),
