@@ -1363,6 +1363,58 @@ def readme_rows(j: dict) -> list[list[str]]:
     return rows
 
 
+DOC_ROWS: list[tuple[str, str, str, str]] = [  # docs/density.md's per-profile table: label, metric, format, unit
+    ("host memory, MemTotal − MemAvailable delta / N", "mem_used_mib", ".2f", " MiB"),
+    ("of which AnonPages (host-wide delta / N)", "anon_mib", ".2f", " MiB"),
+    ("of which Slab (host-wide delta / N)", "slab_mib", ".2f", " MiB"),
+    ("the side's cgroups: anon", "cg_anon_mib", ".2f", " MiB"),
+    ("the side's cgroups: kernel (v1 kmem usage)", "cg_kernel_mib", ".2f", " MiB"),
+    ("host-side helpers' PSS (Shoal: supervisor; Docker: shim, dockerd, containerd)", "helper_pss_mib", ".2f", " MiB"),
+    ("own accounting: cgroup anon + shmem + kernel + helpers' PSS", "attributed_mib", ".2f", " MiB"),
+    ("tasks: in its cgroup + host-side helper threads", "attributed_tasks", ".1f", ""),
+    ("tasks in its cgroup", "cgroup_tasks", ".1f", ""),
+    ("mounts added to the host's mount namespace", "mounts_host", ".2f", ""),
+    ("mounts inside the sandbox", "mounts_in_sandbox", ".0f", ""),
+    ("ready p50 after the create returned, last step window", "ready_p50_ms", ".0f", " ms"),
+    ("exec `true` p50 (a sample of 10 live sandboxes)", "exec_p50_ms", ".1f", " ms"),
+    ("fds the in-process client holds per sandbox", "client_fds", ".1f", ""),
+]
+
+
+def doc_tables(j: dict, kind: str) -> str:
+    """docs/density.md's two tables for one profile (`--doc-tables shell`): per idle sandbox at the last
+    step all runs reached, and the by-N rows, Shoal beside Docker."""
+    sides = j["profiles"][kind]["sides"]
+    sm = {k: v["summary"] for k, v in sides.items()}
+    last = {k: v.get("last_common", {}) for k, v in sm.items()}
+    col = [s for s in ("shoal", "docker")]
+    out = ["| per idle sandbox, at the last step all runs reached | Shoal | Docker |", "|---|---|---|",
+           "| N | " + " | ".join(f"{last[s]['n']:,}" if last.get(s) else "" for s in col) + " |"]
+    for label, key, fmt, unit in DOC_ROWS:
+        out.append(f"| {label} | " + " | ".join(_cell(last.get(s, {}).get(key), fmt, unit) for s in col) + " |")
+    kills = []
+    for s in col:
+        runs = sides.get(s, {}).get("runs", [])
+        kills.append(", ".join(f"{r['kill_all_s']:.1f} s for {r['n_held']:,}" for r in runs
+                               if r.get("kill_all_s") is not None))
+    out.append("| kill all (per run: seconds for N sandboxes) | " + " | ".join(kills) + " |")
+    out += ["", "| N | Shoal: host memory / sandbox | Shoal: own accounting | Shoal: create p50 / p99 | "
+            "Docker: host memory / sandbox | Docker: own accounting | Docker: create p50 / p99 |",
+            "|---|---|---|---|---|---|---|"]
+    by = {s: {r["n"]: r for r in sm.get(s, {}).get("by_step", [])} for s in col}
+    for n in sorted(set(by["shoal"]) | set(by["docker"])):
+        cells = []
+        for s in col:
+            r = by[s].get(n)
+            if r is None:
+                cells += ["", "", ""]
+                continue
+            cells += [_cell(r.get("mem_used_mib"), ".2f", " MiB"), _cell(r.get("attributed_mib"), ".2f", " MiB"),
+                      f"{_cell(r.get('create_p50_ms'), '.1f')} / {_cell(r.get('create_p99_ms'), '.0f')} ms"]
+        out.append(f"| {n:,} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 def host_facts() -> dict:
     mi = meminfo()
     return {"kernel": platform.release(), "cpus": os.cpu_count(), "mem_total_gib": mi["MemTotal"] / 2**30,
@@ -1400,9 +1452,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fresh", action="store_true", help="do not keep other profiles from an existing --out")
     ap.add_argument("--quick", action="store_true", help="smoke: shell profile, 8 sandboxes, 1 run")
     ap.add_argument("--render-only", action="store_true", help="redraw the PNG from --out")
+    ap.add_argument("--doc-tables", metavar="PROFILE", help="print docs/density.md's tables for PROFILE from --out")
     a = ap.parse_args(argv)
     out = Path(a.out or (QUICK_OUT if a.quick else DEFAULT_OUT))
     png = out.with_suffix(".png")
+    if a.doc_tables:
+        print(doc_tables(json.loads(out.read_text()), a.doc_tables))
+        return 0
     if a.render_only:
         render(json.loads(out.read_text()), png)
         console.print(f"wrote {png}")

@@ -135,7 +135,12 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=30, help="iterations per run")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--out", type=Path, default=RESULTS / "e2b_front.json")
+    ap.add_argument("--plot", type=Path, default=None, help="only draw the PNG of this JSON (next to it)")
     args = ap.parse_args()
+    if args.plot:
+        plot(args.plot)
+        return
+    load_before = os.getloadavg()
     root = Path(tempfile.mkdtemp(prefix="shoal-e2bb-", dir="/tmp"))  # the front's
     direct = Path(tempfile.mkdtemp(prefix="shoal-e2bd-", dir="/tmp"))  # Shoal's SDK's, in this process
     proc = None
@@ -174,9 +179,12 @@ def main() -> None:
                                              "(the front alone, without the E2B SDK's client-side work)",
                "e2b_sdk": _version("e2b"), "runs": args.runs, "n_per_run": args.n, "payload_bytes": len(PAYLOAD),
                "cpus": os.cpu_count(), "note": "shared 2-core machine, other work running: noisy",
+               "loadavg_1m": {"before": round(load_before[0], 2), "after": round(os.getloadavg()[0], 2)},
+               "e2b_user": "the E2B path runs its commands and owns its uploads as `user` (uid 1000)",
                "summary": summary, "per_run": runs}
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(out, indent=1) + "\n")
+        plot(args.out)
         for op in (*OPS, *HTTP_OPS):
             s = summary[op]
             print(f"{op:7s} e2b {s['e2b_p50_ms_median']:8.2f} ms  shoal {s['shoal_p50_ms_median']:8.2f} ms  "
@@ -188,6 +196,31 @@ def main() -> None:
             proc.wait(30)
         wipe_root(root)
         wipe_root(direct)
+
+
+def plot(path: Path) -> None:
+    """<path>.png: per call, the overhead's median over the runs with the min..max spread, and the goal."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = json.loads(path.read_text())
+    ops = list(data["summary"])
+    med = [data["summary"][op]["overhead_ms"]["median"] for op in ops]
+    lo = [m - data["summary"][op]["overhead_ms"]["min"] for op, m in zip(ops, med, strict=True)]
+    hi = [data["summary"][op]["overhead_ms"]["max"] - m for op, m in zip(ops, med, strict=True)]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    ax.bar(ops, med, yerr=[lo, hi], capsize=4, color="#4c72b0")
+    ax.axhline(5, color="#c44e52", linestyle="--", label="goal: at most +5 ms at p50")
+    ax.set_ylabel("added p50, ms (E2B SDK via front - Shoal SDK)")
+    load = data.get("loadavg_1m")
+    ax.set_title(f"E2B front overhead, {data['runs']} runs x {data['n_per_run']}"
+                 + (f" (1-min load {load['before']}-{load['after']} on {data['cpus']} CPUs)" if load else ""))
+    ax.legend()
+    plt.setp(ax.get_xticklabels(), rotation=20)
+    fig.tight_layout()
+    fig.savefig(path.with_suffix(".png"), dpi=100)
 
 
 def _version(pkg: str) -> str:

@@ -713,6 +713,7 @@ def main() -> None:
         os.environ["SHOAL_LAZY_READAHEAD_KB"] = str(args.readahead_kb)
     else:
         os.environ.pop("SHOAL_LAZY_READAHEAD_KB", None)
+    ra_env = {v: os.environ.get(v, "0") for v in ("SHOAL_LAZY_MISS_READAHEAD_KB", "SHOAL_LAZY_MISS_CLUSTER_KB")}
     for var in ("SHOAL_LAZY_COMPLETE", "SHOAL_LAZY_PREFETCH_GAP_KB", "SHOAL_LAZY_TRACE", "SHOAL_LAZY_FAST",
                 "SHOAL_LAZY_ZYGOTE", "SHOAL_LAZY_THREADS"):
         os.environ.pop(var, None)  # the defaults are what is measured (the promotion row sets COMPLETE itself)
@@ -840,7 +841,10 @@ def main() -> None:
                        "warm_path": "C fast path" if _fast_built() else "Python",
                        "registry": "docker-registry (distribution 2.8, Debian), loopback, plain HTTP, no auth",
                        "shaped_link": link.describe() if link is not None else None,
-                       "link_mbit": args.link_mbit, "link_rtt_ms": args.link_rtt_ms},
+                       "link_mbit": args.link_mbit, "link_rtt_ms": args.link_rtt_ms,
+                       # read-ahead on first touches (shoal.lazy.readahead; off unless set in the environment)
+                       "miss_readahead_kb": int(ra_env["SHOAL_LAZY_MISS_READAHEAD_KB"]),
+                       "miss_cluster_kb": int(ra_env["SHOAL_LAZY_MISS_CLUSTER_KB"])},
             "image_bytes": image_bytes, "image_mib": statistics.median(image_bytes.values()) / 2**20,
             "docker_image_gzip_bytes": docker_sizes, "wall_s": time.time() - t_start, "samples": samples,
         }

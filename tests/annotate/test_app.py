@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 
@@ -115,3 +116,53 @@ def test_an_episode_step_is_annotated_and_its_continuation_stops_at_the_next_too
     finally:
         server.stop()
         store.close()
+
+
+def test_a_browser_that_goes_away_mid_stream_keeps_what_the_model_wrote(bpe_model, scripted_server_inproc, tmp_path):
+    from shoal.annotate.model import OpenAIModel
+    from shoal.annotate.tree import AnnotationStore
+
+    from .conftest import AppServer
+
+    store = AnnotationStore(tmp_path / "a.db")
+    store.add_item("p", {"text": "The agent reads"})
+    store.tokens = {"alice": store.add_annotator("alice")}  # type: ignore[attr-defined]
+    remote = OpenAIModel(scripted_server_inproc.url, bpe_model.name, bpe_model.tokenizer)
+    server = AppServer(store, remote, k=3, max_tokens=60)
+    try:
+        alice = client(server, "alice")
+        events(alice.post("/api/tree/p/start", json={}))
+        v = store.tree("p").version  # type: ignore[union-attr]  (started just above)
+        httpx.post(f"{scripted_server_inproc.url}/admin/token_delay", json={"seconds": 0.2})
+        with alice.stream("POST", "/api/tree/p/correct", json={"parent": 0, "pos": 1, "token": 5, "version": v}) as r:
+            for line in r.iter_lines():
+                if line.startswith("event: token"):
+                    break  # the browser closes after the first token
+        deadline = time.monotonic() + 10
+        while len(store.tree("p").nodes[1].tokens) < 3 and time.monotonic() < deadline:  # type: ignore[union-attr]  # saved when the server sees the disconnect
+            time.sleep(0.1)
+        node = store.tree("p").nodes[1]  # type: ignore[union-attr]  (it exists: the correction was saved first)
+        assert 3 <= len(node.tokens) < 2 + 60 and node.sources.startswith("gc")
+    finally:
+        httpx.post(f"{scripted_server_inproc.url}/admin/token_delay", json={"seconds": 0})
+        server.stop()
+        remote.close()
+        store.close()
+
+
+def test_prompt_and_episode_files_become_queue_items(tmp_path):
+    from shoal.annotate.cli import demo_prompts, load_items
+    from shoal.annotate.tree import AnnotationStore
+
+    prompts = demo_prompts(tmp_path / "p.jsonl", n=3)
+    eps = tmp_path / "e.jsonl"
+    eps.write_text(json.dumps({"episode_id": "ep9", "messages": [
+        {"role": "user", "content": "go"}, {"role": "assistant", "content": "ok"}]}) + "\n")
+    store = AnnotationStore(tmp_path / "a.db")
+    ids = load_items(store, prompts, eps)
+    assert ids == ["arith-0", "arith-1", "arith-2", "ep9-step0"]
+    assert store.item("arith-0")["title"] == store.item("arith-0")["prompt"]["text"]
+    assert store.item("ep9-step0")["response"] == [{"role": "assistant", "content": "ok"}]
+    assert load_items(store, prompts, None) == ids[:3]  # loading twice adds nothing twice
+    assert store.items() == ids
+    store.close()

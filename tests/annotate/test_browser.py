@@ -148,3 +148,39 @@ def test_model_server_going_away_mid_stream(browser, bpe_dir, bpe_model, tmp_pat
         remote.close()
         store.close()
 
+
+
+def test_an_episode_step_with_multibyte_text_renders_token_for_token(browser, bpe_model, tmp_path):
+    from shoal.annotate.app import episode_items
+    from shoal.annotate.tree import AnnotationStore
+
+    from .conftest import AppServer
+
+    record = {"episode_id": "ep", "instance_id": "shoal-demo", "messages": [
+        {"role": "user", "content": "Fix 🐟"},
+        {"role": "assistant", "content": "Tests pass 🎉 沙箱", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "sh", "arguments": "ls"}}]},
+        {"role": "tool", "content": "3 passed"}]}
+    store = AnnotationStore(tmp_path / "a.db")
+    for it in episode_items(record, "ep"):
+        store.add_item(it["id"], it["prompt"], kind="episode", title=it["title"], response=it["response"],
+                       meta=it["meta"])
+    store.tokens = {"alice": store.add_annotator("alice")}  # type: ignore[attr-defined]
+    server = AppServer(store, bpe_model, k=5, max_tokens=30)
+    try:
+        page = login(browser, server, "alice")
+        page.goto(f"{server.url}/item/ep-step0")
+        expect(page.locator("#status")).to_have_text("loaded", timeout=30000)
+        text = resp_text(page)
+        assert text.startswith("Tests pass 🎉 沙箱\n<tool_call>") and text.endswith("</tool_call>")
+        n = page.locator("#resp .tok").count()
+        assert n == len(bpe_model.tokenizer.encode(text)) > len(text.split())  # one span per model token
+        assert page.locator("#resp .tok.empty").count() >= 1  # a token holding only part of a character
+        expect(page.locator("#after .msg")).to_have_count(1)
+        page.click('#resp .tok[data-i="3"]')
+        expect(page.locator("#cands li")).to_have_count(5)
+        shot(page, "episode")
+        page.context.close()
+    finally:
+        server.stop()
+        store.close()

@@ -42,7 +42,9 @@ def test_repro_checkpoint_loads_with_its_character_vocabulary(repro_model):
     out = list(repro_model.stream(prompt, 40, k=5))
     assert 1 <= len(out) <= repro_model.max_context - len(prompt)  # type: ignore[operator]
     assert all(len(t.top) == 5 and t.top[0].logprob >= t.top[-1].logprob for t in out)
-    assert all(t.id != tok.pad_id for t in out)  # padding is never generated
+    assert all(t.id != tok.pad_id for t in out)  # padding is never generated, nor offered
+    top = repro_model.score(prompt, [out[0].id], k=50)[0].top
+    assert len(top) == tok.vocab_size - 1 and all(math.isfinite(c.logprob) for c in top)
     assert "+" in tok.decode([t.id for t in out])  # it learned the format: "5+8+0=13,..."
     with pytest.raises(InvalidArgument, match="not in this model's vocabulary"):
         tok.encode("abc")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import time
 
 import httpx
 import pytest
@@ -88,3 +89,15 @@ def test_async_run_code(e2b_server, code_interpreter_image):
             await s.kill()
 
     asyncio.run(main())
+
+
+def test_a_timed_out_run_code_interrupts_its_cell(ci):
+    """The SDK's `timeout` closes the request; the cell must stop (else the kernel stays busy, and the
+    next run_code waits behind it)."""
+    from e2b import TimeoutException
+
+    with pytest.raises(TimeoutException):
+        ci.run_code("import time\nfor i in range(60):\n    time.sleep(0.5)", timeout=2)
+    t0 = time.monotonic()
+    assert ci.run_code("'free'", timeout=20).text == "'free'"
+    assert time.monotonic() - t0 < 10

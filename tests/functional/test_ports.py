@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from shoal.core.errors import InvalidArgument, NotSupported, SandboxError
+from shoal.core.errors import InvalidArgument, NotSupported, PortClosed, SandboxError
 
 pytestmark = pytest.mark.all_backends
 
@@ -62,11 +62,11 @@ def test_bad_and_closed_ports_and_the_hosts_own_listeners(make_sandbox, backend_
     for bad in (0, 70000, -1):
         with pytest.raises(InvalidArgument):
             sb.connect_port(bad)
-    with pytest.raises(SandboxError, match="nothing listens"):
+    with pytest.raises(PortClosed, match="nothing listens"):
         sb.connect_port(8001)
     # a server on the host's loopback is not what the sandbox's 127.0.0.1 reaches
     with socket.socket() as host_srv:
         host_srv.bind(("127.0.0.1", 0))
         host_srv.listen()
-        with pytest.raises(SandboxError, match="nothing listens"):
+        with pytest.raises(PortClosed, match="nothing listens"):
             sb.connect_port(host_srv.getsockname()[1])

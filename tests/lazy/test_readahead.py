@@ -124,3 +124,18 @@ def test_a_failed_read_ahead_keeps_nothing_and_the_next_demand_read_recovers(ser
             assert cache.has(index.chunks[2])
     finally:
         p.stop()
+
+
+def test_off_unless_configured(served, tmp_path, monkeypatch):
+    s, data, index = served
+    monkeypatch.delenv("SHOAL_LAZY_MISS_READAHEAD_KB", raising=False)
+    monkeypatch.delenv("SHOAL_LAZY_MISS_CLUSTER_KB", raising=False)
+    with HttpOrigin(s.url) as o, ThreadPoolExecutor(1) as pool:
+        layer = LazyLayer(index, o, "blob", ChunkCache(tmp_path / "chunks"))
+        assert readahead.for_layer(layer, pool) is None  # the default: a miss fetches its own chunks only
+        monkeypatch.setenv("SHOAL_LAZY_MISS_READAHEAD_KB", "1024")
+        ra = readahead.for_layer(layer, pool)
+        assert ra is not None and ra.max == 8 and ra.cluster == 0
+        monkeypatch.setenv("SHOAL_LAZY_MISS_CLUSTER_KB", "512")
+        ra = readahead.for_layer(layer, pool)
+        assert ra is not None and ra.cluster == 4

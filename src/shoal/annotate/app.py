@@ -15,6 +15,7 @@ A write made against an old version answers 409 with the current version (EditCo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 from collections.abc import AsyncIterator
@@ -127,23 +128,33 @@ class Annotator:
         gen = iter(self.model.stream(prefix, self.max_tokens, self.k))
         got: list[int] = []
         error = None
-        while True:
-            try:
-                t = await asyncio.to_thread(next, gen, None)
-            except (LLMUnavailable, ShoalError) as e:
-                error = str(e)
-                break
-            if t is None:
-                break
-            got.append(t.id)
-            view = self.token_view([t.id], [t], offset=already + len(got) - 1)[0]
-            yield _sse("token", view)
-            if TOOL_CLOSE in text_of(tok, got[-32:]):
-                break  # until FLARE branching lands: no tool output to continue with
-        version = await asyncio.to_thread(self.store.extend, item_id, node, got, "g" * len(got), annotator, version)
-        if error:
-            yield _sse("error", {"message": error, "saved_tokens": len(got), "version": version})
-        yield _sse("done", {"version": version, "node": node, "n": len(got)})
+        saved = False
+        try:
+            while True:
+                try:
+                    t = await asyncio.to_thread(next, gen, None)
+                except (LLMUnavailable, ShoalError) as e:
+                    error = str(e)
+                    break
+                if t is None:
+                    break
+                got.append(t.id)
+                view = self.token_view([t.id], [t], offset=already + len(got) - 1)[0]
+                yield _sse("token", view)
+                if TOOL_CLOSE in text_of(tok, got[-32:]):
+                    break  # until FLARE branching lands: no tool output to continue with
+            version = await asyncio.to_thread(self.store.extend, item_id, node, got, "g" * len(got), annotator,
+                                              version)
+            saved = True
+            if error:
+                yield _sse("error", {"message": error, "saved_tokens": len(got), "version": version})
+            yield _sse("done", {"version": version, "node": node, "n": len(got)})
+        finally:
+            if not saved and got:
+                # the browser went away mid-stream (closed, crashed): keep what the model wrote; an
+                # EditConflict here means the save above had already gone through
+                with contextlib.suppress(ShoalError):
+                    self.store.extend(item_id, node, got, "g" * len(got), annotator, version)
 
 
 def _sse(event: str, data: dict) -> bytes:

@@ -64,7 +64,8 @@ def demo_prompts(path: Path, n: int = 12) -> Path:
     from ..train import repro
 
     rng = random.Random(7)
-    rows = [{"id": f"arith-{i}", "text": repro.problem(rng, repro.CATEGORIES[i % 3])[0]} for i in range(n)]
+    prompts = [repro.problem(rng, repro.CATEGORIES[i % 3])[0] for i in range(n)]
+    rows = [{"id": f"arith-{i}", "text": p, "title": p} for i, p in enumerate(prompts)]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 

@@ -113,7 +113,8 @@ class LocalModel(ModelBackend):
         if k <= 0:
             return []
         vals, idx = logp.topk(min(k, logp.shape[-1]))
-        return [Candidate(int(i), float(v)) for v, i in zip(vals.tolist(), idx.tolist(), strict=True)]
+        # banned ids (padding) have -inf: never a candidate, and not JSON either
+        return [Candidate(int(i), float(v)) for v, i in zip(vals.tolist(), idx.tolist(), strict=True) if v > -math.inf]
 
     def score(self, prompt_ids: list[int], response_ids: list[int], k: int = 20) -> list[TokenInfo]:
         torch = self._torch

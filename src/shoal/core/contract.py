@@ -18,11 +18,14 @@ import math
 import socket
 import time
 from collections.abc import Callable
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .errors import InvalidArgument, NotSupported
+
+if TYPE_CHECKING:
+    from ..desktop.actions import ActionResult, DesktopAction
 
 API_PREFIX = "/v1"  # every shoald route lives under it; the HTTP backend prefixes the same constant
 
@@ -668,7 +671,7 @@ class SandboxBackend(abc.ABC):
     def connect_port(self, sandbox_id: str, port: int, timeout: float = PORT_CONNECT_TIMEOUT) -> socket.socket:
         """A stream socket connected to 127.0.0.1:`port` inside the sandbox's own network namespace
         (the sandbox needs no network for it): the caller owns it and closes it. A port nothing
-        listens on is a SandboxError; backends that cannot reach into a sandbox raise NotSupported."""
+        listens on is a PortClosed (409); backends that cannot reach into a sandbox raise NotSupported."""
         raise NotSupported(f"the {self.name} backend cannot connect to a port inside a sandbox")
 
     # ---------------------------------------------------------------- memory
@@ -677,6 +680,22 @@ class SandboxBackend(abc.ABC):
         enabled it). The sandbox keeps its state: pages come back on demand when it next runs.
         Backends without per-sandbox memory control raise NotSupported."""
         raise NotSupported(f"the {self.name} backend cannot reclaim a sandbox's memory")
+
+    # ---------------------------------------------------------------- desktop (computer use)
+    # Over the rest of the contract (a file read, a command) by default; the http backend sends
+    # them to shoald's desktop routes instead (one request each, PNG bytes on the wire).
+    def desktop_screenshot(self, sandbox_id: str, scale: float | None = None) -> bytes:
+        """A PNG of a desktop sandbox's screen, nearest-neighbour scaled by `scale` in (0, 1];
+        DesktopUnavailable when its X server is not running."""
+        from ..desktop import ops
+
+        return ops.screenshot(self, sandbox_id, scale)
+
+    def desktop_action(self, sandbox_id: str, action: DesktopAction) -> ActionResult:
+        """One mouse / keyboard action (shoal.desktop.actions.DesktopAction) in a desktop sandbox."""
+        from ..desktop import ops
+
+        return ops.act(self, sandbox_id, action)
 
     # ---------------------------------------------------------------- images
     @abc.abstractmethod

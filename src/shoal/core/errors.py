@@ -63,6 +63,18 @@ class HostUnavailable(SandboxError):
     retryable = True
 
 
+class PortClosed(SandboxError):
+    """Nothing in the sandbox accepts connections on that port (yet): the sandbox is there, the
+    server inside is not. A 409, retryable: a server that is still starting will accept later."""
+
+    retryable = True
+
+
+class DesktopUnavailable(SandboxError):
+    """The sandbox has no running desktop: no X server (never started, or a process in the sandbox
+    killed it), so screenshots and input cannot work. `sb.desktop.start()` starts it again."""
+
+
 class CommandTimeout(ShoalError, TimeoutError):
     def __init__(self, message: str, result: object | None = None):
         super().__init__(message)
@@ -180,7 +192,7 @@ _HTTP_STATUS: list[tuple[tuple[type[ShoalError], ...], int]] = [
     ((HostUnavailable,), 503),
     ((SandboxNotFound, ImageNotFound, LayerNotFound, TenantNotFound, EpisodeNotFound), 404),
     ((QuotaExceeded, PoolExhausted), 429),
-    ((LayerInUse, BranchNotExact), 409),
+    ((LayerInUse, BranchNotExact, DesktopUnavailable, PortClosed), 409),
     ((CommandTimeout,), 408),
     ((BackendUnavailable,), 501),
     ((OriginUnavailable, CorruptChunk, RegistryError), 502),

@@ -155,6 +155,9 @@ class PortRoutes:
         reader, writer = await asyncio.open_connection(sock=sock, limit=CHUNK)
         conn = h11.Connection(h11.CLIENT)
         started = False
+        # a client that leaves (the SDK's run_code timeout) closes the connection into the sandbox, so
+        # the server there sees it go (the execute server then interrupts the cell)
+        watch = asyncio.ensure_future(_on_disconnect(receive, writer))
         try:
             target = scope.get("raw_path") or scope["path"].encode()
             if scope.get("query_string"):
@@ -192,6 +195,7 @@ class PortRoutes:
                 return
             raise _Answer(502, f"port {port} of sandbox {sid} answered no valid HTTP/1.1: {e}") from None
         finally:
+            watch.cancel()
             writer.close()
 
 
@@ -216,6 +220,12 @@ async def _body(receive: Receive) -> bytes:
             raise _Answer(413, f"request body over {MAX_BODY} bytes")
         if not msg.get("more_body", False):
             return bytes(out)
+
+
+async def _on_disconnect(receive: Receive, writer: asyncio.StreamWriter) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    writer.transport.abort()
 
 
 async def _reply(send: Send, status: int, message: str) -> None:

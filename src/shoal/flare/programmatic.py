@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 from .diagnoser import Diagnoser
 from .probe import protected
-from .schema import Action, ErrorClass, Prefix, Risk, StepDiagnosis, StepView
+from .schema import Action, ErrorClass, Prefix, Risk, StepDiagnosis
 
 _EDIT_TOOLS = ("edit_file", "create_file")
 _ENV_MISUSE = [
@@ -173,7 +173,3 @@ class ProgrammaticDiagnoser(Diagnoser):
 
     def _cmd(self, test: str) -> str:
         return f"python3 -m pytest -q {test.split(' ')[0]}"
-
-
-def steps_with(prefix: Prefix, tool: str) -> list[StepView]:
-    return [s for s in prefix.steps if any(a.tool == tool for a in s.actions)]

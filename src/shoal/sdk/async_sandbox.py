@@ -30,6 +30,9 @@ from ..core.contract import (
     SnapshotInfo,
     UpperKind,
 )
+from ..desktop.actions import ActionResult, Button, DesktopAction
+from ..desktop.ops import A11yNode, Window
+from .desktop import Desktop, Point
 from .sandbox import Cmd, Commands, Files, ForkResult, Sandbox, Sessions
 
 _t = asyncio.to_thread
@@ -108,6 +111,10 @@ class AsyncProcessHandle:
     async def close_stdin(self) -> None:
         """End of input for its stdin."""
         await _t(self._sync.close_stdin)
+
+    async def resize(self, rows: int, cols: int) -> None:
+        """Set the size of its PTY (started with pty=...); the process gets SIGWINCH."""
+        await _t(self._sync.resize, rows=rows, cols=cols)
 
 
 class AsyncSession:
@@ -226,18 +233,137 @@ class AsyncFiles:
         return await _t(self._sync.download, path=path, dest=dest, max_bytes=max_bytes)
 
 
+class AsyncDesktop:
+    """`sandbox.desktop`, awaitable (see `shoal.sdk.desktop`)."""
+
+    def __init__(self, sync: Desktop):
+        self._sync = sync
+
+    async def start(self) -> Point:
+        """Start the X server, session bus and window manager if they are not running; the screen size."""
+        return await _t(self._sync.start)
+
+    async def screenshot(self, scale: float | None = None) -> bytes:
+        """The screen as PNG bytes, nearest-neighbour scaled by `scale` in (0, 1]. DesktopUnavailable
+        if the sandbox's X server is not running.
+        """
+        return await _t(self._sync.screenshot, scale=scale)
+
+    async def get_screen_size(self) -> Point:
+        return await _t(self._sync.get_screen_size)
+
+    async def get_cursor_position(self) -> Point:
+        return await _t(self._sync.get_cursor_position)
+
+    async def click(self, x: int | None = None, y: int | None = None, button: Button = "left",
+                    clicks: int = 1) -> ActionResult:
+        """Click at (x, y), or where the pointer is when both are None."""
+        return await _t(self._sync.click, x=x, y=y, button=button, clicks=clicks)
+
+    async def double_click(self, x: int | None = None, y: int | None = None) -> ActionResult:
+        return await _t(self._sync.double_click, x=x, y=y)
+
+    async def right_click(self, x: int | None = None, y: int | None = None) -> ActionResult:
+        return await _t(self._sync.right_click, x=x, y=y)
+
+    async def middle_click(self, x: int | None = None, y: int | None = None) -> ActionResult:
+        return await _t(self._sync.middle_click, x=x, y=y)
+
+    async def left_click(self, x: int | None = None, y: int | None = None) -> ActionResult:
+        """E2B Desktop's name for click."""
+        return await _t(self._sync.left_click, x=x, y=y)
+
+    async def move(self, x: int, y: int) -> ActionResult:
+        return await _t(self._sync.move, x=x, y=y)
+
+    async def move_mouse(self, x: int, y: int) -> ActionResult:
+        """E2B Desktop's name for move."""
+        return await _t(self._sync.move_mouse, x=x, y=y)
+
+    async def drag(self, fr: Point, to: Point, button: Button = "left") -> ActionResult:
+        """Press at `fr`, move to `to`, release (E2B's signature)."""
+        return await _t(self._sync.drag, fr=fr, to=to, button=button)
+
+    async def scroll(self, direction: str = "down", amount: int = 1, x: int | None = None,
+                     y: int | None = None) -> ActionResult:
+        """Scroll `amount` wheel clicks up / down / left / right, at (x, y) if given."""
+        return await _t(self._sync.scroll, direction=direction, amount=amount, x=x, y=y)
+
+    async def mouse_press(self, button: Button = "left") -> ActionResult:
+        return await _t(self._sync.mouse_press, button=button)
+
+    async def mouse_release(self, button: Button = "left") -> ActionResult:
+        return await _t(self._sync.mouse_release, button=button)
+
+    async def type(self, text: str) -> ActionResult:
+        """Type text (any Unicode; newlines press Return). At most 4096 characters per call."""
+        return await _t(self._sync.type, text=text)
+
+    async def write(self, text: str) -> ActionResult:
+        """E2B Desktop's name for type."""
+        return await _t(self._sync.write, text=text)
+
+    async def key(self, keys: str) -> ActionResult:
+        """Press a key or combination: "enter", "ctrl+s", "ctrl+shift+t", "f5"."""
+        return await _t(self._sync.key, keys=keys)
+
+    async def press(self, key: str | list[str]) -> ActionResult:
+        """E2B Desktop's press: a key name, or a list of keys pressed together."""
+        return await _t(self._sync.press, key=key)
+
+    async def act(self, action: DesktopAction | dict) -> ActionResult:
+        """One action in its JSON form ({"action": "click", "x": 10, "y": 20}, ...)."""
+        return await _t(self._sync.act, action=action)
+
+    async def run_pyautogui(self, code: str) -> list[ActionResult]:
+        """OSWorld-style pyautogui code, parsed with `ast` (never executed) and run call by call.
+        "DONE" / "FAIL" / "WAIT" come back as results named so.
+        """
+        return await _t(self._sync.run_pyautogui, code=code)
+
+    async def wait(self, ms: int) -> None:
+        """E2B Desktop's wait, in milliseconds."""
+        await _t(self._sync.wait, ms=ms)
+
+    async def windows(self) -> list[Window]:
+        """Managed windows: title, app (WM class), geometry, focused."""
+        return await _t(self._sync.windows)
+
+    async def accessibility_tree(self, depth: int = 8, max_nodes: int = 2000) -> A11yNode:
+        """The AT-SPI tree from the desktop root: role, name, bounds, states (and text of text
+        widgets), at most `depth` levels and `max_nodes` nodes (cut branches say truncated).
+        """
+        return await _t(self._sync.accessibility_tree, depth=depth, max_nodes=max_nodes)
+
+    async def activate(self, title: str) -> None:
+        """Raise and focus the window whose title contains `title`."""
+        await _t(self._sync.activate, title=title)
+
+    async def launch(self, app: str, args: list[str] | str | None = None) -> int:
+        """Start an installed app ("editor", "spreadsheet", "files", "browser": its toolkit layer must
+        be composed into the sandbox), detached; its pid. A string `args` is one argument (E2B's uri).
+        """
+        return await _t(self._sync.launch, app=app, args=args)
+
+    async def wait_for_window(self, title: str, timeout: float = 15.0) -> Window:
+        """The first window whose title contains `title` (case-insensitive); CommandTimeout after `timeout` s."""
+        return await _t(self._sync.wait_for_window, title=title, timeout=timeout)
+
+
 class AsyncSandbox:
     """A sandbox, awaitable: the twin of `shoal.Sandbox`."""
 
     commands: AsyncCommands
     files: AsyncFiles
     sessions: AsyncSessions
+    desktop: AsyncDesktop
 
     def __init__(self, sync: Sandbox):
         self._sync = sync
         self.commands = AsyncCommands(sync.commands)
         self.files = AsyncFiles(sync.files)
         self.sessions = AsyncSessions(sync.sessions)
+        self.desktop = AsyncDesktop(sync.desktop)
 
     @property
     def id(self) -> str:

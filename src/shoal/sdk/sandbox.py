@@ -58,6 +58,7 @@ from ..core.contract import (
     UpperKind,
 )
 from ..core.errors import CommandTimeout, FileOpError, InvalidArgument, SandboxError, ShoalError
+from .desktop import Desktop
 
 Cmd = str | list[str]
 
@@ -227,6 +228,7 @@ class Sandbox:
     commands: Commands
     files: Files
     sessions: Sessions
+    desktop: Desktop
 
     def __init__(self, backend: SandboxBackend, info: SandboxInfo):
         self._backend = backend
@@ -235,6 +237,7 @@ class Sandbox:
         self.commands = Commands(self)
         self.files = Files(self)
         self.sessions = Sessions(self)
+        self.desktop = Desktop(self)  # computer use: sdk/desktop.py
 
     @classmethod
     def create(cls, image: str | None = None, *, layers: list[str] | None = None, cpu: float | None = None,

@@ -14,7 +14,7 @@ import socket
 import threading
 
 from ...core.contract import check_port
-from ...core.errors import SandboxError, SandboxNotFound
+from ...core.errors import PortClosed, SandboxError, SandboxNotFound
 from ..pids import starttime
 
 CLONE_NEWNET = 0x40000000
@@ -59,7 +59,7 @@ def connect_in_netns(sandbox_id: str, pid: int, start: int | None, port: int, ti
     if isinstance(got, socket.socket):
         return got
     if isinstance(got, ConnectionRefusedError) or getattr(got, "errno", None) == errno.ECONNREFUSED:
-        raise SandboxError(f"nothing listens on port {port} in sandbox {sandbox_id}") from None
+        raise PortClosed(f"nothing listens on port {port} in sandbox {sandbox_id}") from None
     if isinstance(got, TimeoutError):
-        raise SandboxError(f"port {port} in sandbox {sandbox_id} did not accept within {timeout:g} s") from None
+        raise PortClosed(f"port {port} in sandbox {sandbox_id} did not accept within {timeout:g} s") from None
     raise SandboxError(f"connecting to port {port} in sandbox {sandbox_id}: {got}") from got

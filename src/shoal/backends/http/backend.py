@@ -11,7 +11,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import httpx
@@ -54,6 +54,9 @@ from ...core.contract import (
     TimeoutRequest,
     check_port,
 )
+
+if TYPE_CHECKING:
+    from ...desktop.actions import ActionResult, DesktopAction
 
 DEFAULT_TIMEOUT = 120.0  # seconds for a request that does not wait on a command
 COMMAND_SLACK = 30.0  # a request that waits on a command may take its timeout plus this
@@ -294,6 +297,16 @@ class HttpBackend(SandboxBackend):
     def open_session(self, sandbox_id: str, req: SessionRequest) -> SessionHandle:
         info = SessionInfo.model_validate(self.json("POST", self._sb(sandbox_id) + "/sessions", body=req))
         return HttpSessionHandle(self, sandbox_id, info)
+
+    # ---------------------------------------------------------------- desktop
+    def desktop_screenshot(self, sandbox_id: str, scale: float | None = None) -> bytes:
+        params = {} if scale is None else {"scale": scale}
+        return self.call("GET", self._sb(sandbox_id) + "/desktop/screenshot", params=params).content
+
+    def desktop_action(self, sandbox_id: str, action: DesktopAction) -> ActionResult:
+        from ...desktop.actions import ActionResult
+
+        return ActionResult.model_validate(self.json("POST", self._sb(sandbox_id) + "/desktop/actions", body=action))
 
     # ---------------------------------------------------------------- files
     def read_file(self, sandbox_id: str, path: str, max_bytes: int = DEFAULT_READ_MAX) -> bytes:

@@ -19,6 +19,8 @@ import json
 import os
 import queue
 import re
+import select
+import socket
 import sys
 import threading
 import time
@@ -73,12 +75,16 @@ class Kernel:
         msg_id = self.kc.execute(code, silent=True, store_history=False)
         self._drain(msg_id, None)
 
-    def _drain(self, msg_id: str, emit: Any) -> None:
-        """Iopub messages of one request until the kernel goes idle; `emit` gets the SDK's lines."""
+    def _drain(self, msg_id: str, emit: Any, gone: Any = None) -> None:
+        """Iopub messages of one request until the kernel goes idle; `emit` gets the SDK's lines.
+        `gone()` says the client left: the cell is interrupted and the rest of its output dropped."""
         while True:
             try:
-                msg = self.kc.get_iopub_msg(timeout=1)
+                msg = self.kc.get_iopub_msg(timeout=0.2)
             except queue.Empty:
+                if gone is not None and emit is not None and gone():
+                    self.km.interrupt_kernel()
+                    emit = None
                 if not self.km.is_alive():
                     if emit is not None:
                         emit({"type": "error", "name": "KernelDied", "value": "the kernel exited", "traceback": ""})
@@ -102,7 +108,7 @@ class Kernel:
                 emit({"type": "error", "name": c.get("ename", ""), "value": c.get("evalue", ""),
                       "traceback": "\n".join(c.get("traceback", []))})
 
-    def execute(self, code: str, env: dict[str, str] | None, emit: Any) -> None:
+    def execute(self, code: str, env: dict[str, str] | None, emit: Any, gone: Any = None) -> None:
         self.wait_ready()
         with self.lock:
             if env:  # E2B's env_vars hold for this execution only: set, run, put back
@@ -112,8 +118,8 @@ class Kernel:
             try:
                 msg_id = self.kc.execute(code, store_history=True, allow_stdin=False, stop_on_error=True)
                 try:
-                    self._drain(msg_id, emit)
-                except BrokenPipeError:  # the client left: stop the cell, then wait for the kernel
+                    self._drain(msg_id, emit, gone)
+                except (BrokenPipeError, ConnectionResetError):  # the client left: stop the cell, wait for idle
                     self.km.interrupt_kernel()
                     self._drain(msg_id, None)
                     raise
@@ -296,9 +302,18 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
             self.wfile.flush()
 
+        def gone() -> bool:
+            """The client closed its end (nothing more is read from it during an execution)."""
+            try:
+                if not select.select([self.connection], [], [], 0)[0]:
+                    return False
+                return self.connection.recv(1, socket.MSG_PEEK) == b""
+            except OSError:
+                return True
+
         try:
             try:
-                k.execute(code, env, emit)
+                k.execute(code, env, emit, gone)
             except RuntimeError as e:  # the kernel never started
                 emit({"type": "error", "name": "KernelError", "value": str(e), "traceback": ""})
             emit({"type": "end_of_execution"})
