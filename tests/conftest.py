@@ -128,7 +128,8 @@ def daemon(root, base_image):
 
 @pytest.fixture(scope="module")
 def tenants(daemon):
-    """Two tenants, a and b, with their keys."""
+    """Two tenants, a and b, with their keys (tenant-a, tenant-b: names live as long as the session's
+    root, so one module uses this; others make tenants of their own names)."""
     from daemonctl import make_tenants
 
     return make_tenants(daemon["url"])

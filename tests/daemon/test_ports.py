@@ -12,9 +12,14 @@ from shoal.core.errors import SandboxError, SandboxNotFound, Unauthorized
 from .conftest import created
 
 
-def test_a_tenant_reaches_only_its_own_sandboxes_ports(daemon, tenants, base_image):
+def test_a_tenant_reaches_only_its_own_sandboxes_ports(daemon, base_image):
+    from daemonctl import make_tenants
+
+    # tenants of its own: the session's root (and its tenants) outlives each module's daemon, and
+    # test_api's module makes tenant-a and tenant-b
     url = daemon["url"]
-    a, b = HttpBackend(url, tenants["tenant-a"]), HttpBackend(url, tenants["tenant-b"])
+    keys = make_tenants(url, names=("ports-a", "ports-b"))
+    a, b = HttpBackend(url, keys["ports-a"]), HttpBackend(url, keys["ports-b"])
     with created(a, base_image) as info:
         server = a.start(info.id, StartRequest(argv=["nc", "-ll", "-p", "7000", "-e", "echo", "secret"]))
         deadline = time.monotonic() + 10
