@@ -31,7 +31,10 @@ class _OpenHow(ctypes.Structure):
 
 def openat2(dirfd: int, path: str, flags: int, mode: int = 0,
             resolve: int = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS) -> int:
-    how = _OpenHow(flags | os.O_CLOEXEC, mode, resolve)
+    # O_NOCTTY always: a terminal the sandbox planted at a path must never become the opener's
+    # controlling terminal (a session leader such as shoald under systemd would then take its signals)
+    # (openat2 refuses any flag beside O_PATH but O_CLOEXEC, O_DIRECTORY and O_NOFOLLOW)
+    how = _OpenHow(flags | os.O_CLOEXEC | (0 if flags & os.O_PATH else os.O_NOCTTY), mode, resolve)
     fd = _libc.syscall(_SYS_OPENAT2, dirfd, path.encode("utf-8", "surrogateescape"), ctypes.byref(how),
                        ctypes.sizeof(how))
     if fd < 0:
@@ -85,6 +88,25 @@ class SandboxFiles:
         finally:
             os.close(root)
 
+    def _open_typed(self, path: str, flags: int, op: str, regular_only: bool = False) -> int:
+        """Open a regular file (or a directory, unless `regular_only`) without ever opening anything
+        else: the path is resolved to an O_PATH fd, its type checked, and only then reopened through
+        /proc/self/fd. A FIFO, socket or device the sandbox planted is refused, never opened (a FIFO
+        would hang the host, a terminal could become its controlling tty)."""
+        pfd = self._open(path, os.O_PATH | (flags & os.O_NOFOLLOW))
+        try:
+            st = os.fstat(pfd)
+            if stat.S_ISDIR(st.st_mode) and regular_only:
+                raise FileOpError(f"{op} {path!r}: is a directory")
+            if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+                raise FileOpError(f"{op} {path!r}: not a regular file")
+            try:
+                return os.open(f"/proc/self/fd/{pfd}", (flags & ~os.O_NOFOLLOW) | os.O_NOCTTY | os.O_CLOEXEC)
+            except OSError as e:
+                raise self._err(e, op, path) from e
+        finally:
+            os.close(pfd)
+
     def _parent(self, path: str) -> tuple[int, str]:
         """An O_PATH fd of the parent directory (resolved in root) and the final name."""
         p = PurePosixPath(_norm(path))
@@ -95,15 +117,8 @@ class SandboxFiles:
 
     # ------------------------------------------------------------------ API
     def read(self, path: str, max_bytes: int = 64 << 20) -> bytes:
-        # O_NONBLOCK: a FIFO planted by the sandbox must not hang the host; only regular files are read
-        fd = self._open(path, os.O_RDONLY | os.O_NONBLOCK)
+        fd = self._open_typed(path, os.O_RDONLY, "read", regular_only=True)
         try:
-            st = os.fstat(fd)
-            if stat.S_ISDIR(st.st_mode):
-                raise FileOpError(f"read {path!r}: is a directory")
-            if not stat.S_ISREG(st.st_mode):
-                raise FileOpError(f"read {path!r}: not a regular file")
-            os.set_blocking(fd, True)
             chunks, total = [], 0
             while chunk := os.read(fd, 1 << 20):
                 total += len(chunk)
@@ -121,8 +136,8 @@ class SandboxFiles:
             self.mkdir(str(PurePosixPath(path).parent), parents=True)
         pfd, name = self._parent(path)
         try:
-            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode,
-                         dir_fd=pfd)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+            fd = os.open(name, flags, mode, dir_fd=pfd)
         except OSError as e:
             raise self._err(e, "write", path) from e
         finally:
@@ -181,7 +196,7 @@ class SandboxFiles:
         if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
             return None
         try:
-            fd = self._open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+            fd = self._open_typed(path, os.O_RDONLY | os.O_NOFOLLOW, "stat")
         except (FileOpError, PathOutsideSandbox):
             return None
         try:
@@ -194,10 +209,8 @@ class SandboxFiles:
 
     def set_xattrs(self, path: str, attrs: dict[str, str]) -> None:
         check_xattrs(attrs)
-        fd = self._open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+        fd = self._open_typed(path, os.O_RDONLY | os.O_NOFOLLOW, "set_xattrs")
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode) and not stat.S_ISDIR(os.fstat(fd).st_mode):
-                raise FileOpError(f"set_xattrs {path!r}: not a regular file or directory")
             for k, v in attrs.items():
                 os.setxattr(fd, k, v.encode())
         except OSError as e:
