@@ -13,6 +13,10 @@ from operator import itemgetter
 from ..core.errors import DesktopUnavailable, InvalidArgument
 
 _HEADER = struct.Struct(">25I")  # XWDFileHeader: 25 big-endian CARD32, then the window name
+# the file is the sandbox's to forge: every size in it is bounded before any work depends on it
+MAX_SIDE = 8192
+MAX_HEADER = 1 << 16
+MAX_COLORS = 1 << 16
 
 
 def xwd_size(data: bytes) -> tuple[int, int]:
@@ -26,6 +30,11 @@ def _fields(data: bytes) -> tuple[int, ...]:
     h = _HEADER.unpack_from(data)
     if h[1] != 7 or h[2] != 2 or h[11] != 32:  # version 7, ZPixmap, 32 bits per pixel
         raise DesktopUnavailable(f"unexpected framebuffer format (version {h[1]}, format {h[2]}, {h[11]} bpp)")
+    header_size, width, height, bpl, ncolors = h[0], h[4], h[5], h[12], h[19]
+    if not (0 < width <= MAX_SIDE and 0 < height <= MAX_SIDE and _HEADER.size <= header_size <= MAX_HEADER
+            and ncolors <= MAX_COLORS and width * 4 <= bpl <= width * 4 + 64):
+        raise DesktopUnavailable(f"implausible framebuffer header ({width}x{height}, {bpl} bytes per line, "
+                                 f"header {header_size} bytes, {ncolors} colours)")
     return h
 
 
