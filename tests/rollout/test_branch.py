@@ -344,3 +344,58 @@ def test_branch_through_shoald_is_the_owners_only(episode_daemon, base_image):
                 pass
         a.close()
         b.close()
+
+
+
+def test_a_forged_log_cannot_branch_into_another_tenants_image(episode_daemon, base_image):
+    """The log is its clients' to write: a branch's start layers are checked like any create's, so a
+    tenant who names another tenant's snapshot in its own episode's start gets ImageNotFound."""
+    from shoal.backends.http import HttpBackend
+    from shoal.core.contract import BranchRequest
+    from shoal.core.errors import ImageNotFound, SandboxNotFound
+
+    url, keys = episode_daemon["url"], episode_daemon["keys"]
+    a, b = HttpBackend(url, keys["ep-a"]), HttpBackend(url, keys["ep-b"])
+    log = TrajectoryLog(episode_daemon["log"])
+    asyncio.run(run_episode(ShellTask(base_image, {}), ScriptPolicy(RANDOM[:2]), log, a, "victim-ep",
+                            snapshot_every=1))
+    asyncio.run(run_episode(ShellTask(base_image, {}), ScriptPolicy(RANDOM[:2]), log, b, "forger-ep",
+                            snapshot_every=1))
+    victims = Episode(log, "victim-ep").snapshots()
+    assert victims
+    log.store.update_stream("forger-ep/steps", meta={"start": {"layers": [f"snapshots/{victims[-1]}:latest"]}})
+    log.store.flush()
+    try:
+        before = {s.id for s in b.list()}
+        with pytest.raises(ImageNotFound):
+            b.branch_episode("forger-ep", BranchRequest(step=1, strategy="fastforward", from_step=0))
+        assert {s.id for s in b.list()} == before  # nothing was made from a's snapshot
+    finally:
+        for be in (a, b):
+            for s in be.list():
+                try:
+                    be.kill(s.id)
+                except SandboxNotFound:
+                    pass
+        a.close()
+        b.close()
+
+
+def test_a_forged_parent_cycle_or_malformed_mark_is_a_typed_error(host, base_image, log, tmp_path):
+    import sqlite3
+
+    _run(ShellTask(base_image, {}), RANDOM[:2], log, host, "cyc")
+    ep = Episode(log, "cyc", host)
+    b1 = ep.branch(1, strategy="snapshot" if ep.snapshots() else "fastforward")
+    b1.kill()
+    log.store.flush()
+    # the root's steps stream made a child of its own branch: a loop in the tree
+    with sqlite3.connect(tmp_path / "traj.db") as db:
+        db.execute("UPDATE streams SET parent=?, parent_step=1 WHERE stream=?", (f"{b1.id}/steps", "cyc/steps"))
+    tree = Episode(TrajectoryLog(tmp_path / "traj.db"), "cyc", host).tree()
+    assert [c.episode for c in tree.children] == [b1.id] and tree.children[0].children == []
+    # a mark without its step
+    with sqlite3.connect(tmp_path / "traj.db") as db:
+        db.execute("UPDATE entries SET request='{}' WHERE stream='cyc/steps'")
+    with pytest.raises(InvalidArgument, match="malformed"):
+        Episode(TrajectoryLog(tmp_path / "traj.db"), "cyc", host).marks()

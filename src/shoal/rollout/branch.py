@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from .task import Task
 
 STRATEGIES = ("auto", "snapshot", "fastforward")
+MAX_TREE_DEPTH = 200  # branches of branches; far past any real search, well inside the recursion limit
 COPIED = ("sandbox", "llm", "steps")  # the streams a branch inherits a prefix of (not the grade: it is redone)
 
 
@@ -132,8 +133,12 @@ class Episode:
             if e.kind != "step" or e.result is None or e.status not in (DONE, UNKNOWN):
                 break  # a mark still in flight: the episode's steps end before it
             r, q = e.result, e.request
-            out.append(StepMark(step=q["step"], sandbox_seq=q["sandbox_seq"], llm_seq=q["llm_seq"],
-                                snapshot=r.get("snapshot")))
+            try:
+                out.append(StepMark(step=int(q["step"]), sandbox_seq=int(q["sandbox_seq"]),
+                                    llm_seq=int(q["llm_seq"]), snapshot=r.get("snapshot")))
+            except (KeyError, TypeError, ValueError, AttributeError):
+                # the log is its writers' to forge: a malformed mark is a typed error, not a crash
+                raise InvalidArgument(f"episode {self.id}: step mark {len(out) + 1} is malformed") from None
         return out
 
     def __len__(self) -> int:
@@ -248,13 +253,17 @@ class Episode:
         """This episode and every branch below it, recursively."""
         self._require()
         parent = self.parent
-        return self._node(self.id, parent[1] if parent else None)
+        return self._node(self.id, parent[1] if parent else None, {self.id}, 0)
 
-    def _node(self, episode: str, step: int | None) -> BranchNode:
+    def _node(self, episode: str, step: int | None, seen: set[str], depth: int) -> BranchNode:
+        # a log is the clients' to write: a forged parent cycle or an absurd depth ends the walk
+        if depth > MAX_TREE_DEPTH:
+            raise InvalidArgument(f"episode {self.id}'s branch tree is deeper than {MAX_TREE_DEPTH}")
         node = BranchNode(episode=episode, steps=len(Episode(self.log, episode).marks()), step=step)
         for c in self.log.store.children(f"{episode}/steps"):
-            if c.episode:
-                node.children.append(self._node(c.episode, c.parent_step))
+            if c.episode and c.episode not in seen:
+                seen.add(c.episode)
+                node.children.append(self._node(c.episode, c.parent_step, seen, depth + 1))
         return node
 
     def root(self) -> Episode:

@@ -23,6 +23,7 @@ from ...core.contract import API_PREFIX, BranchReply, BranchRequest, CreateReque
 from ..auth import Caller, caller
 from ..served import Served
 from ..state import Tenant
+from .sandboxes import check_images
 
 router = APIRouter(prefix=API_PREFIX + "/episodes", tags=["episodes"])
 _lock = threading.Lock()
@@ -71,8 +72,8 @@ def branch(episode: str, body: BranchRequest, c: Caller = Depends(caller)) -> Br
     ep = _episode(c, episode)
 
     def create(req: CreateRequest) -> SandboxInfo:
-        refs = [f"snapshots/{req.from_snapshot}:latest"] if req.from_snapshot else []
-        c.d.check_create_images(c.t, refs)
+        # the log is the clients' to write: the start layers it names are checked like any create's
+        check_images(c, req)
         return c.d.create(c.t, req)
 
     b = ep.branch(body.step, strategy=body.strategy, episode_id=body.episode_id, ttl=body.ttl,

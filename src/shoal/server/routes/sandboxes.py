@@ -33,11 +33,17 @@ def create(body: CreateRequest, c: Caller = Depends(caller),
     if body.ksm and not t.admin and not _tenants_may_merge(d):
         raise E.Unauthorized("ksm=True (pages merged with every other ksm sandbox on the host: a side channel) "
                              "is for the admin only unless the host's config sets [ksm] tenants = true")
-    refs = [f"snapshots/{body.from_snapshot}:latest"] if body.from_snapshot else []
-    refs += [x for x in [body.image] + [x for x in body.layers or [] if ":" in x and not x.startswith("sha256:")]
-             if x]
-    d.check_create_images(t, refs)
+    check_images(c, body)
     return d.create(t, body, idempotency_key)
+
+
+def check_images(c: Caller, req: CreateRequest) -> None:
+    """Every image a create names (its image, its snapshot, each named layer) is one the caller may
+    use: the one check of a create's references, for every route that creates (branching too)."""
+    refs = [f"snapshots/{req.from_snapshot}:latest"] if req.from_snapshot else []
+    refs += [x for x in [req.image] + [x for x in req.layers or [] if ":" in x and not x.startswith("sha256:")]
+             if x]
+    c.d.check_create_images(c.t, refs)
 
 
 def _tenants_may_merge(d: object) -> bool:
