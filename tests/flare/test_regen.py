@@ -79,3 +79,28 @@ def test_a_step_that_does_not_reproduce_is_not_branched_over(task, host):
                            ["shell", {"command": f"echo '# x' >> {test_file}"}]])
     with pytest.raises(RewindMismatch, match="step 1"):
         asyncio.run(run_flare(task, policy, host, threshold="high", grades=GradeCache()))
+
+
+def test_the_probe_sees_a_test_edit_hidden_by_git_index_flags(task, host):
+    """`git update-index --skip-worktree` (or --assume-unchanged) hides an edit from `git status`;
+    the probe lists such files apart, so tampering with a test cannot be hidden from the diagnoser."""
+    from shoal.flare.probe import SWEProbe, protected
+
+    probe = SWEProbe(task)
+    sb = task.sandbox(host)
+    try:
+        before = probe._git(sb)
+        assert before["git_ok"] and before["protected_changed"] == []
+        repo = task.repo_dir
+        files = sb.commands.run(["bash", "-c", f"cd {repo} && git ls-files"], timeout=60).stdout.split()
+        victim = next(f for f in files if protected(f) and f.endswith(".py"))
+        for flag in ("--skip-worktree", "--assume-unchanged"):
+            r = sb.commands.run(["bash", "-c", f"cd {repo} && git update-index {flag} {victim} && "
+                                              f"echo 'assert True' >> {victim} && git status --porcelain"], timeout=60)
+            assert r.exit_code == 0 and victim not in r.stdout  # hidden from plain git status
+            after = probe._git(sb)
+            assert victim in after["protected_changed"] and after["diff_sha"] != before["diff_sha"], flag
+            sb.commands.run(["bash", "-c", f"cd {repo} && git update-index --no-skip-worktree "
+                                           f"--no-assume-unchanged {victim} && git checkout -- {victim}"], timeout=60)
+    finally:
+        sb.kill()

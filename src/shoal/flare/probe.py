@@ -43,17 +43,28 @@ class SWEProbe:
 
     def _git(self, sb: Sandbox) -> dict[str, Any]:
         repo = shlex.quote(self.task.repo_dir)
-        r = sb.commands.run(["bash", "-c", f"cd {repo} && git status --porcelain=v1 -uall && echo '@@SHA' && "
-                                           "{ git diff HEAD --no-color; git ls-files -o --exclude-standard -z | "
-                                           "xargs -0 -r sha256sum; } | sha256sum"], timeout=60, env=_ENV)
-        if r.exit_code != 0 or "@@SHA" not in r.stdout:
+        # the agent owns the repository: an fsmonitor hook could answer for git, and index flags
+        # (skip-worktree, assume-unchanged) hide an edited file from status, so those files are listed
+        # apart and counted as changed ("H")
+        git = "git -c core.fsmonitor=false -c core.untrackedCache=false"
+        script = (f"cd {repo} && {git} status --porcelain=v1 -uall && echo '@@HIDDEN' && "
+                  f"{{ {git} ls-files -v | grep -E '^(S|[a-z]) ' || true; }} && echo '@@SHA' && "
+                  f"{{ {git} diff HEAD --no-color; {git} ls-files -o --exclude-standard -z | xargs -0 -r sha256sum; "
+                  f"{git} ls-files -v | sed -n 's/^[Sa-z] //p' | tr '\\n' '\\0' | xargs -0 -r sha256sum; "
+                  "} | sha256sum")
+        r = sb.commands.run(["bash", "-c", script], timeout=60, env=_ENV)
+        if r.exit_code != 0 or "@@SHA" not in r.stdout or "@@HIDDEN" not in r.stdout:
             return {"git_ok": False, "changed": {}, "protected_changed": [], "deleted": [], "diff_sha": ""}
-        status, _, sha = r.stdout.partition("@@SHA")
+        status, _, rest = r.stdout.partition("@@HIDDEN")
+        hidden, _, sha = rest.partition("@@SHA")
         changed: dict[str, str] = {}
         for line in status.splitlines():
             if len(line) > 3:
                 path = line[3:].split(" -> ")[-1].strip('"')
                 changed[path] = line[:2].strip() or "M"
+        for line in hidden.splitlines():
+            if len(line) > 2:
+                changed.setdefault(line[2:].strip('"'), "H")
         return {"git_ok": True, "changed": changed, "protected_changed": sorted(p for p in changed if protected(p)),
                 "deleted": sorted(p for p, s in changed.items() if "D" in s), "diff_sha": sha.split()[0] if sha else ""}
 
