@@ -166,3 +166,29 @@ def test_prompt_and_episode_files_become_queue_items(tmp_path):
     assert load_items(store, prompts, None) == ids[:3]  # loading twice adds nothing twice
     assert store.items() == ids
     store.close()
+
+
+def test_an_item_id_from_the_data_file_cannot_inject_markup(bpe_model, tmp_path):
+    """Item ids come from the imported files: they are escaped in the queue's links and in the JSON
+    the page embeds in a <script>, so an id cannot end the script or add an element."""
+    from urllib.parse import quote
+
+    from shoal.annotate.tree import AnnotationStore
+
+    from .conftest import AppServer
+
+    evil = '"><img src=x onerror=alert(1)><b><!--'  # (a '/' would not route: ids with one 404)
+    store = AnnotationStore(tmp_path / "a.db")
+    store.add_item(evil, {"text": "hello"}, title="evil")
+    store.tokens = {"alice": store.add_annotator("alice")}  # type: ignore[attr-defined]
+    store.assign("alice", [evil])
+    server = AppServer(store, bpe_model, k=3)
+    try:
+        alice = client(server, "alice")
+        queue = alice.get("/").text
+        assert "<img" not in queue and "<b>" not in queue and quote(evil, safe="") in queue
+        page = alice.get("/item/" + quote(evil, safe=""))
+        assert page.status_code == 200
+        assert "<img" not in page.text and "<!--" not in page.text
+    finally:
+        server.stop()

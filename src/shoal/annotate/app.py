@@ -21,6 +21,7 @@ import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse, StreamingResponse
@@ -195,15 +196,16 @@ def make_app(ann: Annotator) -> FastAPI:
         except Unauthorized as e:
             return HTMLResponse(f"<!doctype html><title>shoal annotate</title><p>{e}</p>", status_code=401)
         rows = "".join(
-            f'<li class="{"done" if q["done"] else "todo"}"><a href="/item/{q["item_id"]}">{_esc(q["title"])}</a>'
-            f' <span class="kind">{q["kind"]}</span>{" ✓" if q["done"] else ""}</li>' for q in store.queue(name))
+            f'<li class="{"done" if q["done"] else "todo"}"><a href="/item/{_esc(quote(q["item_id"], safe=""))}">'
+            f'{_esc(q["title"])}</a> <span class="kind">{_esc(q["kind"])}</span>{" ✓" if q["done"] else ""}</li>'
+            for q in store.queue(name))
         return HTMLResponse(QUEUE_HTML.replace("{name}", _esc(name)).replace("{rows}", rows or "<li>empty</li>"))
 
     @app.get("/item/{item_id}", response_class=HTMLResponse)
     async def item_page(item_id: str, request: Request) -> HTMLResponse:
         name = who(request)
         store.item(item_id)
-        html = PAGE.read_text().replace("{{item_id}}", json.dumps(item_id)).replace("{{annotator}}", _esc(name))
+        html = PAGE.read_text().replace("{{item_id}}", _script_json(item_id)).replace("{{annotator}}", _esc(name))
         return HTMLResponse(html)
 
     @app.get("/api/queue")
@@ -290,6 +292,12 @@ def make_app(ann: Annotator) -> FastAPI:
         return t
 
     return app
+
+
+def _script_json(v: object) -> str:
+    """JSON to embed in a <script>: `</script>` or `<!--` in an item id (the data file's to choose)
+    cannot end the script or open a comment."""
+    return json.dumps(v).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
 def _esc(s: str) -> str:
