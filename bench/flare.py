@@ -173,24 +173,9 @@ async def labels(a, host: Host, tasks) -> dict:
 
 
 def _scripted_server():
-    import socket
-    import subprocess
+    from shoal.rollout import scripted_server
 
-    import httpx
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "shoal.rollout.scripted_server", "--port", str(port)],
-                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")})
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(400):
-        try:
-            if httpx.get(f"{url}/v1/models").status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.05)
-    return proc, url
+    return scripted_server.spawn(env={"PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")})
 
 
 def plot(res: dict, path: Path) -> None:

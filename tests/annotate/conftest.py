@@ -2,20 +2,17 @@
 the project's scripted OpenAI-compatible server serving a model on /v1/completions."""
 from __future__ import annotations
 
-import os
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 pytest.importorskip("transformers")
 
 from shoal.annotate.demo_models import make_bpe_model, make_repro_checkpoint  # noqa: E402
 from shoal.annotate.model import LocalModel  # noqa: E402
+from shoal.rollout.scripted_server import spawn as spawn_scripted_server  # noqa: E402
 
 # made once per machine (about 30 s on a loaded 2-core host), then reused: the makers are deterministic
 # and write atomically; the version in the name changes when they do
@@ -63,22 +60,7 @@ class ScriptedServer:
     """`python -m shoal.rollout.scripted_server --model PATH` on a free port, as a real process."""
 
     def __init__(self, model: Path):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen([sys.executable, "-m", "shoal.rollout.scripted_server", "--port",
-                                      str(self.port), "--model", str(model)],
-                                     env={**os.environ, "OMP_NUM_THREADS": "1"})
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{self.url}/v1/models", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError("the scripted server did not start")
-            time.sleep(0.2)
+        self.proc, self.url = spawn_scripted_server("--model", str(model), env={"OMP_NUM_THREADS": "1"})
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -5,34 +5,21 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import subprocess
-import sys
-import time
 
-import httpx
 import pytest
 
 from shoal.core.errors import InvalidArgument, LLMUnavailable
 from shoal.flare.judge import JudgeOutputInvalid, LLMJudge, parse_answer, render
 from shoal.flare.programmatic import ProgrammaticDiagnoser
 from shoal.flare.schema import Action, ErrorClass, Prefix, Risk, StepView, Trace
+from shoal.rollout import scripted_server
 
 from .test_diagnosis import START, step
 
 
 @pytest.fixture(scope="module")
 def url():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "shoal.rollout.scripted_server", "--port", str(port)])
-    base = f"http://127.0.0.1:{port}"
-    for _ in range(400):
-        try:
-            if httpx.get(f"{base}/v1/models").status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.05)
+    proc, base = scripted_server.spawn()
     yield base
     proc.terminate()
     proc.wait()

@@ -3,15 +3,12 @@ logprobs kept, LLM calls logged and fast-forwarded, outages retried, then the ep
 from __future__ import annotations
 
 import asyncio
-import socket
-import subprocess
-import sys
-import time
 
 import httpx
 import pytest
 
 from shoal.core.errors import LLMUnavailable
+from shoal.rollout import scripted_server
 from shoal.rollout.episode import run_episode
 from shoal.rollout.policy import ChatEndpointPolicy, make_policy
 from shoal.rollout.runner import Rollout
@@ -24,18 +21,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture
 def server(tmp_path, few_tasks):
     suite = save_suite(few_tasks, tmp_path / "suite.jsonl")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "shoal.rollout.scripted_server", "--port", str(port),
-                             "--suite", str(suite)])
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(200):
-        try:
-            if httpx.get(f"{url}/v1/models").status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.05)
+    proc, url = scripted_server.spawn("--suite", str(suite))
     yield url, suite
     proc.terminate()
     proc.wait()

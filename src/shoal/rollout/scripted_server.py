@@ -11,6 +11,10 @@ first) answers FLARE's step-judge prompt (`flare.judge.scripted_judge_completion
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
 import time
 import uuid
 from typing import Any
@@ -91,6 +95,32 @@ def make_app(suite: str | None = None, model: str | None = None) -> FastAPI:
                           "completion_tokens": len(token_ids)}}
 
     return app
+
+
+def spawn(*args: str, env: dict[str, str] | None = None, timeout: float = 60.0) -> tuple[subprocess.Popen, str]:
+    """This server as a real process on a free loopback port (for tests and benchmarks): the process
+    and its base URL, once it answers `/v1/models`. `args` are extra flags (`--suite`, `--model`).
+    The caller ends the process."""
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "shoal.rollout.scripted_server", "--port", str(port), *args],
+                            env={**os.environ, **(env or {})})
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(f"{url}/v1/models", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            proc.wait()
+            raise RuntimeError(f"the scripted server did not start (exit code {proc.returncode})")
+        time.sleep(0.05)
 
 
 def main() -> None:

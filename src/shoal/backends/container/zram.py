@@ -101,7 +101,8 @@ def swaps() -> dict[str, int]:
 
 
 @contextmanager
-def _locked(state: Path) -> Iterator[None]:
+def state_lock(state: Path) -> Iterator[None]:
+    """An exclusive flock beside a state file (zram's and zswap's): one set-up or tear-down at a time."""
     state.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(str(state) + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
@@ -169,7 +170,7 @@ def _release(index: int) -> None:
 def setup(cfg: ZramConfig, state: Path = STATE_PATH) -> ZramDevice:
     """Shoal's zram swap device with these settings (made now, or the one already there)."""
     cfg.check()
-    with _locked(state):
+    with state_lock(state):
         dev = current(state)
         if dev is not None:
             if (dev.size_mb, dev.algorithm, dev.priority) == (cfg.size_mb, cfg.algorithm, cfg.priority):
@@ -224,7 +225,7 @@ def _teardown(dev: ZramDevice, state: Path) -> None:
 
 def teardown(state: Path = STATE_PATH) -> bool:
     """Stop swapping to Shoal's zram device and remove it; False if there was none."""
-    with _locked(state):
+    with state_lock(state):
         dev = _read_state(state)
         if dev is None:
             return False

@@ -13,14 +13,12 @@ Pages already in zswap stay there after a teardown until they are touched or fre
 from __future__ import annotations
 
 import errno
-import fcntl
 import json
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from ...core.errors import BackendUnavailable, InvalidArgument
+from .zram import state_lock
 
 STATE_PATH = Path("/run/shoal/zswap.json")
 PARAMS = Path("/sys/module/zswap/parameters")
@@ -57,17 +55,6 @@ def stats() -> dict[str, int]:
     return out
 
 
-@contextmanager
-def _locked(state: Path) -> Iterator[None]:
-    state.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(str(state) + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
 def _check_name(compressor: object) -> str:
     if not isinstance(compressor, str) or not compressor or not compressor.replace("-", "").isalnum():
         raise InvalidArgument(f"zswap compressor must be a name such as deflate or lzo, got {compressor!r}")
@@ -91,7 +78,7 @@ def setup(compressor: str, state: Path = STATE_PATH) -> str:
     if not available():
         raise BackendUnavailable("zswap is not available on this kernel (no /sys/module/zswap); "
                                  "set zswap_compressor = \"\" in the config's density table")
-    with _locked(state):
+    with state_lock(state):
         if not state.exists():  # the first setup records the host's own values; a repeated one keeps them
             before = {"enabled": _param("enabled"), "compressor": _param("compressor")}
             tmp = state.with_name(state.name + ".tmp")
@@ -133,5 +120,5 @@ def _restore(state: Path) -> bool:
 
 def teardown(state: Path = STATE_PATH) -> bool:
     """Put zswap's settings back to what setup() found; False if Shoal had not changed them."""
-    with _locked(state):
+    with state_lock(state):
         return _restore(state)

@@ -122,6 +122,16 @@ def _deliver(conn: h11.Connection, local: socket.socket) -> bool:
     return True
 
 
+def _readable(socks: list[socket.socket], timeout: float) -> list[socket.socket]:
+    """The sockets of `socks` with data (or an end) to read: poll, not select, whose FD_SETSIZE of
+    1024 a dense host's relays pass."""
+    p = select.poll()
+    for s in socks:
+        p.register(s, select.POLLIN)
+    fds = {fd for fd, _ in p.poll(timeout * 1000)}
+    return [s for s in socks if s.fileno() in fds]
+
+
 def _relay(sock: socket.socket, conn: h11.Connection, local: socket.socket) -> None:
     up_open = True
     try:
@@ -129,7 +139,7 @@ def _relay(sock: socket.socket, conn: h11.Connection, local: socket.socket) -> N
         down_open = _deliver(conn, local)
         while down_open:
             pending = isinstance(sock, ssl.SSLSocket) and sock.pending() > 0
-            ready = [sock] if pending else select.select([sock, local] if up_open else [sock], [], [], 5.0)[0]
+            ready = [sock] if pending else _readable([sock, local] if up_open else [sock], 5.0)
             if local in ready:
                 data = local.recv(CHUNK)
                 if data:
