@@ -357,8 +357,11 @@ class ChunkCache:
                 n += 1
                 freed += size
         for stale in [*(self.dir / ".tmp").iterdir(), *(self.dir / ".locks").iterdir()]:
-            if stale.name not in keep and time.time() - stale.stat().st_mtime > 600:
-                stale.unlink(missing_ok=True)
+            try:
+                if stale.name not in keep and time.time() - stale.stat().st_mtime > 600:
+                    stale.unlink(missing_ok=True)
+            except FileNotFoundError:
+                pass  # a fetch in flight renamed it into place (or ended) between the listing and the stat
         self._bytes = None
         return {"chunks_evicted": n, "bytes_evicted": freed}
 
