@@ -8,6 +8,7 @@ with O_NOFOLLOW where a symlink would be written through.
 from __future__ import annotations
 
 import ctypes
+import errno
 import io
 import os
 import shutil
@@ -214,6 +215,9 @@ class SandboxFiles:
             for k, v in attrs.items():
                 os.setxattr(fd, k, v.encode())
         except OSError as e:
+            if e.errno == errno.EOPNOTSUPP:
+                raise FileOpError(f"set_xattrs {path!r} in sandbox {self.sandbox_id}: its filesystem does not store "
+                                  "user.* xattrs (a tmpfs upper before Linux 6.6)") from e
             raise self._err(e, "set_xattrs", path) from e
         finally:
             os.close(fd)
