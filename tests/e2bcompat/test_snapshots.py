@@ -7,7 +7,6 @@ import asyncio
 import pytest
 
 
-
 def test_snapshot_restore_list_delete_and_fork(sbx, opts, e2b_server):
     from e2b import Sandbox
     from e2b.exceptions import NotFoundException, SandboxException
