@@ -4,7 +4,9 @@ It lets the HTTP policy path (retries, outages, token ids, logprobs) run end to 
 without a GPU: `model` picks the policy ("oracle", "null", "random"); the oracle finds its task by
 the problem statement in the conversation. `POST /admin/outage {"seconds": s, "status": 503}` makes
 it fail for a while, for outage tests and demos. Model "judge" (or "judge-bad:N": N invalid answers
-first) answers FLARE's step-judge prompt (`flare.judge.scripted_judge_completion`).
+first) answers FLARE's step-judge prompt (`flare.judge.scripted_judge_completion`). With `--model
+PATH` a real local model answers chat requests that name it (`rollout.local_chat`) and serves
+`/v1/completions`.
 
     python -m shoal.rollout.scripted_server --port 8011   # then SHOAL_LLM_URL=http://127.0.0.1:8011/v1
 """
@@ -30,11 +32,13 @@ def make_app(suite: str | None = None, model: str | None = None) -> FastAPI:
     """`model`: a local model (HF directory or shoal.train.repro checkpoint) served on /v1/completions
     with real logprobs and top-k (shoal.annotate.openai_routes), beside the scripted chat policies."""
     app = FastAPI(title="shoal scripted chat endpoint")
+    local = None
     if model:
         from ..annotate.model import LocalModel
         from ..annotate.openai_routes import add_completions
 
-        add_completions(app, LocalModel.load(model))
+        local = LocalModel.load(model)
+        add_completions(app, local)
     by_statement = {t.problem_statement: t for t in load_suite(suite)}
     state: dict[str, Any] = {"down_until": 0.0, "status": 503, "requests": 0, "failed": 0}
 
@@ -50,7 +54,8 @@ def make_app(suite: str | None = None, model: str | None = None) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> dict:
-        return {"object": "list", "data": [{"id": m, "object": "model"} for m in ("oracle", "null", "random")]}
+        names = ("oracle", "null", "random") + ((local.name,) if local is not None else ())
+        return {"object": "list", "data": [{"id": m, "object": "model"} for m in names]}
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
@@ -62,6 +67,16 @@ def make_app(suite: str | None = None, model: str | None = None) -> FastAPI:
         body = await request.json()
         messages = body.get("messages") or []
         model = body.get("model", "oracle")
+        if local is not None and model == local.name:  # the real local model (rollout.local_chat)
+            import asyncio
+
+            from ..core.errors import InvalidArgument
+            from .local_chat import chat_completion
+
+            try:
+                return await asyncio.to_thread(chat_completion, local, body)
+            except (InvalidArgument, ValueError, TypeError) as e:
+                return JSONResponse({"error": {"message": str(e), "type": "invalid_request_error"}}, status_code=400)
         if str(model).startswith("judge"):  # FLARE's step judge, answered by the programmatic diagnoser
             from ..flare.judge import scripted_judge_completion
 
