@@ -134,7 +134,7 @@ def test_sft_jsonl_is_read_by_datasets_and_trained_on_by_trl(oracle_record, tmp_
     calls = [m["tool_calls"] for m in ds[0]["messages"] if m.get("tool_calls")]
     assert calls and isinstance(calls[0][0]["function"]["arguments"], str | dict)
 
-    tok = HFTokenizer.load(make_bpe_model(tmp_path / "bpe")).tok
+    tok = HFTokenizer.load(make_bpe_model(tmp_path / "bpe", steps=1)).tok
     tok.pad_token = tok.eos_token
     tok.chat_template = (
         "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}"

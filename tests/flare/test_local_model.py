@@ -29,7 +29,7 @@ PREFIX = Prefix(task="t", problem="fix the bug in pkg/core.py", steps=(
 def model(tmp_path_factory):
     from shoal.annotate.demo_models import make_bpe_model
 
-    return make_bpe_model(tmp_path_factory.mktemp("lm") / "tiny-gpt2")
+    return make_bpe_model(tmp_path_factory.mktemp("lm") / "tiny-gpt2", steps=20)  # its skill is not tested
 
 
 @pytest.fixture(scope="module")
