@@ -174,6 +174,7 @@ def one_run(model, items, args) -> dict:
             store.add_item(f"q{i}", {"text": prompt})
         token = store.add_annotator("bench")
         store.add_item("browser", {"text": items[0][0]})
+        store.assign("bench", store.items())
         url, server, thread = serve(Annotator(store, model, k=args.k))
         lat: list[float] = []
         t0 = time.perf_counter()

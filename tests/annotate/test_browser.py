@@ -123,6 +123,7 @@ def test_model_server_going_away_mid_stream(browser, bpe_dir, bpe_model, tmp_pat
     store = AnnotationStore(tmp_path / "a.db")
     store.add_item("p", {"text": "The agent reads"}, title="The agent reads")
     store.tokens = {"alice": store.add_annotator("alice")}  # type: ignore[attr-defined]
+    store.assign("alice", store.items())
     remote = OpenAIModel(model_server.url, bpe_model.name, bpe_model.tokenizer)
     server = AppServer(store, remote, k=5, max_tokens=60)
     try:
@@ -166,6 +167,7 @@ def test_an_episode_step_with_multibyte_text_renders_token_for_token(browser, bp
         store.add_item(it["id"], it["prompt"], kind="episode", title=it["title"], response=it["response"],
                        meta=it["meta"])
     store.tokens = {"alice": store.add_annotator("alice")}  # type: ignore[attr-defined]
+    store.assign("alice", store.items())
     server = AppServer(store, bpe_model, k=5, max_tokens=30)
     try:
         page = login(browser, server, "alice")
