@@ -121,6 +121,9 @@ def test_a_corrected_tool_call_runs_in_a_branch_and_the_model_continues_after_it
         evs = events(alice.post("/api/tree/ep-step1/correct", json={"parent": 0, "pos": pos, "text": typed,
                                                                     "version": 1}))
         assert evs[-1] == ("done", {"version": 3, "node": 1, "n": 0})  # a whole call: it waits to run
+        stale = alice.post("/api/tree/ep-step1/execute", json={"node": 1, "version": 2})  # another wrote first
+        assert stale.status_code == 409 and stale.json()["error"]["current_version"] == 3
+        assert len(Episode(log, "ep").tree().children) == 0  # refused before any branch was made
         r = alice.post("/api/tree/ep-step1/execute", json={"node": 1, "version": 3})
         assert r.status_code == 200, r.text
         branch, node = r.headers["x-branch"], int(r.headers["x-node"])

@@ -126,7 +126,8 @@ class Annotator:
     def view(self, item_id: str, node_id: int | None = None) -> dict:
         item = self.store.item(item_id)
         tree = self.store.tree(item_id)
-        base: dict[str, Any] = {"item": item, "low_confidence": self.low, "k": self.k, "model": self.model.name}
+        base: dict[str, Any] = {"item": item, "low_confidence": self.low, "k": self.k, "model": self.model.name,
+                                "env": self.env is not None and item.get("kind") == "episode"}
         if tree is None:
             return {**base, "version": 0, "nodes": [], "current": None}
         node = tree.node(node_id) if node_id is not None else tree.latest()
