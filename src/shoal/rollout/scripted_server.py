@@ -32,11 +32,14 @@ def make_app(suite: str | None = None, model: str | None = None) -> FastAPI:
     """`model`: a local model (HF directory or shoal.train.repro checkpoint) served on /v1/completions
     with real logprobs and top-k (shoal.annotate.openai_routes), beside the scripted chat policies."""
     app = FastAPI(title="shoal scripted chat endpoint")
+    served: Any = None  # the local model's chat handler, for requests that name it
+    served_name = None
     if model:
         from ..annotate.model import LocalModel
         from ..annotate.openai_routes import add_completions
 
-        add_completions(app, LocalModel.load(model))
+        backend = LocalModel.load(model)
+        served, served_name = add_completions(app, backend), backend.name
     by_statement = {t.problem_statement: t for t in load_suite(suite)}
     state: dict[str, Any] = {"down_until": 0.0, "status": 503, "requests": 0, "failed": 0}
     desktop_models: list[Any] = []
@@ -70,6 +73,8 @@ def make_app(suite: str | None = None, model: str | None = None) -> FastAPI:
             return JSONResponse({"error": {"message": "scripted outage", "type": "server_error"}},
                                 status_code=state["status"])
         body = await request.json()
+        if served is not None and body.get("model") == served_name:
+            return await served(body)
         messages = body.get("messages") or []
         model = body.get("model", "oracle")
         if str(model).startswith("desktop"):  # vision requests: a real PNG screenshot is required
