@@ -172,6 +172,12 @@ def test_a_corrected_tool_call_runs_in_a_branch_and_the_model_continues_after_it
         assert t["children"][0]["children"][0]["step"] == 2
         assert [(e.kind, e.request) for e in log.history("ep/sandbox")] == original
         assert Episode(log, branch, host).sandbox() is None  # each branch's sandbox is gone after its step
+        # the first step has no step before it: its call runs in a fresh sandbox of the task (the start)
+        assert alice.post("/api/tree/ep-step0/start", json={}).json()["version"] == 1
+        r = alice.post("/api/tree/ep-step0/execute", json={"node": 0, "version": 1})
+        assert r.status_code == 200, r.text
+        assert r.headers["x-strategy"] == "start" and r.headers["x-branch"].startswith("ep.a1.")
+        assert "ok" in "".join(d["text"] for e, d in events(r) if e == "token" and d.get("src") == "o")
         labelled = alice.post("/api/tree/ep-step1/label", json={"node": node, "label": "good",
                                                                 "version": tree.version})
         assert labelled.status_code == 200
