@@ -53,6 +53,7 @@ from .core.contract import (
     SnapshotRequest,
     StartRequest,
     TimeoutRequest,
+    WatchHandle,
 )
 from .core.errors import (
     BackendUnavailable,
@@ -339,6 +340,9 @@ class Host(SandboxBackend):
 
     def set_network(self, sandbox_id: str, req: NetworkRequest) -> NetworkPolicy:
         return self._route(sandbox_id).set_network(sandbox_id, req)
+
+    def watch_dir(self, sandbox_id: str, path: str, recursive: bool = False) -> WatchHandle:
+        return self._route(sandbox_id).watch_dir(sandbox_id, path, recursive)
 
     # ---------------------------------------------------------------- housekeeping
     def sweep(self) -> list[str]:

@@ -47,6 +47,7 @@ from ...core.contract import (
     SessionRequest,
     StartRequest,
     TimeoutRequest,
+    WatchHandle,
     check_seconds,
     to_ms,
 )
@@ -783,6 +784,16 @@ class ContainerBackend(LocalBackend):
         if meta.get("idle_ttl"):
             self.touch(sandbox_id)
         return connect_in_netns(sandbox_id, meta["init_pid"], meta.get("init_start"), port, timeout)
+
+    def watch_dir(self, sandbox_id: str, path: str, recursive: bool = False) -> WatchHandle:
+        """inotify on the sandbox's own view of `path` (watch.py); caps in `self.watch_limits`."""
+        from .watch import ContainerWatch, WatchLimits
+
+        meta = self._live_meta(sandbox_id)
+        if meta.get("idle_ttl"):
+            self.touch(sandbox_id)
+        limits = getattr(self, "watch_limits", None) or WatchLimits()
+        return ContainerWatch(sandbox_id, meta["init_pid"], meta.get("init_start"), path, recursive, limits)
 
     def upper_dir(self, sandbox_id: str) -> Path:
         """The sandbox's writable overlayfs upper (host path): its whole diff against its layers.
