@@ -288,6 +288,7 @@ TABLES: dict[str, tuple[str, Callable[[dict], list[list[str]]]]] = {
     "density": ("bench/results/density.json", _bench_renderer("density", "readme_rows")),
     "density-goals": ("bench/results/density.json", density_goal_rows),
     "desktop": ("bench/results/desktop.json", _bench_renderer("desktop", "readme_rows")),
+    "annotate": ("bench/results/annotate.json", _bench_renderer("annotate", "readme_rows")),
 }
 
 
