@@ -544,3 +544,13 @@ def test_scale_doc_table_matches_the_simulation():
         line = next((ln for ln in doc if ln.startswith(f"| {label} |")), None)
         assert line is not None, f"docs/scale.md has no row {label!r}"
         assert numbers(line.split("|")[2]) == numbers(value), (line, value)
+
+
+def test_desktop_suite_tables_match_the_validation_run():
+    """docs/desktop.md's suite tables are bench/desktop_suite.py's rows over bench/results/desktop_suite.json."""
+    mod = _bench_module("desktop_suite")
+    j = load("bench/results/desktop_suite.json")
+    doc = (REPO / "docs" / "desktop.md").read_text().splitlines()
+    missing = [row for row in mod.summary_rows(j) + mod.task_rows(j) if row not in doc]
+    assert not missing, "docs/desktop.md lacks rows (bench/desktop_suite.py --rows):\n" + "\n".join(missing)
+
