@@ -5,6 +5,7 @@ import json
 import time
 
 import httpx
+import pytest
 
 from shoal.annotate.app import episode_items
 
@@ -167,6 +168,23 @@ def test_prompt_and_episode_files_become_queue_items(tmp_path):
     assert store.item("ep9-step0")["response"] == [{"role": "assistant", "content": "ok"}]
     assert load_items(store, prompts, None) == ids[:3]  # loading twice adds nothing twice
     assert store.items() == ids
+    store.close()
+
+
+def test_serve_deals_items_out_and_admins_see_all(tmp_path):
+    from shoal.annotate.cli import accounts
+    from shoal.annotate.tree import AnnotationStore, NotYourItem
+
+    store = AnnotationStore(tmp_path / "a.db")
+    for i in range(5):
+        store.add_item(f"i{i}", {"text": str(i)})
+    tokens = accounts(store, store.items(), ["a", "b"], ["lead"], deal=True)
+    assert [q["item_id"] for q in store.queue("a")] == ["i0", "i2", "i4"]
+    assert [q["item_id"] for q in store.queue("b")] == ["i1", "i3"]
+    assert store.login(tokens["lead"]) == "lead" and store.queue("lead") == []
+    store.check_access("lead", "i1")
+    with pytest.raises(NotYourItem):
+        store.check_access("a", "i1")
     store.close()
 
 

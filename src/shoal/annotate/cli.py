@@ -106,16 +106,24 @@ def serve(db: str = typer.Option("annotate.db", help="SQLite file, or a postgres
     backend = open_model(model, openai, openai_model, tokenizer, chat)
     store = AnnotationStore(db)
     items = load_items(store, prompts, episodes) or store.items()
-    for j, name in enumerate(annotator):
-        token = store.add_annotator(name)
-        store.assign(name, items[j::len(annotator)] if deal else items)
-        print(f"{name}: http://{host}:{port}/login?token={token}", file=sys.stderr)
-    for name in admin:
-        print(f"{name} (admin): http://{host}:{port}/login?token={store.add_annotator(name, admin=True)}",
+    for name, token in accounts(store, items, annotator, admin, deal).items():
+        print(f"{name}{' (admin)' if name in admin else ''}: http://{host}:{port}/login?token={token}",
               file=sys.stderr)
     env = open_env(trajlog, sandboxes, suite) if trajlog else None
     uvicorn.run(make_app(Annotator(store, backend, k=k, max_tokens=max_tokens, env=env)), host=host, port=port,
                 log_level="warning")
+
+
+def accounts(store, items: list[str], annotators: list[str], admins: list[str], deal: bool) -> dict[str, str]:
+    """Login tokens by name: each annotator's queue is every item, or a round-robin share (`deal`);
+    admins see everything and queue nothing."""
+    out = {}
+    for j, name in enumerate(annotators):
+        out[name] = store.add_annotator(name)
+        store.assign(name, items[j::len(annotators)] if deal else items)
+    for name in admins:
+        out[name] = store.add_annotator(name, admin=True)
+    return out
 
 
 def open_env(trajlog: str, sandboxes: str | None, suite: str | None):
