@@ -96,6 +96,7 @@ def test_the_policy_over_a_real_model(server, model, few_tasks, host, tmp_path):
         assert ids and all(0 <= i < tok.vocab_size for i in ids)  # the model's own vocabulary
         assert msg["content"] == b"".join(tok.token_bytes(i) for i in ids if i != tok.eos_id).decode("utf-8", "replace")
         assert turn["usage"]["prompt_tokens_cut"] > 0  # the prompt did not fit the 128-token context
+        assert len(turn["logprobs"]) == len(ids) and all(lp <= 0 for lp in turn["logprobs"])
     tr = Trace.from_record(rec)
     diags = [ProgrammaticDiagnoser().diagnose_now(tr.prefix(k)) for k in range(1, len(tr.steps) + 1)]
     per = record_token_rewards(rec, diags)

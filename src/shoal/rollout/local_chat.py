@@ -123,6 +123,7 @@ def chat_completion(backend: Any, body: dict) -> dict:
     full = tok.encode(render(messages, body.get("tools")))
     fmt = body.get("response_format") or {}
     tool_calls: list[dict] = []
+    logprobs: dict | None = None
     if fmt.get("type") == "json_schema":
         schema = (fmt.get("json_schema") or {}).get("schema")
         prompt = _fit(full, None if backend.max_context is None else backend.max_context - STRING_TOKENS - 8)
@@ -131,7 +132,11 @@ def chat_completion(backend: Any, body: dict) -> dict:
         finish = "stop"
     else:
         prompt = _fit(full, None if backend.max_context is None else backend.max_context - max_new)
-        ids = [t.id for t in backend.stream(prompt, max_new, k=0, temperature=temperature, seed=seed)]
+        infos = list(backend.stream(prompt, max_new, k=0, temperature=temperature, seed=seed))
+        ids = [t.id for t in infos]
+        if body.get("logprobs"):  # per generated token, as OpenAI's chat logprobs (no top-k here)
+            logprobs = {"content": [{"token": tok.token_bytes(t.id).decode("utf-8", "replace"),
+                                     "logprob": t.logprob, "top_logprobs": []} for t in infos]}
         finish = "stop" if ids and ids[-1] == tok.eos_id else "length"
         gen = [i for i in ids if i != tok.eos_id]
         content = b"".join(tok.token_bytes(i) for i in gen).decode("utf-8", "replace")
@@ -142,7 +147,7 @@ def chat_completion(backend: Any, body: dict) -> dict:
         if tool_calls:
             finish = "tool_calls"
     return {"id": "chatcmpl-local", "object": "chat.completion", "model": backend.name,
-            "choices": [{"index": 0, "finish_reason": finish, "token_ids": ids,
+            "choices": [{"index": 0, "finish_reason": finish, "token_ids": ids, "logprobs": logprobs,
                          "message": {"role": "assistant", "content": content, "tool_calls": tool_calls or None}}],
             "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(ids),
                       "prompt_tokens_cut": len(full) - len(prompt)}}

@@ -7,9 +7,10 @@ it fail for a while, for outage tests and demos. Models "desktop-oracle", "deskt
 "desktop-judge" answer vision requests for desktop tasks and refuse any without a real PNG
 (`tasks.desktop.scripted`). Model "judge" (or "judge-bad:N": N invalid answers
 first) answers FLARE's step-judge prompt (`flare.judge.scripted_judge_completion`). With `--model
-PATH` a real local model answers chat requests that name it: those using the annotation client's
-features (`continue_final_message`, `logprobs`, `stream`) through `annotate.openai_routes`, the
-others (agents' tool calls, a judge's `response_format`) through `rollout.local_chat`.
+PATH` a real local model answers chat requests that name it: agents' and judges' (with `tools` or
+`response_format`, or neither and none of the annotation client's fields) through
+`rollout.local_chat`, the annotation client's (`continue_final_message`, `logprobs`, `stream`, ...)
+through `annotate.openai_routes`.
 
     python -m shoal.rollout.scripted_server --port 8011   # then SHOAL_LLM_URL=http://127.0.0.1:8011/v1
 """
@@ -30,7 +31,7 @@ from fastapi.responses import JSONResponse
 from ..tasks.swe.suite import load_suite
 from .policy import NullPolicy, OraclePolicy, RandomEditPolicy, ScriptedPolicy
 
-ANNOTATE_FEATURES = ("continue_final_message", "logprobs", "top_logprobs", "stream")
+ANNOTATE_FEATURES = ("continue_final_message", "add_generation_prompt", "logprobs", "top_logprobs", "stream")
 
 
 def make_app(suite: str | None = None, model: str | None = None) -> FastAPI:
@@ -81,7 +82,8 @@ def make_app(suite: str | None = None, model: str | None = None) -> FastAPI:
                                 status_code=state["status"])
         body = await request.json()
         if served is not None and body.get("model") == served_name:
-            if any(body.get(k) for k in ANNOTATE_FEATURES):  # the annotation client's chat
+            agentic = body.get("tools") or body.get("response_format")
+            if not agentic and any(k in body for k in ANNOTATE_FEATURES):  # the annotation client's chat
                 return await served(body)
             import asyncio
 
