@@ -635,8 +635,9 @@ def _hold_sessions(root: str, conn: Any) -> None:
     its client's descriptors (the control socket, stdin, stdout, stderr), and one process may hold at
     most its RLIMIT_NOFILE; root here cannot raise the hard limit (no CAP_SYS_RESOURCE), so a fill past
     nofile/4 sessions spreads them over processes, as a fleet of clients would."""
-    from shoal import Sandbox
+    from shoal import Host, Sandbox
 
+    host = Host.get(Path(root))  # in-process, like the bench's own client
     resource.setrlimit(resource.RLIMIT_NOFILE, (resource.getrlimit(resource.RLIMIT_NOFILE)[1],) * 2)
     held: list[Any] = []
     while True:
@@ -654,7 +655,7 @@ def _hold_sessions(root: str, conn: Any) -> None:
             continue
         sid, shell, cmd, timeout = msg
         try:
-            ses = Sandbox.connect(sid, root=root).sessions.create(shell=shell)
+            ses = Sandbox(host, host.info(sid)).sessions.create(shell=shell)
             r = ses.run(cmd, timeout=timeout)
             held.append(ses)
             conn.send(("ok", r.stdout, r.stderr, r.exit_code))
