@@ -354,3 +354,26 @@ def test_restarted_front_finds_its_sandboxes(root, e2b_image):
     finally:
         second["proc"].terminate()
         second["proc"].wait(20)
+
+
+def test_watchers_left_behind_are_freed_with_their_sandbox(opts, e2b_server):
+    """A client that never removes its watchers: killing the sandbox frees their inotify instances in the
+    front (each one counts against the host's per-uid inotify limit)."""
+    import os
+
+    def inotify_fds() -> int:
+        pid, n = e2b_server["proc"].pid, 0
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                n += os.readlink(f"/proc/{pid}/fd/{fd}") == "anon_inode:inotify"
+            except OSError:
+                pass
+        return n
+
+    before = inotify_fds()
+    s = Sandbox.create("base", timeout=60, **opts)
+    for d in ("/tmp", "/home/user", "/"):
+        s.files.watch_dir(d)
+    assert inotify_fds() == before + 3
+    assert s.kill() is True
+    assert inotify_fds() == before
