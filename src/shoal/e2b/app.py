@@ -85,6 +85,8 @@ def make_app(backend: SandboxBackend, keys: Keys, templates: Mapping[str, str] |
     store = BoxStore(state) if state is not None else None
     front = Front(backend=backend, keys=keys, templates=dict(templates or DEFAULT_TEMPLATES),
                   default_timeout=default_timeout, boxes=Boxes(store), limits=limits or Limits())
+    front.snapshots.store = store
+    front.snapshots.load()
     if store is not None:
         for box in store.load():
             try:
