@@ -15,7 +15,7 @@ Per run (>= 3), on fresh SQLite, the app served by uvicorn on a loopback port:
    correct answer their own way (the same column steps, most significant column first: correct,
    checkable, and not the policy's wording). The paper's comparison: +0.86% (onPanda) vs +36.31%.
 
-    flock /tmp/shoal-bench.lock .venv/bin/python bench/annotate.py   # writes bench/results/annotate.{json,png}
+    .venv/bin/python bench/annotate.py   # takes /tmp/shoal-bench.lock itself; writes bench/results/annotate.{json,png}
 """
 from __future__ import annotations
 
@@ -174,6 +174,7 @@ def one_run(model, items, args) -> dict:
             store.add_item(f"q{i}", {"text": prompt})
         token = store.add_annotator("bench")
         store.add_item("browser", {"text": items[0][0]})
+        store.assign("bench", store.items())
         url, server, thread = serve(Annotator(store, model, k=args.k))
         lat: list[float] = []
         t0 = time.perf_counter()
@@ -223,6 +224,33 @@ def summarize(runs: list[dict]) -> dict:
               "ppl_increase_onpanda_pct", "ppl_increase_post_edit_pct", "corrections", "session_s"):
         out[k] = spread([float(r[k]) for r in runs])
     return out
+
+
+def readme_rows(j: dict) -> list[list[str]]:
+    """README / docs table: figure | median [min–max] over the runs (tests/test_docs_numbers.py checks it)."""
+    s = j["summary"]
+
+    def cell(m: dict, fmt: str, scale: float = 1, unit: str = "") -> str:
+        f = lambda x: format(x * scale, fmt)  # noqa: E731
+        return f"{f(m['median'])}{unit} [{f(m['min'])}–{f(m['max'])}]"
+
+    rows = [["click → first continued token, p50, HTTP API", cell(s["click_to_first_token_p50_ms"], ".1f", unit=" ms")]]
+    if s.get("click_to_first_token_p90_ms"):
+        rows.append(["click → first continued token, p90, HTTP API", cell(s["click_to_first_token_p90_ms"], ".1f",
+                                                                          unit=" ms")])
+    if s.get("browser_click_to_first_token_p50_ms"):
+        rows.append([f"click → first continued token, p50, in Chromium ({len(j['runs'][0]['browser_latency_s'])} "
+                     "clicks per run)", cell(s["browser_click_to_first_token_p50_ms"], ".1f", unit=" ms")])
+    rows += [[f"corrections to reach {j['prompts']} correct answers", cell(s["corrections"], ".0f")],
+             ["tokens of the good dialogs written by the model", cell(s["share_generated"], ".1f", 100, "%")],
+             ["… picked from the top-k", cell(s["share_picked"], ".1f", 100, "%")],
+             ["… typed", cell(s["share_typed"], ".1f", 100, "%")],
+             ["perplexity under the policy: its own first responses", cell(s["ppl_policy_own"], ".3f")],
+             ["… of the SFT data from locate-correct-continue", cell(s["ppl_onpanda_sft"], ".3f")
+              + f", {s['ppl_increase_onpanda_pct']['median']:+.1f}%"],
+             ["… of post-edited data (a scripted full rewrite)", cell(s["ppl_post_edit"], ".3f")
+              + f", {s['ppl_increase_post_edit_pct']['median']:+.1f}%"]]
+    return rows
 
 
 def plot(result: dict, path: Path) -> None:

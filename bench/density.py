@@ -254,10 +254,15 @@ def limit_usage(sysctl: dict[str, int], usage: dict[str, int]) -> dict[str, dict
 
 
 def stop_reason(*, n: int, max_n: int, free_frac: float, free_min: float, recent_create_s: list[float],
-                p99_max_s: float, limits: dict[str, dict], limit_frac: float = 0.95) -> str | None:
-    """Why the fill stops at N=n, or None to go on (the issue's stop rule, in order)."""
+                p99_max_s: float, limits: dict[str, dict], limit_frac: float = 0.95,
+                avail_bytes: int | None = None, avail_min_bytes: int = 0) -> str | None:
+    """Why the fill stops at N=n, or None to go on (the issue's stop rule, in order; then the shared
+    host's guard: MemAvailable kept above --min-available-gib for the other users of the machine)."""
     if free_frac < free_min:
         return f"free memory {free_frac * 100:.1f}% < {free_min * 100:.0f}%"
+    if avail_min_bytes and avail_bytes is not None and avail_bytes < avail_min_bytes:
+        return (f"shared-host guard: MemAvailable {avail_bytes / (1 << 30):.1f} GiB < "
+                f"{avail_min_bytes / (1 << 30):g} GiB (--min-available-gib)")
     if len(recent_create_s) >= 50 and pct(recent_create_s, 0.99) > p99_max_s:
         return f"create p99 {pct(recent_create_s, 0.99) * 1e3:.0f} ms > {p99_max_s * 1e3:.0f} ms"
     for name, u in limits.items():
@@ -624,6 +629,73 @@ def progress() -> Progress:
                     TextColumn("{task.fields[note]}"), console=console, transient=False)
 
 
+# ------------------------------------------------------------------------------------------ session holders
+def _hold_sessions(root: str, conn: Any) -> None:
+    """A client process that opens and keeps sandboxes' sessions (--session-procs). A session is 4 of
+    its client's descriptors (the control socket, stdin, stdout, stderr), and one process may hold at
+    most its RLIMIT_NOFILE; root here cannot raise the hard limit (no CAP_SYS_RESOURCE), so a fill past
+    nofile/4 sessions spreads them over processes, as a fleet of clients would."""
+    from shoal import Host, Sandbox
+
+    host = Host.get(Path(root))  # in-process, like the bench's own client
+    resource.setrlimit(resource.RLIMIT_NOFILE, (resource.getrlimit(resource.RLIMIT_NOFILE)[1],) * 2)
+    held: list[Any] = []
+    while True:
+        msg = conn.recv()
+        if msg is None:
+            break
+        if msg == "drop":  # the run's sandboxes were killed: let their sessions go
+            for ses in held:
+                try:
+                    ses.close()
+                except Exception:
+                    pass
+            held = []
+            conn.send(("ok", "", "", 0))
+            continue
+        sid, shell, cmd, timeout = msg
+        try:
+            ses = Sandbox(host, host.info(sid)).sessions.create(shell=shell)
+            r = ses.run(cmd, timeout=timeout)
+            held.append(ses)
+            conn.send(("ok", r.stdout, r.stderr, r.exit_code))
+        except Exception as e:
+            conn.send(("err", "", f"{type(e).__name__}: {str(e)[:300]}", -1))
+
+
+class SessionHolder:
+    """One _hold_sessions process (spawned: no threads of the bench forked into it) and its pipe."""
+
+    def __init__(self, root: Path):
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_hold_sessions, args=(str(root), child), daemon=True)
+        self.proc.start()
+        child.close()
+        self.lock = threading.Lock()
+
+    @property
+    def pid(self) -> int:
+        return int(self.proc.pid or 0)
+
+    def call(self, msg: Any) -> tuple[str, str, str, int]:
+        with self.lock:
+            self.conn.send(msg)
+            return self.conn.recv()
+
+    def close(self) -> None:
+        try:
+            with self.lock:
+                self.conn.send(None)
+        except OSError:
+            pass
+        self.proc.join(10)
+        if self.proc.is_alive():
+            self.proc.kill()
+
+
 # ------------------------------------------------------------------------------------------ sides
 class Side:
     """One side of the comparison: creates idle sandboxes of a profile and measures them."""
@@ -665,6 +737,10 @@ class Side:
     def kill_all(self, hs: list[Any]) -> None:
         raise NotImplementedError
 
+    def client_pids(self) -> list[int]:
+        """The client processes whose descriptors the fill counts (the bench, and session holders)."""
+        return [os.getpid()]
+
     def down(self) -> None:
         pass
 
@@ -672,7 +748,7 @@ class Side:
 class ShoalSide(Side):
     name = "shoal"
 
-    def __init__(self, root: Path, profile: str, py_root: Path, ksm: bool):
+    def __init__(self, root: Path, profile: str, py_root: Path, ksm: bool, session_procs: int = 0):
         from shoal import Host
         from shoal.backends.container.cgroups import cgroup_parent
         from shoal.core.contract import CreateRequest
@@ -687,10 +763,22 @@ class ShoalSide(Side):
         if ksm:
             if "ksm" in CreateRequest.model_fields:
                 self.extra["ksm"] = True
+                # identical layouts merge page for page (docs/ksm-and-scheduling.md: 14.2 -> 0.76 MiB each)
+                self.extra["aslr"] = False
+                self.extra["env"] = {"PYTHONHASHSEED": "0"}
             else:
                 self.notes["ksm"] = "skipped: CreateRequest has no `ksm` field on this build"
         self.image, self.layers = self._prepare(py_root)
         self._lock = threading.Lock()
+        self.holders = [SessionHolder(self.host.settings.root) for _ in range(session_procs)]
+        self._next_holder = 0
+
+    def client_pids(self) -> list[int]:
+        return [os.getpid()] + [h.pid for h in self.holders]
+
+    def down(self) -> None:
+        for h in self.holders:
+            h.close()
 
     def _prepare(self, py_root: Path) -> tuple[str, list[str]]:
         store = self.host.store
@@ -749,12 +837,19 @@ class ShoalSide(Side):
 
     def ready(self, h: Any) -> None:
         sb = h["sb"]
-        if self.profile == "shell":
-            h["session"] = sb.sessions.create(shell="/bin/sh")
-            r = h["session"].run("echo ready")
-        else:
-            h["session"] = sb.sessions.create(shell="/bin/bash")
-            r = h["session"].run(f"{PY_START} {PY_WAIT}", timeout=120)
+        shell, cmd, timeout = (("/bin/sh", "echo ready", 60.0) if self.profile == "shell"
+                               else ("/bin/bash", f"{PY_START} {PY_WAIT}", 120.0))
+        if self.holders:  # the session lives in a holder process (--session-procs)
+            with self._lock:
+                holder = self.holders[self._next_holder % len(self.holders)]
+                self._next_holder += 1
+            status, out, err, code = holder.call((sb.id, shell, cmd, timeout))
+            h["session"] = None
+            if status != "ok" or "ready" not in out:
+                raise RuntimeError(f"{sb.id} not ready (holder {holder.pid}): exit {code} {out[-200:]} {err[-300:]}")
+            return
+        h["session"] = sb.sessions.create(shell=shell)
+        r = h["session"].run(cmd, timeout=timeout)
         if "ready" not in r.stdout:
             raise RuntimeError(f"{sb.id} not ready: exit {r.exit_code} {r.stdout[-200:]} {r.stderr[-300:]}")
 
@@ -826,6 +921,8 @@ class ShoalSide(Side):
 
         with ThreadPoolExecutor(8) as ex:
             list(ex.map(one, hs))
+        for holder in self.holders:
+            holder.call("drop")
 
 
 class DockerSide(Side):
@@ -940,6 +1037,31 @@ class Fill:
         self.errors: list[str] = []
         self.pool = ThreadPoolExecutor(args.ready_workers)
         self.pending: list[Future] = []
+        self.paused_upto = 0  # handles[:paused_upto] were paused (and reclaimed, with --reclaim) during the fill
+        self.batch_reclaims: list[dict] = []
+        self.guard_wait_s = 0.0
+
+    def pause_batch(self) -> None:
+        """--pause-every: pause (and with --reclaim, reclaim) the sandboxes made since the last batch, as
+        shoald's idle policy would while a host fills; the fill then goes on with their memory given back."""
+        self.settle()
+        batch = self.handles[self.paused_upto:]
+        if not batch:
+            return
+        with ThreadPoolExecutor(8) as ex:
+            list(ex.map(self.side.pause, batch))
+        if self.args.reclaim and getattr(self.side, "reclaim", None) is not None:
+            t0 = time.perf_counter()
+            fn = self.side.reclaim  # type: ignore[attr-defined]
+            target = self.args.reclaim_target
+            try:
+                with ThreadPoolExecutor(os.cpu_count() or 2) as ex:
+                    rs = list(ex.map(lambda h: fn(h, target), batch))
+                self.batch_reclaims.append({"n": len(batch), "wall_s": time.perf_counter() - t0,
+                                            "swapped_per_sb": sum(r.get("swapped", 0) for r in rs) / len(rs)})
+            except Exception as e:
+                self.errors.append(f"reclaim: {type(e).__name__}: {str(e)[:200]}")
+        self.paused_upto = len(self.handles)
 
     def _ready(self, h: Any, t_created: float) -> None:
         self.side.ready(h)
@@ -990,13 +1112,15 @@ class Fill:
         step["exec_ms"] = lat_stats(ex)
         step["pagecache_bytes"] = {k: fincore_bytes(p) for k, p in base["cache_files"].items()}
         step["double_cache"] = self.side.double_cache()
-        fds = fd_count()
-        step["client"] = {"fds": fds, "fds_per_sb": (fds - base["client_fds"]) / n,
+        per_proc = [fd_count(p) for p in self.side.client_pids()]
+        fds = sum(per_proc)
+        step["client"] = {"fds": fds, "fds_per_sb": (fds - base["client_fds"]) / n, "processes": len(per_proc),
+                          "fds_max_process": max(per_proc),
                           "threads": threading.active_count(), "maps": map_count()}
         maps = max([map_count()] + [map_count(p) for p in self.side.watch_pids])
         usage = {"threads": nr_threads(), "mounts": host_mounts(),
                  "files": int(Path("/proc/sys/fs/file-nr").read_text().split()[0]),
-                 "inotify": inotify_instances(), "client_fds": fds,
+                 "inotify": inotify_instances(), "client_fds": max(per_proc),  # each process has its own limit
                  "client_nofile": resource.getrlimit(resource.RLIMIT_NOFILE)[0], "maps": maps}
         step["limits"] = limit_usage(read_sysctls(), usage)
         step["files_per_sb"] = (usage["files"] - base["files"]) / n
@@ -1017,7 +1141,7 @@ class Fill:
                 "threads": nr_threads(), "processes": nr_processes(), "mounts": host_mounts(),
                 "helpers": helper_usage(side.helper_match), "inotify": inotify_instances(),
                 "files": int(Path("/proc/sys/fs/file-nr").read_text().split()[0]),
-                "client_fds": fd_count(), "cache_files": side.cache_files()}
+                "client_fds": sum(fd_count(p) for p in side.client_pids()), "cache_files": side.cache_files()}
         steps_at = fill_steps(self.max_n)
         steps: list[dict] = []
         stop = None
@@ -1040,8 +1164,19 @@ class Fill:
                     self.pending.pop(0).result()
                 n = len(self.handles)
                 p.update(task, advance=1, note=f"create {dt * 1e3:.0f} ms")
+                if a.pause_every and n - self.paused_upto >= a.pause_every:
+                    self.pause_batch()
                 limits: dict[str, dict] = {}
                 mi = meminfo()
+                guard = int(a.min_available_gib * (1 << 30))
+                if guard and a.guard_wait_s and mi["MemAvailable"] < guard:
+                    # ksmd (or reclaim) may still be catching up with the last sandboxes: give it a moment
+                    self.pause_batch()
+                    t_wait = time.perf_counter()
+                    while mi["MemAvailable"] < guard + (512 << 20) and time.perf_counter() - t_wait < a.guard_wait_s:
+                        time.sleep(2)
+                        mi = meminfo()
+                    self.guard_wait_s += time.perf_counter() - t_wait
                 if n in steps_at:
                     s = self.measure(base, c0, r0)
                     steps.append(s)
@@ -1052,7 +1187,8 @@ class Fill:
                                         f"{(s['create_ms'] or {}).get('p50', 0):.1f} ms")
                 stop = stop_reason(n=n, max_n=self.max_n, free_frac=mi["MemAvailable"] / mi["MemTotal"],
                                    free_min=a.free_min, recent_create_s=self.create_s[-50:], p99_max_s=a.p99_max,
-                                   limits=limits)
+                                   limits=limits, avail_bytes=mi["MemAvailable"],
+                                   avail_min_bytes=int(a.min_available_gib * (1 << 30)))
                 if len(self.errors) > 10:
                     stop = f"too many errors: {self.errors[-1]}"
                 budget, flag = ((a.docker_fill_budget_s, "--docker-fill-budget-s") if side.name == "docker"
@@ -1064,6 +1200,8 @@ class Fill:
             steps.append(self.measure(base, c0, r0))
         self.settle()
         return {"n_held": len(self.handles), "stop": stop, "fill_s": fill_s, "steps": steps,
+                "paused_during_fill": self.paused_upto, "batch_reclaims": self.batch_reclaims,
+                "guard_wait_s": round(self.guard_wait_s, 1),
                 "errors": self.errors[:20], "cache_files": {k: str(v) for k, v in base["cache_files"].items()},
                 "base_free_frac": base["meminfo"]["MemAvailable"] / base["meminfo"]["MemTotal"]}
 
@@ -1074,13 +1212,17 @@ class Fill:
         mi0 = meminfo()
         time.sleep(a.idle_s)
         t0 = time.perf_counter()
+        rest = self.handles[self.paused_upto:]
         with ThreadPoolExecutor(8) as ex:
-            list(ex.map(side.pause, self.handles))
+            list(ex.map(side.pause, rest))
         pause_s = time.perf_counter() - t0
         out: dict[str, Any] = {"n_held": n, "idle_s": a.idle_s, "pause_all_s": pause_s, "paused_by": "the bench "
                                "(sb.pause() / docker pause) after --idle-s; Shoal has no idle auto-pause yet"}
         if a.reclaim:
-            out["reclaim"] = self._reclaim_all(a.reclaim_target)
+            out["reclaim"] = self._reclaim_all(a.reclaim_target, rest)
+            out["reclaim"]["during_fill"] = self.batch_reclaims
+            if "skipped" not in out["reclaim"]:
+                out["reclaim"]["sandboxes"] += sum(b["n"] for b in self.batch_reclaims)
         time.sleep(1.0)
         mi = meminfo()
         last = base_run["steps"][-1]
@@ -1101,7 +1243,7 @@ class Fill:
         # one exec more on each resumed sandbox: the second exec's cost after resume
         return out
 
-    def _reclaim_all(self, target: float) -> dict:
+    def _reclaim_all(self, target: float, handles: list[Any]) -> dict:
         """--reclaim: reclaim every paused sandbox; skipped (and said why) where the side or build cannot."""
         fn = getattr(self.side, "reclaim", None)
         if fn is None:
@@ -1110,7 +1252,7 @@ class Fill:
         t0 = time.perf_counter()
         try:  # one sandbox per core at a time: each reclaim is a freeze + stepped limit of its own group
             with ThreadPoolExecutor(os.cpu_count() or 2) as ex:
-                results = list(ex.map(lambda h: fn(h, target), self.handles))
+                results = list(ex.map(lambda h: fn(h, target), handles))
         except Exception as e:  # no swap configured, no API on this build: skip, say so
             return {"skipped": f"{type(e).__name__}: {str(e)[:300]}"}
         n = max(1, len(results))
@@ -1132,7 +1274,7 @@ class Fill:
 def run_kind(kind: str, args: argparse.Namespace, with_paused: bool) -> list[dict]:
     """--runs runs of a profile: each run fills Shoal, then Docker (the order rotated by run), measures,
     tears down. One private dockerd (and one import of the image) serves all runs of the profile."""
-    shoal = ShoalSide(Path(args.root), kind, Path(args.py_root), args.ksm)
+    shoal = ShoalSide(Path(args.root), kind, Path(args.py_root), args.ksm, args.session_procs)
     docker: DockerSide | None = None
     runs: list[dict] = []
     probe = shoal.double_cache_probe()
@@ -1164,6 +1306,7 @@ def run_kind(kind: str, args: argparse.Namespace, with_paused: bool) -> list[dic
             out["shoal"]["double_cache_probe"] = probe
             runs.append(out)
     finally:
+        shoal.down()
         if docker is not None:
             docker.down()
     return runs
@@ -1432,6 +1575,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--docker-py-max", type=int, default=400, help="python: most Docker containers")
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--free-min", type=float, default=0.10, help="stop when MemAvailable/MemTotal is below this")
+    ap.add_argument("--min-available-gib", type=float, default=0.0,
+                    help="also stop when MemAvailable falls below this (a shared host's guard; 0: off)")
+    ap.add_argument("--pause-every", type=int, default=0,
+                    help="python-paused: pause (and with --reclaim, reclaim) every this many sandboxes during the fill")
+    ap.add_argument("--guard-wait-s", type=float, default=0.0,
+                    help="when --min-available-gib is reached, wait up to this long for ksmd/reclaim before stopping")
+    ap.add_argument("--session-procs", type=int, default=0,
+                    help="hold the Shoal sandboxes' sessions in this many client processes (0: in the bench's own "
+                         "process); one process's RLIMIT_NOFILE holds about nofile/4 sessions")
     ap.add_argument("--p99-max", type=float, default=1.0, help="stop when the create p99 (last 50) is above (s)")
     ap.add_argument("--exec-sample", type=int, default=10, help="sandboxes probed with an exec at each step")
     ap.add_argument("--resume-sample", type=int, default=100, help="paused sandboxes resumed (python-paused)")

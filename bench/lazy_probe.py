@@ -39,6 +39,8 @@ def main() -> None:
     ap.add_argument("--link-mbit", type=int, default=0, help="measure over a shaped link (bench/netlink.py)")
     ap.add_argument("--link-rtt-ms", type=float, default=1.0)
     ap.add_argument("--no-agent", action="store_true", help="cold start only (no agent sequence)")
+    ap.add_argument("--sequence", default="agent", choices=("agent", "tests"), help="the sequence after the "
+                    "first exec (its bytes are the 'agent' columns)")
     ap.add_argument("--env-b", action="append", default=[], help="VAR=VALUE: every sample also runs with this "
                     "environment (variant B, interleaved with A, the environment as given); medians of both")
     args = ap.parse_args()
@@ -99,7 +101,7 @@ def main() -> None:
                             os.environ[name] = val
                     try:
                         mark = mreg.mark()
-                        s = lb.lazy_sample(roots, mreg, images[n], k, None if args.no_agent else "agent")
+                        s = lb.lazy_sample(roots, mreg, images[n], k, None if args.no_agent else args.sequence)
                         k += 1
                         s.setdefault("bytes", s["first_exec_bytes"])
                         s.setdefault("sequence_s", 0.0)

@@ -167,6 +167,21 @@ def swe_demo() -> None:
     work = Path(tempfile.mkdtemp(prefix="shoal-swe-demo-"))
     with serving(root, work / "shoald.sock", work / "shoald.log") as url:
         swe_rollout(tasks, policies, work, url)
+        if os.environ.get("SHOAL_DEMO_DESKTOP", "1") != "0":
+            from .tasks.desktop.demo import desktop_demo
+
+            desktop_demo(host, work, url, console)
+
+
+def desktop_only() -> None:
+    """`python -m shoal.demo --desktop`: the desktop section alone."""
+    from .server.ensure import serving
+    from .tasks.desktop.demo import desktop_demo
+
+    root = Path(os.environ.get("SHOAL_DEMO_ROOT", "/var/lib/shoal-bench"))
+    work = Path(tempfile.mkdtemp(prefix="shoal-desktop-demo-"))
+    with serving(root, work / "shoald.sock", work / "shoald.log") as url:
+        desktop_demo(Host.get(root), work, url, console)
 
 
 def swe_rollout(tasks: list, policies: list[dict], work: Path, url: str) -> None:
@@ -234,6 +249,8 @@ def swe_rollout(tasks: list, policies: list[dict], work: Path, url: str) -> None
 def main() -> None:
     if "--platform" in sys.argv[1:]:
         platform_demo()
+    elif "--desktop" in sys.argv[1:]:
+        desktop_only()
     else:
         swe_demo()
 

@@ -53,6 +53,7 @@ from .core.contract import (
     SnapshotRequest,
     StartRequest,
     TimeoutRequest,
+    WatchHandle,
 )
 from .core.errors import (
     BackendUnavailable,
@@ -61,6 +62,7 @@ from .core.errors import (
     LayerNotFound,
     SandboxError,
     SandboxNotFound,
+    ShoalError,
 )
 from .layers.store import LayerInfo, LayerStore
 
@@ -78,6 +80,7 @@ class Host(SandboxBackend):
         self.store = LayerStore(settings)
         self._backends: dict[str, LocalBackend] = {}
         self._lock = threading.Lock()
+        self._execd: set[str] = set()  # sandboxes whose first exec finished (lazy start-up marks)
 
     @classmethod
     def get(cls, root: str | os.PathLike | None = None) -> Host:
@@ -271,7 +274,24 @@ class Host(SandboxBackend):
 
     def exec(self, sandbox_id: str, req: ExecRequest, on_stdout: OutputCallback | None = None,
              on_stderr: OutputCallback | None = None) -> ExecResult:
-        return self._route(sandbox_id).exec(sandbox_id, req, on_stdout, on_stderr)
+        res = self._route(sandbox_id).exec(sandbox_id, req, on_stdout, on_stderr)
+        if sandbox_id not in self._execd:
+            self._first_exec_done(sandbox_id)
+        return res
+
+    def _first_exec_done(self, sandbox_id: str) -> None:
+        """A sandbox's first command finished: its lazy layers that record a prefetch list note where
+        their start-up ends (shoal.lazy.prefetch; what a later cold start prefetches)."""
+        if len(self._execd) > 100_000:  # only "seen recently" matters; a long-lived server forgets
+            self._execd.clear()
+        self._execd.add(sandbox_id)
+        try:
+            layers = self.info(sandbox_id).layers
+        except ShoalError:
+            return
+        from .lazy import prefetch as lazy_prefetch
+
+        lazy_prefetch.mark_startup(self.settings.root, list(layers))
 
     def start(self, sandbox_id: str, req: StartRequest) -> ProcessHandle:
         return self._route(sandbox_id).start(sandbox_id, req)
@@ -320,6 +340,9 @@ class Host(SandboxBackend):
 
     def set_network(self, sandbox_id: str, req: NetworkRequest) -> NetworkPolicy:
         return self._route(sandbox_id).set_network(sandbox_id, req)
+
+    def watch_dir(self, sandbox_id: str, path: str, recursive: bool = False) -> WatchHandle:
+        return self._route(sandbox_id).watch_dir(sandbox_id, path, recursive)
 
     # ---------------------------------------------------------------- housekeeping
     def sweep(self) -> list[str]:

@@ -41,6 +41,12 @@ def bpe_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def bpe_long_model() -> LocalModel:
+    """The same kind of model with 512 positions: room for an agent step, its tool output and more."""
+    return LocalModel.load(make_bpe_model(MODELS / "tiny-bpe-512", n_positions=512))
+
+
+@pytest.fixture(scope="session")
 def repro_model(repro_ckpt) -> LocalModel:
     return LocalModel.load(repro_ckpt)
 

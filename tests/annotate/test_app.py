@@ -5,6 +5,7 @@ import json
 import time
 
 import httpx
+import pytest
 
 from shoal.annotate.app import episode_items
 
@@ -104,6 +105,7 @@ def test_an_episode_step_is_annotated_and_its_continuation_stops_at_the_next_too
         store.add_item(it["id"], it["prompt"], kind="episode", title=it["title"], response=it["response"],
                        meta=it["meta"])
     token = store.add_annotator("alice")
+    store.assign("alice", store.items())
     store.tokens = {"alice": token}  # type: ignore[attr-defined]
     server = AppServer(store, bpe_model, k=5, max_tokens=40)
     try:
@@ -127,6 +129,7 @@ def test_a_browser_that_goes_away_mid_stream_keeps_what_the_model_wrote(bpe_mode
     store = AnnotationStore(tmp_path / "a.db")
     store.add_item("p", {"text": "The agent reads"})
     store.tokens = {"alice": store.add_annotator("alice")}  # type: ignore[attr-defined]
+    store.assign("alice", ["p"])
     remote = OpenAIModel(scripted_server_inproc.url, bpe_model.name, bpe_model.tokenizer)
     server = AppServer(store, remote, k=3, max_tokens=60)
     try:
@@ -168,6 +171,23 @@ def test_prompt_and_episode_files_become_queue_items(tmp_path):
     store.close()
 
 
+def test_serve_deals_items_out_and_admins_see_all(tmp_path):
+    from shoal.annotate.cli import accounts
+    from shoal.annotate.tree import AnnotationStore, NotYourItem
+
+    store = AnnotationStore(tmp_path / "a.db")
+    for i in range(5):
+        store.add_item(f"i{i}", {"text": str(i)})
+    tokens = accounts(store, store.items(), ["a", "b"], ["lead"], deal=True)
+    assert [q["item_id"] for q in store.queue("a")] == ["i0", "i2", "i4"]
+    assert [q["item_id"] for q in store.queue("b")] == ["i1", "i3"]
+    assert store.login(tokens["lead"]) == "lead" and store.queue("lead") == []
+    store.check_access("lead", "i1")
+    with pytest.raises(NotYourItem):
+        store.check_access("a", "i1")
+    store.close()
+
+
 def test_an_item_id_from_the_data_file_cannot_inject_markup(bpe_model, tmp_path):
     """Item ids come from the imported files: they are escaped in the queue's links and in the JSON
     the page embeds in a <script>, so an id cannot end the script or add an element."""
@@ -192,3 +212,60 @@ def test_an_item_id_from_the_data_file_cannot_inject_markup(bpe_model, tmp_path)
         assert "<img" not in page.text and "<!--" not in page.text
     finally:
         server.stop()
+
+
+def test_an_annotator_cannot_read_or_edit_another_annotators_item(repro_model, tmp_path):
+    """Bob tries Alice's item by id (API), by URL (the page), and through the export; each fails with
+    a clear 403, and Alice's tree is as she left it. An admin's share opens it to him."""
+    from urllib.parse import quote
+
+    from shoal.annotate.tree import AnnotationStore
+
+    from .conftest import AppServer
+
+    store = AnnotationStore(tmp_path / "a.db")
+    store.add_item("alice-1", {"text": "265+988="}, title="alice's")
+    store.add_item("bob-1", {"text": "776-430="}, title="bob's")
+    store.tokens = {n: store.add_annotator(n, admin=n == "root") for n in ("alice", "bob", "root")}  # type: ignore[attr-defined]
+    store.assign("alice", ["alice-1"])
+    store.assign("bob", ["bob-1"])
+    server = AppServer(store, repro_model, k=4, max_tokens=12)
+    try:
+        alice, bob, root = client(server, "alice"), client(server, "bob"), client(server, "root")
+        events(alice.post("/api/tree/alice-1/start", json={}))
+        v = alice.get("/api/tree/alice-1").json()["version"]
+        events(alice.post("/api/tree/alice-1/correct", json={"parent": 0, "pos": 1, "token": 3, "version": v}))
+        alice.post("/api/tree/alice-1/label", json={"node": 1, "label": "good", "version": v + 2})
+        before = alice.get("/api/tree/alice-1").json()
+        assert [q["item_id"] for q in bob.get("/api/queue").json()] == ["bob-1"]
+        assert "alice-1" not in bob.get("/").text
+
+        def refused(r):
+            assert r.status_code == 403, r.text
+            err = r.json()["error"]
+            assert err["type"] == "NotYourItem" and "'alice-1' is not in bob's queue" in err["message"]
+
+        refused(bob.get("/api/tree/alice-1"))  # by id
+        refused(bob.get("/item/" + quote("alice-1")))  # by URL: the page itself
+        refused(bob.get("/api/tree/alice-1?node=1"))
+        refused(bob.post("/api/tree/alice-1/start", json={}))
+        refused(bob.post("/api/tree/alice-1/correct", json={"parent": 0, "pos": 0, "token": 2,
+                                                            "version": before["version"]}))
+        refused(bob.post("/api/tree/alice-1/label", json={"node": 1, "label": "bad", "version": before["version"]}))
+        refused(bob.post("/api/tree/alice-1/undo", json={"version": before["version"]}))
+        assert bob.get("/api/tree/nope").status_code == 404
+        for kind in ("sft", "pairs", "token_level", "corrections"):  # via export: none of her data
+            assert bob.get(f"/api/export/{kind}").text == ""
+        assert json.loads(alice.get("/api/export/sft").text)["messages"][-1]["content"]
+        r = bob.post("/api/share", json={"item": "alice-1", "annotator": "bob"})  # only an admin shares
+        assert r.status_code == 403 and "only an admin shares" in r.json()["error"]["message"]
+        assert alice.get("/api/tree/alice-1").json() == before  # untouched
+        assert store.tree("alice-1").version == before["version"]  # type: ignore[union-attr]
+
+        assert root.get("/api/tree/bob-1").status_code == 200  # an admin sees every item
+        assert root.post("/api/share", json={"item": "alice-1", "annotator": "bob"}).status_code == 200
+        assert bob.get("/api/tree/alice-1").json()["version"] == before["version"]
+        assert len(bob.get("/api/export/sft").text.splitlines()) == 1
+    finally:
+        server.stop()
+        store.close()

@@ -123,6 +123,7 @@ def test_model_server_going_away_mid_stream(browser, bpe_dir, bpe_model, tmp_pat
     store = AnnotationStore(tmp_path / "a.db")
     store.add_item("p", {"text": "The agent reads"}, title="The agent reads")
     store.tokens = {"alice": store.add_annotator("alice")}  # type: ignore[attr-defined]
+    store.assign("alice", store.items())
     remote = OpenAIModel(model_server.url, bpe_model.name, bpe_model.tokenizer)
     server = AppServer(store, remote, k=5, max_tokens=60)
     try:
@@ -166,6 +167,7 @@ def test_an_episode_step_with_multibyte_text_renders_token_for_token(browser, bp
         store.add_item(it["id"], it["prompt"], kind="episode", title=it["title"], response=it["response"],
                        meta=it["meta"])
     store.tokens = {"alice": store.add_annotator("alice")}  # type: ignore[attr-defined]
+    store.assign("alice", store.items())
     server = AppServer(store, bpe_model, k=5, max_tokens=30)
     try:
         page = login(browser, server, "alice")
@@ -180,6 +182,62 @@ def test_an_episode_step_with_multibyte_text_renders_token_for_token(browser, bp
         page.click('#resp .tok[data-i="3"]')
         expect(page.locator("#cands li")).to_have_count(5)
         shot(page, "episode")
+        page.context.close()
+    finally:
+        server.stop()
+        store.close()
+
+
+@pytest.mark.slow
+def test_an_agent_step_corrected_run_in_a_branch_and_continued(browser, host, base_image, bpe_long_model, tmp_path):
+    """The page on an episode step: type a corrected command into the tool call, press x; the call
+    runs in a branch of the episode in a real sandbox, its output appears, and the model continues."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    from shoal.annotate.agent import EpisodeEnv
+    from shoal.annotate.app import episode_items
+    from shoal.annotate.tree import AnnotationStore
+    from shoal.rollout.episode import run_episode
+    from shoal.rollout.policy import ScriptPolicy
+    from shoal.trajlog import TrajectoryLog
+
+    from .conftest import AppServer
+    from .test_agent import ShellTask, call_text, cut_at
+
+    log = TrajectoryLog(tmp_path / "traj.db")
+    task = ShellTask(base_image)
+    script = [["create_file", {"path": "/work/a.txt", "content": "hello\n"}], ["shell", {"command": "cat /work/a.txt"}]]
+    with ThreadPoolExecutor(1) as pool:  # Playwright's sync API holds this thread's event loop
+        rec = pool.submit(asyncio.run, run_episode(task, ScriptPolicy(script), log, host, "ep", max_steps=4)).result()
+    store = AnnotationStore(tmp_path / "a.db")
+    for it in episode_items(rec.to_dict(), "ep"):
+        store.add_item(it["id"], it["prompt"], kind="episode", title=it["title"], response=it["response"],
+                       meta=it["meta"])
+    store.tokens = {"alice": store.add_annotator("alice")}  # type: ignore[attr-defined]
+    store.assign("alice", store.items())
+    server = AppServer(store, bpe_long_model, k=5, max_tokens=12, env=EpisodeEnv(log, host, lambda item: task))
+    try:
+        page = login(browser, server, "alice")
+        page.goto(f"{server.url}/item/ep-step1")
+        expect(page.locator("#status")).to_have_text("loaded", timeout=30000)
+        expect(page.locator("#after h4")).to_contain_text("press x")
+        toks = [{"text": t} for t in page.locator("#resp .tok").all_text_contents()]
+        text = "".join(t["text"] for t in toks)
+        pos, lead = cut_at(toks, text, "cat /work/a.txt")
+        fixed = call_text("ls /work && echo marker-$((6*7))")
+        page.click(f'#resp .tok[data-i="{pos}"]')
+        page.keyboard.press("t")
+        page.fill("#typed", lead + fixed[fixed.index("ls /work"):])
+        page.keyboard.press("Enter")
+        expect(page.locator("#status")).to_contain_text("corrected at token", timeout=30000)
+        page.keyboard.press("x")
+        expect(page.locator("#status")).to_contain_text("ran in branch ep.a2.", timeout=60000)
+        out = "".join(page.locator("#resp .tok.o").all_text_contents())
+        assert "a.txt" in out and "marker-42" in out
+        assert page.locator("#resp .tok.g").count() > 0  # the model went on after the output
+        expect(page.locator("#tree li")).to_have_count(3)  # root, the correction, the tool step
+        shot(page, "agent-branch")
         page.context.close()
     finally:
         server.stop()

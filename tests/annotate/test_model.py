@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from shoal.annotate.model import OpenAIModel
+from shoal.annotate.model import OpenAIChatModel, OpenAIModel
 from shoal.annotate.tokens import split_text, text_of
 from shoal.core.errors import InvalidArgument, LLMUnavailable
 
@@ -102,3 +102,70 @@ def test_model_server_going_away_mid_stream_is_a_clear_error(bpe_model, scripted
     with pytest.raises(LLMUnavailable, match="failed"):  # and later calls say so too
         remote.score([1, 2], [3])
     remote.close()
+
+
+def test_chat_client_continues_an_assistant_prefill_with_the_local_models_tokens(bpe_model, scripted_server_inproc):
+    """The chat endpoint (continue_final_message, top_logprobs) gives the same continuation, logprobs and
+    top-k as the local model run on the same tokens; bad requests and split characters are clear errors."""
+    import httpx
+
+    url = scripted_server_inproc.url
+    tok = bpe_model.tokenizer
+    chat = OpenAIChatModel(url, bpe_model.name, tok)
+    try:
+        prompt = chat.encode_prompt({"messages": [{"role": "user", "content": "Fix the tests 🐟"}]})
+        assert prompt == tok.encode(tok.chat_prompt([{"role": "user", "content": "Fix the tests 🐟"}]))
+        head = list(chat.stream(prompt, 6, k=5))  # no prefill yet: add_generation_prompt
+        assert [t.id for t in head] == [t.id for t in bpe_model.stream(prompt, 6, k=5)]
+        prefix = prompt + tok.encode("Tests pass 沙箱")  # a response so far (the server re-tokenizes its text)
+        local = list(bpe_model.stream(prefix, 8, k=5))
+        got = list(chat.stream(prefix, 8, k=5))
+        assert [t.id for t in got] == [t.id for t in local] and got
+        assert all(math.isclose(a.logprob, b.logprob, abs_tol=1e-4) for a, b in zip(local, got, strict=True))
+        assert [[c.id for c in t.top] for t in got] == [[c.id for c in t.top] for t in local]
+        # the wire format, as vLLM takes and answers it
+        r = httpx.post(f"{url}/v1/chat/completions", json={
+            "model": bpe_model.name, "messages": [{"role": "user", "content": "hi"},
+                                                  {"role": "assistant", "content": "The"}],
+            "continue_final_message": True, "add_generation_prompt": False, "max_tokens": 3,
+            "logprobs": True, "top_logprobs": 2, "temperature": 0})
+        choice = r.json()["choices"][0]
+        assert r.status_code == 200 and len(choice["logprobs"]["content"]) == 3
+        assert len(choice["logprobs"]["content"][0]["top_logprobs"]) == 2 and choice["message"]["content"]
+        bad = httpx.post(f"{url}/v1/chat/completions", json={
+            "model": bpe_model.name, "messages": [{"role": "user", "content": "hi"}], "continue_final_message": True})
+        assert bad.status_code == 400 and "add_generation_prompt" in bad.text
+        ids = tok.encode(MULTI)
+        cut = next(j for j in range(1, len(ids)) if not _decodes(b"".join(tok.token_bytes(i) for i in ids[:j])))
+        split = prompt + ids[:cut]  # ends inside a character: not text
+        with pytest.raises(InvalidArgument, match="inside a character"):
+            list(chat.stream(split, 3))
+        with pytest.raises(InvalidArgument, match="encode_prompt"):
+            list(chat.stream(tok.encode("never encoded"), 3))
+    finally:
+        chat.close()
+
+
+def test_chat_client_server_going_away_mid_stream_is_a_clear_error(bpe_model, scripted_server):
+    import httpx
+
+    # a second between tokens: the server is killed well before the model could finish (it stops early here)
+    httpx.post(f"{scripted_server.url}/admin/token_delay", json={"seconds": 1.0})
+    chat = OpenAIChatModel(scripted_server.url, bpe_model.name, bpe_model.tokenizer)
+    prompt = chat.encode_prompt({"text": "The agent"})
+    got = []
+    with pytest.raises(LLMUnavailable, match="went away|failed"):
+        for t in chat.stream(prompt, 100, k=3):
+            if not got:  # the server goes away once the stream is under way (however slow the host)
+                threading.Timer(0.2, scripted_server.stop).start()
+            got.append(t)
+    assert 0 < len(got) < 100
+    chat.close()
+
+
+def _decodes(raw: bytes) -> bool:
+    try:
+        raw.decode()
+    except UnicodeDecodeError:
+        return False
+    return True

@@ -111,6 +111,17 @@ def test_watch_dir(sbx):
         time.sleep(0.1)
     kinds = [e.type for e in events if e.name == "new.txt"]
     assert kinds[:1] == [FilesystemEventType.CREATE] and FilesystemEventType.WRITE in kinds
+    # inotify through the contract: a rename is a RENAME of the old name and a CREATE of the new one
+    # (not a REMOVE + CREATE)
+    sbx.files.rename("w/new.txt", "w/renamed.txt")
+    sbx.commands.run("echo a >> w/renamed.txt; echo b >> w/renamed.txt")
+    deadline, events = time.monotonic() + 5, []
+    while time.monotonic() < deadline and not any(e.type == FilesystemEventType.WRITE for e in events):
+        events += handle.get_new_events()
+        time.sleep(0.05)
+    got = [(e.type, e.name) for e in events]
+    assert got[:2] == [(FilesystemEventType.RENAME, "new.txt"), (FilesystemEventType.CREATE, "renamed.txt")], got
+    assert (FilesystemEventType.WRITE, "renamed.txt") in got, got
     handle.stop()
 
 

@@ -35,7 +35,7 @@ def _md5_at(mib: int) -> str:
     return f"dd if=/data/big.bin bs=65536 skip={mib * 16} count=4 2>/dev/null | md5sum | cut -d' ' -f1"
 
 
-def test_sandbox_starts_from_a_layer_never_downloaded(make_root, range_server, published, origin_dir):
+def test_sandbox_starts_from_a_layer_never_downloaded(make_root, range_server, published, origin_dir, monkeypatch):
     h = make_root()
     img = _register(h, range_server.url, published)
     assert not h.store.image_path(published["layer"]).exists()
@@ -62,14 +62,36 @@ def test_sandbox_starts_from_a_layer_never_downloaded(make_root, range_server, p
     # those chunks in the background, in order, while its sandbox already runs
     order = prefetch.load(h.settings.root, published["layer"])
     assert order and len(order) >= BIG_MB
-    (origin_dir / keys(published["layer"])["prefetch"]).write_bytes(prefetch.dumps(published["layer"], order))
+    # the first command (cat) ended the start-up; md5sum's chunks of big.bin came after it
+    startup = prefetch.load_startup(h.settings.root, published["layer"])
+    index = published["index"]
+    big = {i for i in order[startup or 0:]}
+    assert startup is not None and 0 < startup < len(order) - BIG_MB // 2, (startup, len(order))
+    (origin_dir / keys(published["layer"])["prefetch"]).write_bytes(
+        prefetch.dumps(published["layer"], order, startup=startup))
     try:
+        # a never-seen root prefetches only the start-up part
+        h3 = make_root()
+        img = _register(h3, range_server.url, published)
+        range_server.reset()
+        sb3 = Sandbox.create(img, root=h3.settings.root)
+        assert sb3.commands.run("cat /data/hello.txt").exit_code == 0
+        cache = chunk_cache_for(h3.settings.root)
+        deadline = time.monotonic() + 20
+        while not all(cache.has(index.chunks[i]) for i in order[:startup]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert all(cache.has(index.chunks[i]) for i in order[:startup])
+        time.sleep(0.5)  # nothing more comes
+        assert not any(cache.has(index.chunks[i]) for i in big - set(order[:startup]))
+        sb3.kill()
+
+        # SHOAL_LAZY_PREFETCH_STARTUP=0: the whole list
+        monkeypatch.setenv("SHOAL_LAZY_PREFETCH_STARTUP", "0")
         h2 = make_root()
         img = _register(h2, range_server.url, published)
         range_server.reset()
         sb2 = Sandbox.create(img, root=h2.settings.root)
         assert sb2.commands.run("cat /data/hello.txt").exit_code == 0
-        index = published["index"]
         cache = chunk_cache_for(h2.settings.root)
         deadline = time.monotonic() + 20
         while not all(cache.has(index.chunks[i]) for i in order) and time.monotonic() < deadline:

@@ -101,8 +101,10 @@ def test_registry_slow_or_corrupt_behind_a_proxy(proxy, registry, lazy_pushed, m
     proxy.corrupt = True  # flipped bytes in blob bodies: the first chunk fails its digest
     with pytest.raises(CorruptChunk):
         Sandbox.create("shoal/lazy:1", root=h.settings.root)
+    # no bad chunk kept: every chunk in the cache hashes right (a multi-chunk body, from a prefetch
+    # list an earlier test published or a read-ahead, has one flipped byte: its other chunks are
+    # verified one by one and may be kept)
     _cache_is_clean(h.settings.root)
-    assert chunk_cache_for(h.settings.root).chunks() == set()  # nothing kept
     proxy.corrupt = False
     with Sandbox.create("shoal/lazy:1", root=h.settings.root) as sb:
         assert sb.commands.run("cat /data/hello.txt").stdout == "hello, lazily\n"

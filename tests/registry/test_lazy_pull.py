@@ -62,6 +62,9 @@ def test_lazy_pull_starts_a_sandbox_reading_only_what_it_touches(registry, lazy_
     # the first run recorded what it read: publish it beside the layers, in the registry
     order = prefetch.load(h.settings.root, lazy_pushed["layer"])
     assert order and len(order) >= BIG // MiB
+    startup = prefetch.load_startup(h.settings.root, lazy_pushed["layer"])  # chunks before `cat` ended
+    want = prefetch.to_fetch(order, startup)
+    assert startup and want == order[:startup] and len(want) < len(order)
     with registry.client() as cl:
         out = push(h.store, "shoal/lazy:1", src, client=cl, prefetch_only=True)
         assert out.manifest == "" and out.prefetch_lists[lazy_pushed["layer"]] == len(order)
@@ -78,10 +81,11 @@ def test_lazy_pull_starts_a_sandbox_reading_only_what_it_touches(registry, lazy_
         assert sb.commands.run("cat hello.txt").exit_code == 0
         cache = chunk_cache_for(h2.settings.root)
         deadline = time.monotonic() + 20
-        while not all(cache.has(index.chunks[i]) for i in order) and time.monotonic() < deadline:
+        while not all(cache.has(index.chunks[i]) for i in want) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert all(cache.has(index.chunks[i]) for i in order)  # nothing read big.bin: the prefetch did
+        assert all(cache.has(index.chunks[i]) for i in want)  # the list's start-up part: the prefetch did
     assert prefetch.load(h2.settings.root, lazy_pushed["layer"]) == order  # the list came from the registry
+    assert prefetch.load_startup(h2.settings.root, lazy_pushed["layer"]) == startup
 
 
 def test_layers_already_here_stay_local(registry, lazy_pushed, make_root, creds):

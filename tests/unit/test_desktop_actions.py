@@ -77,6 +77,11 @@ def test_xdotool_argv_checks_and_quotes():
     assert argv[-1] == hostile and argv[0] == "xdotool"  # one argv element, no shell
     argv = xdotool_argv(DesktopAction(action="type", text="a$(id)\nb"), size)
     assert argv[:2] == ["/bin/sh", "-c"] and "$(id)" not in argv[2] and argv[4:] == ["a$(id)", "b"]
+    # no per-key sleep: xdotool's default 12 ms delay dominated a key press's round trip
+    assert xdotool_argv(DesktopAction(action="key", keys="ctrl+s"), size) == \
+        ["xdotool", "key", "--delay", "0", "--", "ctrl+s"]
+    assert xdotool_argv(DesktopAction(action="key_down", keys="shift"), size)[:4] == \
+        ["xdotool", "keydown", "--delay", "0"]
     with pytest.raises(ValueError):
         DesktopAction(action="type", text="x" * 5000)
     with pytest.raises(ValueError):

@@ -8,7 +8,12 @@ Routes (all but /login need the annotator's cookie, set by /login?token=...):
                                        episode's own turn)
   POST /api/tree/{id}/correct          {parent, pos, token | text, version}: saved at once, then the
                                        model's continuation from the corrected prefix, streamed (SSE)
+  POST /api/tree/{id}/execute          {node, version}: an episode item's pending tool calls run in a
+                                       branch of the episode (annotate.agent), saved as a `tool` node,
+                                       then the model's continuation after their outputs, streamed
   POST /api/tree/{id}/label|undo       {node, label, version} / {version}
+  POST /api/share                      {item, annotator}: an admin puts an item in an annotator's queue
+Each annotator reads and writes only the items in their own queue (NotYourItem, 403); an admin all.
   GET  /api/export/{sft|pairs|token_level|corrections}   JSON lines
 A write made against an old version answers 409 with the current version (EditConflict).
 """
@@ -28,12 +33,12 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Red
 
 from ..core.errors import InvalidArgument, LLMUnavailable, ShoalError, Unauthorized
 from . import export
+from .agent import TOOL_CLOSE, TOOL_OPEN, EpisodeEnv, ends_with_call, pending_calls, render_observation
 from .model import ModelBackend, TokenInfo
 from .tokens import split_text, text_of
-from .tree import AnnotationStore, EditConflict, NotFound, Tree
+from .tree import AnnotationStore, EditConflict, NotFound, NotYourItem, Tree
 
 COOKIE = "shoal_annotator"
-TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 PAGE = (Path(__file__).parent / "page.html")
 
 
@@ -59,7 +64,8 @@ def episode_items(record: dict, stem: str) -> list[dict]:
                       "title": f"{record.get('instance_id', stem)} step {len(items)}",
                       "prompt": {"messages": msgs[:i]}, "response": [m],
                       "meta": {"after": msgs[i + 1:i + 7], "reward": record.get("reward"),
-                               "episode_id": record.get("episode_id")}})
+                               "episode_id": record.get("episode_id"), "instance_id": record.get("instance_id"),
+                               "step": len(items)}})
     return items
 
 
@@ -67,15 +73,30 @@ class Annotator:
     """The app's state: the store, the model, and the scores of dialogs already shown."""
 
     def __init__(self, store: AnnotationStore, model: ModelBackend, k: int = 20, max_tokens: int = 96,
-                 low_confidence: float = 0.3):
+                 low_confidence: float = 0.3, env: EpisodeEnv | None = None):
         self.store, self.model, self.k, self.max_tokens, self.low = store, model, k, max_tokens, low_confidence
+        self.env = env  # runs corrected tool calls of episode items (None: continuations stop at a tool call)
         self._scores: dict[tuple, list[TokenInfo]] = {}
         self._lock = threading.Lock()
 
     def prompt_ids(self, item: dict) -> list[int]:
-        tok: Any = self.model.tokenizer
-        p = item["prompt"]
-        return tok.encode(p["text"] if "text" in p else tok.chat_prompt(p["messages"]))
+        return self.model.encode_prompt(item["prompt"])
+
+    def episode_base(self, item: dict, tree: Tree, node_id: int) -> tuple[str, int]:
+        """(episode, step) whose state a node's pending tool calls run after: the branch of the nearest
+        `tool` node above it, else the annotated episode after the steps before this item's."""
+        ran = {o["node"]: o["data"] for o in tree.ops if o["op"] == "tool" and not o["undone"]}
+        n: int | None = node_id
+        while n is not None:
+            node = tree.node(n)
+            if node.op == "tool" and n in ran:
+                return str(ran[n]["episode"]), int(ran[n]["step"])
+            n = node.parent
+        meta = item.get("meta") or {}
+        if item.get("kind") != "episode" or not meta.get("episode_id"):
+            raise InvalidArgument(f"item {item['id']!r} is not a step of an episode in the trajectory log")
+        before = item["prompt"].get("messages", [])
+        return str(meta["episode_id"]), sum(1 for m in before if m.get("role") == "assistant")
 
     def scores(self, prompt_ids: list[int], tokens: list[int]) -> list[TokenInfo]:
         key = (tuple(prompt_ids), tuple(tokens))
@@ -105,7 +126,8 @@ class Annotator:
     def view(self, item_id: str, node_id: int | None = None) -> dict:
         item = self.store.item(item_id)
         tree = self.store.tree(item_id)
-        base: dict[str, Any] = {"item": item, "low_confidence": self.low, "k": self.k, "model": self.model.name}
+        base: dict[str, Any] = {"item": item, "low_confidence": self.low, "k": self.k, "model": self.model.name,
+                                "env": self.env is not None and item.get("kind") == "episode"}
         if tree is None:
             return {**base, "version": 0, "nodes": [], "current": None}
         node = tree.node(node_id) if node_id is not None else tree.latest()
@@ -122,11 +144,16 @@ class Annotator:
         return {**base, "version": tree.version, "nodes": nodes, "current": cur}
 
     async def continuation(self, item_id: str, node: int, prefix: list[int], version: int, annotator: str,
-                           already: int) -> AsyncIterator[bytes]:
+                           already: int, lead: list[int] | None = None) -> AsyncIterator[bytes]:
         """The model's continuation streamed as SSE, then saved on the node (what arrived before a
-        failure is saved too, and the failure is reported as an `error` event)."""
+        failure is saved too, and the failure is reported as an `error` event). `lead`: tokens already
+        saved on the node that the page has not drawn yet (tool outputs), sent first."""
         tok = self.model.tokenizer
-        gen = iter(self.model.stream(prefix, self.max_tokens, self.k))
+        for j, view in enumerate(self.token_view(lead or [], offset=already - len(lead or []))):
+            yield _sse("token", {**view, "src": "o", "first": j == 0})
+        # a response that already ends with a whole tool call waits for it to run: nothing to write yet
+        calls_done = text_of(tok, prefix[-16:]).rstrip().endswith(TOOL_CLOSE)
+        gen = iter(self.model.stream(prefix, 0 if calls_done else self.max_tokens, self.k))
         got: list[int] = []
         error = None
         saved = False
@@ -143,7 +170,7 @@ class Annotator:
                 view = self.token_view([t.id], [t], offset=already + len(got) - 1)[0]
                 yield _sse("token", view)
                 if TOOL_CLOSE in text_of(tok, got[-32:]):
-                    break  # until FLARE branching lands: no tool output to continue with
+                    break  # the call runs when the annotator says so (execute), in a branch of the episode
             version = await asyncio.to_thread(self.store.extend, item_id, node, got, "g" * len(got), annotator,
                                               version)
             saved = True
@@ -169,8 +196,8 @@ def make_app(ann: Annotator) -> FastAPI:
     @app.exception_handler(ShoalError)
     async def shoal_error(request: Request, exc: ShoalError) -> JSONResponse:
         status = 409 if isinstance(exc, EditConflict) else 404 if isinstance(exc, NotFound) else \
-            401 if isinstance(exc, Unauthorized) else 502 if isinstance(exc, LLMUnavailable) else \
-            400 if isinstance(exc, InvalidArgument) else 500
+            403 if isinstance(exc, NotYourItem) else 401 if isinstance(exc, Unauthorized) else \
+            502 if isinstance(exc, LLMUnavailable) else 400 if isinstance(exc, InvalidArgument) else 500
         body: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc)}
         if isinstance(exc, EditConflict):
             body["current_version"] = exc.current_version
@@ -181,6 +208,12 @@ def make_app(ann: Annotator) -> FastAPI:
         if not token:
             raise Unauthorized("log in first: open the /login?token=... link `shoal annotate` printed")
         return store.login(token)
+
+    def may(request: Request, item_id: str) -> str:
+        """The annotator, if the item is theirs to read and edit (NotYourItem otherwise)."""
+        name = who(request)
+        store.check_access(name, item_id)
+        return name
 
     @app.get("/login")
     async def login(token: str) -> RedirectResponse:
@@ -203,8 +236,7 @@ def make_app(ann: Annotator) -> FastAPI:
 
     @app.get("/item/{item_id}", response_class=HTMLResponse)
     async def item_page(item_id: str, request: Request) -> HTMLResponse:
-        name = who(request)
-        store.item(item_id)
+        name = may(request, item_id)
         html = PAGE.read_text().replace("{{item_id}}", _script_json(item_id)).replace("{{annotator}}", _esc(name))
         return HTMLResponse(html)
 
@@ -214,12 +246,12 @@ def make_app(ann: Annotator) -> FastAPI:
 
     @app.get("/api/tree/{item_id}")
     async def api_tree(item_id: str, request: Request, node: int | None = None) -> dict:
-        who(request)
+        may(request, item_id)
         return await asyncio.to_thread(ann.view, item_id, node)
 
     @app.post("/api/tree/{item_id}/start")
     async def api_start(item_id: str, request: Request):
-        name = who(request)
+        name = may(request, item_id)
         item = store.item(item_id)
         prompt_ids = ann.prompt_ids(item)
         if item["response"]:
@@ -232,16 +264,20 @@ def make_app(ann: Annotator) -> FastAPI:
 
     @app.post("/api/tree/{item_id}/correct")
     async def api_correct(item_id: str, request: Request):
-        name = who(request)
+        name = may(request, item_id)
         body = await request.json()
         try:
             parent, pos, version = int(body["parent"]), int(body["pos"]), int(body["version"])
         except (KeyError, TypeError, ValueError):
             raise InvalidArgument("correct needs integer parent, pos and version") from None
         tree = _tree(item_id)
+        ann.prompt_ids(store.item(item_id))  # a chat client maps the prompt's ids back to its messages
         ptoks = tree.node(parent).tokens
         if not 0 <= pos <= len(ptoks):
             raise InvalidArgument(f"token position {pos} is outside node {parent}'s response (0..{len(ptoks)})")
+        if tree.node(parent).sources[pos:pos + 1] == "o":
+            raise InvalidArgument(f"token {pos} is a tool's output (the environment wrote it), not the model's: "
+                                  "correct the tool call before it, or the model's text after it")
         if "token" in body:
             tokens, sources = [int(body["token"])], "c"
             ann.model.tokenizer.token_bytes(tokens[0])  # an id outside the vocabulary: InvalidArgument
@@ -257,9 +293,42 @@ def make_app(ann: Annotator) -> FastAPI:
         return StreamingResponse(ann.continuation(item_id, node, prefix, version, name, pos + len(tokens)),
                                  media_type="text/event-stream", headers={"x-node": str(node)})
 
+    @app.post("/api/tree/{item_id}/execute")
+    async def api_execute(item_id: str, request: Request):
+        name = may(request, item_id)
+        body = await request.json()
+        try:
+            node_id, version = int(body["node"]), int(body["version"])
+        except (KeyError, TypeError, ValueError):
+            raise InvalidArgument("execute needs integer node and version") from None
+        if ann.env is None:
+            raise InvalidArgument("this app runs no environment: start it with --trajlog (and the episodes' "
+                                  "sandboxes) to run corrected tool calls in a branch of the episode")
+        item = store.item(item_id)
+        tree = _tree(item_id)
+        if tree.version != version:  # before a sandbox is made for nothing
+            raise EditConflict(f"tree {item_id!r} is at version {tree.version}, not {version}: another annotator "
+                               "changed it; reload to see their change, then redo yours", tree.version)
+        node = tree.node(node_id)
+        tok = ann.model.tokenizer
+        text = text_of(tok, node.tokens)
+        if not ends_with_call(text):
+            raise InvalidArgument(f"node {node_id} does not end with a tool call that has not run yet")
+        calls = pending_calls(text)
+        base = ann.episode_base(item, tree, node_id)
+        run = await asyncio.to_thread(ann.env.execute, item, base, calls)
+        obs = tok.encode("".join(render_observation(o["text"]) for o in run.observations))
+        nid, version = await asyncio.to_thread(store.tool_step, item_id, node_id, obs, name, version, run.to_dict())
+        ann.prompt_ids(item)
+        n = len(node.tokens) + len(obs)
+        return StreamingResponse(ann.continuation(item_id, nid, tree.prompt_ids + node.tokens + obs, version, name,
+                                                  n, lead=obs),
+                                 media_type="text/event-stream",
+                                 headers={"x-node": str(nid), "x-branch": run.episode, "x-strategy": run.strategy})
+
     @app.post("/api/tree/{item_id}/label")
     async def api_label(item_id: str, request: Request) -> dict:
-        name = who(request)
+        name = may(request, item_id)
         body = await request.json()
         version = await asyncio.to_thread(store.label, item_id, int(body["node"]), body.get("label"), name,
                                           int(body["version"]))
@@ -269,21 +338,29 @@ def make_app(ann: Annotator) -> FastAPI:
 
     @app.post("/api/tree/{item_id}/undo")
     async def api_undo(item_id: str, request: Request) -> dict:
-        name = who(request)
+        name = may(request, item_id)
         body = await request.json()
         return {"version": await asyncio.to_thread(store.undo, item_id, name, int(body["version"]))}
 
     @app.get("/api/export/{kind}")
     async def api_export(kind: str, request: Request) -> PlainTextResponse:
-        who(request)
+        name = who(request)
         tok = ann.model.tokenizer
         fns = {"sft": lambda t: export.sft(t, tok), "pairs": lambda t: export.preference_pairs(t, tok),
                "token_level": lambda t: export.token_level(t, tok), "corrections": lambda t: export.corrections(t, tok)}
         if kind not in fns:
             raise InvalidArgument(f"unknown export {kind!r}; choose from {sorted(fns)}")
-        rows = fns[kind](store.trees())
+        rows = fns[kind](store.trees_for(name))  # only the annotator's own items (an admin's: all)
         return PlainTextResponse("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows),
                                  media_type="application/jsonl")
+
+    @app.post("/api/share")
+    async def api_share(request: Request) -> dict:
+        """An admin puts an item into an annotator's queue: {"item": id, "annotator": name}."""
+        name = who(request)
+        body = await request.json()
+        store.share(name, str(body.get("item")), str(body.get("annotator")))
+        return {"shared": body.get("item"), "with": body.get("annotator")}
 
     def _tree(item_id: str) -> Tree:
         t = store.tree(item_id)

@@ -64,7 +64,7 @@ def make_repro_checkpoint(path: str | Path, steps: int = 100, seed: int = 2, bat
     return p
 
 
-def make_bpe_model(path: str | Path, steps: int = 80, seed: int = 0) -> Path:
+def make_bpe_model(path: str | Path, steps: int = 80, seed: int = 0, n_positions: int = 128) -> Path:
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
@@ -81,7 +81,7 @@ def make_bpe_model(path: str | Path, steps: int = 80, seed: int = 0) -> Path:
     tok = PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="<|endoftext|>", bos_token="<|endoftext|>")
     eos = tok.eos_token_id
     torch.manual_seed(seed)
-    cfg = GPT2Config(vocab_size=len(tok), n_positions=128, n_embd=64, n_layer=2, n_head=4,
+    cfg = GPT2Config(vocab_size=len(tok), n_positions=n_positions, n_embd=64, n_layer=2, n_head=4,
                      bos_token_id=eos, eos_token_id=eos)
     model = GPT2LMHeadModel(cfg)
     rows = [tok.encode(t) + [eos] for t in DEMO_TEXT]

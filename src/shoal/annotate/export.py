@@ -39,9 +39,26 @@ def sft(trees: list[Tree], tok: Tokenizer, latest_only: bool = False) -> list[di
     for t in trees:
         good = good_nodes(t)
         for n in good[-1:] if latest_only else good:
-            rows.append({"messages": prompt_messages(t) + [{"role": "assistant", "content": text_of(tok, n.tokens)}],
+            rows.append({"messages": prompt_messages(t) + response_messages(text_of(tok, n.tokens)),
                          "item_id": t.item_id, "node": n.id})
     return rows
+
+
+def response_messages(text: str) -> list[dict]:
+    """A response as chat messages: an agent step's tool outputs (run in a branch of the episode,
+    annotate.agent) become tool turns between the assistant's."""
+    from .agent import render_observation
+
+    head, tail = render_observation("\0").split("\0")
+    out: list[dict] = []
+    while head in text:
+        before, _, rest = text.partition(head)
+        obs, sep, text = rest.partition(tail)
+        if not sep:  # an unclosed output: not one the app wrote; keep the text as it is
+            text = before + head + rest
+            break
+        out += [{"role": "assistant", "content": before}, {"role": "tool", "content": obs}]
+    return out + [{"role": "assistant", "content": text}]
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

@@ -53,6 +53,11 @@ class ModelBackend(ABC):
         """The model's continuation of prefix_ids (prompt + response so far), one token at a time.
         Stops at EOS (yielded), a stop id (yielded), max_tokens, or the model's context length."""
 
+    def encode_prompt(self, prompt: dict) -> list[int]:
+        """An item's prompt ({"text"} or {"messages"}) as the model's token ids (chat: its template)."""
+        tok: Any = self.tokenizer
+        return tok.encode(prompt["text"] if "text" in prompt else tok.chat_prompt(prompt["messages"]))
+
     def close(self) -> None:  # noqa: B027  (optional: only clients hold connections)
         return None
 
@@ -258,4 +263,89 @@ class OpenAIModel(ModelBackend):
         except self._httpx.HTTPError as e:
             raise self._fail(e) from None
         if not done:  # the connection closed cleanly, but before the server said it had finished
+            raise LLMUnavailable(f"the model server at {self.base_url} ended the stream early (it went away?)")
+
+
+class OpenAIChatModel(OpenAIModel):
+    """A client of an OpenAI-compatible *chat* endpoint for the continuation: the conversation goes
+    as messages, the response so far as a final assistant message that the server continues
+    (`continue_final_message: true`, `add_generation_prompt: false`, as vLLM and SGLang take it),
+    with `logprobs` / `top_logprobs` and `return_tokens_as_token_ids`, so the continued tokens are
+    exact ids with their top-k.
+
+    A chat endpoint takes text, not token ids: the server re-tokenizes the prefilled text (the
+    generated ids coming back are exact). So a prefix must end on a whole character, and scoring a
+    given response token by token goes through the same server's `/v1/completions` (token ids,
+    `echo`), which vLLM, SGLang and llama.cpp serve beside chat."""
+
+    def __init__(self, *a: Any, **kw: Any):
+        super().__init__(*a, **kw)
+        self._prompts: dict[tuple[int, ...], list[dict]] = {}  # prompt ids -> the messages they render
+
+    def encode_prompt(self, prompt: dict) -> list[int]:
+        msgs = prompt["messages"] if "messages" in prompt else [{"role": "user", "content": prompt["text"]}]
+        tok: Any = self.tokenizer
+        ids = tok.encode(tok.chat_prompt(msgs))
+        self._prompts[tuple(ids)] = [dict(m) for m in msgs]
+        return ids
+
+    def split(self, prefix_ids: list[int]) -> tuple[list[dict], str]:
+        """(the conversation, the assistant's text so far) for a prefix that starts with a known prompt."""
+        best = max((p for p in self._prompts if tuple(prefix_ids[:len(p)]) == p), key=len, default=None)
+        if best is None:
+            raise InvalidArgument("the chat client continues only prompts it encoded (encode_prompt): this "
+                                  "prefix starts with none of them")
+        raw = b"".join(self.tokenizer.token_bytes(i) for i in prefix_ids[len(best):])
+        try:
+            text = raw.decode()
+        except UnicodeDecodeError:
+            raise InvalidArgument("a chat endpoint takes text: this prefix ends inside a character (a multi-byte "
+                                  "character split across tokens); correct at a whole character, or use the "
+                                  "completions client, which takes token ids") from None
+        return self._prompts[best], text
+
+    def stream(self, prefix_ids: list[int], max_tokens: int, k: int = 20, temperature: float = 0.0,
+               stop_ids: list[int] | None = None, seed: int | None = None) -> Iterator[TokenInfo]:
+        _check_ids(self.tokenizer, prefix_ids, "the prefix")
+        msgs, text = self.split(prefix_ids)
+        if self.max_context:
+            max_tokens = min(max_tokens, self.max_context - len(prefix_ids))
+        if max_tokens <= 0:
+            return
+        body: dict[str, Any] = {"model": self.name, "max_tokens": max_tokens, "temperature": temperature,
+                                "logprobs": True, "top_logprobs": k, "stream": True,
+                                "return_tokens_as_token_ids": True}
+        if text:
+            body.update(messages=msgs + [{"role": "assistant", "content": text}], continue_final_message=True,
+                        add_generation_prompt=False)
+        else:
+            body.update(messages=msgs, add_generation_prompt=True)
+        if stop_ids:
+            body["stop_token_ids"] = list(stop_ids)
+        if seed is not None:
+            body["seed"] = seed
+        done = False
+        try:
+            with self._http.stream("POST", f"{self.base_url}/v1/chat/completions", json=body) as r:
+                if r.status_code != 200:
+                    raise LLMUnavailable(f"the model server at {self.base_url} answered {r.status_code}: "
+                                         f"{r.read().decode(errors='replace')[:300]}")
+                for line in r.iter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        done = True
+                        break
+                    choice = json.loads(data)["choices"][0]
+                    for t in (choice.get("logprobs") or {}).get("content") or []:
+                        tops = [Candidate(self._id(c["token"]), float(c["logprob"]))
+                                for c in t.get("top_logprobs") or []]
+                        yield TokenInfo(self._id(t["token"]), float(t["logprob"]),
+                                        sorted(tops, key=lambda c: -c.logprob)[:k])
+                    if choice.get("finish_reason"):
+                        done = True
+        except self._httpx.HTTPError as e:
+            raise self._fail(e) from None
+        if not done:
             raise LLMUnavailable(f"the model server at {self.base_url} ended the stream early (it went away?)")

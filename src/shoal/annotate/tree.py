@@ -2,9 +2,12 @@
 
 A node is one dialog state: the full response as token ids, and per token who wrote it:
   "g" the model generated it, "c" an annotator picked it from the model's top-k candidates,
-  "t" an annotator typed it, "e" it came from the episode being annotated (the original policy).
+  "t" an annotator typed it, "e" it came from the episode being annotated (the original policy),
+  "o" the environment wrote it (a tool's output, run in a branch of the episode: annotate.agent).
 Operations: `root` (the first response), `correct` (parent's tokens up to `pos`, then a replacement;
-the model's continuation is appended to the same node by `extend`), `label` (good / bad), `undo`.
+the model's continuation is appended to the same node by `extend`), `tool` (the parent's pending
+tool calls run in a branch of the episode: parent's tokens, then their outputs; the op's data names
+the branch), `label` (good / bad), `undo`.
 
 Concurrency: every tree has a version; each write names the version it was made against and fails
 with `EditConflict` (HTTP 409) if another annotator wrote first. Nothing is overwritten: undo hides a
@@ -25,7 +28,7 @@ from typing import Any
 from ..core.errors import InvalidArgument, ShoalError, Unauthorized
 from ..core.sqlite import PerThreadDB, is_postgres_url
 
-SOURCES = "gcte"
+SOURCES = "gcteo"
 
 
 class EditConflict(ShoalError):
@@ -40,11 +43,16 @@ class NotFound(ShoalError, LookupError):
     pass
 
 
+class NotYourItem(ShoalError, PermissionError):
+    """An annotator asked for an item outside their queue (HTTP 403): each annotator sees and edits only
+    their own items, and the ones an admin shared with them."""
+
+
 @dataclass
 class Node:
     id: int
     parent: int | None
-    op: str  # root | correct
+    op: str  # root | correct | tool
     pos: int  # correct: index of the first replaced token (root: 0)
     tokens: list[int]
     sources: str  # one of SOURCES per token
@@ -86,6 +94,7 @@ CREATE TABLE IF NOT EXISTS ann_items (id TEXT PRIMARY KEY, kind TEXT NOT NULL, t
     prompt TEXT NOT NULL, response TEXT, meta TEXT NOT NULL, created DOUBLE PRECISION NOT NULL);
 CREATE TABLE IF NOT EXISTS ann_annotators (name TEXT PRIMARY KEY, token_hash TEXT NOT NULL,
     created DOUBLE PRECISION NOT NULL);
+CREATE TABLE IF NOT EXISTS ann_admins (name TEXT PRIMARY KEY);
 CREATE TABLE IF NOT EXISTS ann_queue (annotator TEXT NOT NULL, item_id TEXT NOT NULL, seq INTEGER NOT NULL,
     done INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (annotator, item_id));
 CREATE TABLE IF NOT EXISTS ann_trees (item_id TEXT PRIMARY KEY, version INTEGER NOT NULL, prompt_ids TEXT NOT NULL,
@@ -155,15 +164,49 @@ class AnnotationStore:
         self.db.close()
 
     # ---------------------------------------------------------------- accounts and queues
-    def add_annotator(self, name: str) -> str:
-        """Creates (or re-keys) an account; returns its login token (only its hash is stored)."""
+    def add_annotator(self, name: str, admin: bool = False) -> str:
+        """Creates (or re-keys) an account; returns its login token (only its hash is stored). An admin
+        sees every item and shares items into other annotators' queues."""
         if not name or not name.replace("-", "").replace("_", "").isalnum():
             raise InvalidArgument(f"annotator name {name!r}: letters, digits, - and _ only")
         token = secrets.token_urlsafe(18)
         with self.db.tx() as c:
             c.execute("DELETE FROM ann_annotators WHERE name = ?", (name,))
             c.execute("INSERT INTO ann_annotators VALUES (?, ?, ?)", (name, _hash(token), time.time()))
+            c.execute("DELETE FROM ann_admins WHERE name = ?", (name,))
+            if admin:
+                c.execute("INSERT INTO ann_admins VALUES (?)", (name,))
         return token
+
+    def is_admin(self, name: str) -> bool:
+        return self.db.execute("SELECT 1 FROM ann_admins WHERE name = ?", (name,)).fetchone() is not None
+
+    def check_access(self, annotator: str, item_id: str) -> None:
+        """NotFound for no such item; NotYourItem unless it is in the annotator's queue (or they are an admin)."""
+        self.item(item_id)
+        if self.is_admin(annotator):
+            return
+        row = self.db.execute("SELECT 1 FROM ann_queue WHERE annotator = ? AND item_id = ?",
+                              (annotator, item_id)).fetchone()
+        if row is None:
+            raise NotYourItem(f"item {item_id!r} is not in {annotator}'s queue: an annotator sees and edits only "
+                              "their own items (an admin can share this one with you)")
+
+    def share(self, admin: str, item_id: str, annotator: str) -> None:
+        """An admin puts an item into another annotator's queue (they may then read and edit it)."""
+        if not self.is_admin(admin):
+            raise NotYourItem(f"{admin} is not an admin: only an admin shares items")
+        self.item(item_id)
+        if annotator not in self.annotators():
+            raise NotFound(f"no annotator {annotator!r}")
+        self.assign(annotator, [item_id])
+
+    def trees_for(self, annotator: str) -> list[Tree]:
+        """The trees an annotator may export: their queue's (an admin's: all)."""
+        if self.is_admin(annotator):
+            return self.trees()
+        mine = {q["item_id"] for q in self.queue(annotator)}
+        return [t for t in self.trees() if t.item_id in mine]
 
     def login(self, token: str) -> str:
         row = self.db.execute("SELECT name FROM ann_annotators WHERE token_hash = ?", (_hash(token),)).fetchone()
@@ -290,6 +333,25 @@ class AnnotationStore:
             c.execute("UPDATE ann_ops SET node = ? WHERE item_id = ? AND version = ?", (nid, item_id, version))
         return nid, version
 
+    def tool_step(self, item_id: str, parent: int, tokens: list[int], annotator: str, expect_version: int,
+                  data: dict) -> tuple[int, int]:
+        """A new node: the parent's tokens, then the tool outputs (source "o"); `data` (the branch that
+        ran them) is kept on the op. Returns (node id, version); the model's continuation is appended
+        with `extend`."""
+        with self._write(item_id, expect_version, annotator, "tool", None, data) as (c, version):
+            row = c.execute("SELECT tokens, sources, hidden FROM ann_nodes WHERE item_id = ? AND id = ?",
+                            (item_id, parent)).fetchone()
+            if row is None or row[2]:
+                raise NotFound(f"tree {item_id!r} has no node {parent}")
+            ptoks = json.loads(row[0])
+            nid = int(c.execute("SELECT next_node FROM ann_trees WHERE item_id = ?", (item_id,)).fetchone()[0])
+            c.execute("UPDATE ann_trees SET next_node = ? WHERE item_id = ?", (nid + 1, item_id))
+            c.execute("INSERT INTO ann_nodes VALUES (?, ?, ?, 'tool', ?, ?, ?, ?, ?, NULL, 0)",
+                      (item_id, nid, parent, len(ptoks), json.dumps(ptoks + tokens), row[1] + "o" * len(tokens),
+                       annotator, time.time()))
+            c.execute("UPDATE ann_ops SET node = ? WHERE item_id = ? AND version = ?", (nid, item_id, version))
+        return nid, version
+
     def extend(self, item_id: str, node: int, tokens: list[int], sources: str, annotator: str,
                expect_version: int) -> int:
         """Appends (the model's continuation) to a node. Returns the new version."""
@@ -320,18 +382,18 @@ class AnnotationStore:
         continuation; a label goes back to what it was). Returns the new version."""
         with self._write(item_id, expect_version, annotator, "undo", None, {}) as (c, version):
             rows = c.execute("SELECT version, op, node, data FROM ann_ops WHERE item_id = ? AND annotator = ? "
-                             "AND undone = 0 AND op IN ('correct', 'label', 'extend') ORDER BY version DESC",
+                             "AND undone = 0 AND op IN ('correct', 'tool', 'label', 'extend') ORDER BY version DESC",
                              (item_id, annotator)).fetchall()
             if not rows:
                 raise InvalidArgument("nothing of yours to undo in this tree")
             v, op, node, data = rows[0][0], rows[0][1], rows[0][2], json.loads(rows[0][3])
-            if op == "extend":  # a correction and its continuation are one step for the annotator
+            if op == "extend":  # a correction (or tool step) and its continuation are one step for the annotator
                 for r in rows[1:]:
-                    if r[1] == "correct" and r[2] == node:
+                    if r[1] in ("correct", "tool") and r[2] == node:
                         c.execute("UPDATE ann_ops SET undone = 1 WHERE item_id = ? AND version = ?", (item_id, r[0]))
-                        op = "correct"
+                        op = r[1]
                         break
-            if op == "correct":
+            if op in ("correct", "tool"):
                 c.execute("UPDATE ann_nodes SET hidden = 1 WHERE item_id = ? AND id = ?", (item_id, node))
             elif op == "extend":  # a continuation of the root: its tokens come off again
                 row = c.execute("SELECT tokens, sources FROM ann_nodes WHERE item_id = ? AND id = ?",

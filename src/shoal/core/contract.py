@@ -450,6 +450,25 @@ class NetworkPolicy(BaseModel):
     subnet: str | None = None
 
 
+# ------------------------------------------------------------------------------------ file watching
+# create/write/remove/rename/chmod: a change in the watched tree. A rename inside the tree is a `rename`
+# of the old path (`dest` = the new one when both ends were seen together) followed by a `create` of the
+# new path, as fsnotify reports it. overflow: events were lost (a queue filled, or a cap stopped the
+# watch from following a new subdirectory; `detail` says which). end: the watch is over (the directory
+# or the sandbox went away, or the watch was closed); no event follows it.
+WatchEventType = Literal["create", "write", "remove", "rename", "chmod", "overflow", "end"]
+WATCH_QUEUE = 4096  # events a watch holds for its reader at most before it reports an overflow
+
+
+class WatchEvent(BaseModel):
+    type: WatchEventType
+    path: str = Field("", description="absolute path inside the sandbox; empty for overflow and end")
+    name: str = Field("", description="the same path relative to the watched directory")
+    dest: str | None = Field(None, description="rename: the new absolute path when it stayed in the watched tree")
+    is_dir: bool = False
+    detail: str | None = Field(None, description="overflow and end: why")
+
+
 # ------------------------------------------------------------------------------------ handles
 OutputCallback = Callable[[str], None]
 
@@ -520,6 +539,34 @@ class SessionHandle(abc.ABC):
         return self
 
     def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class WatchHandle(abc.ABC):
+    """A watch on a directory inside a sandbox (`SandboxBackend.watch_dir`). Holds kernel resources
+    until closed; the sandbox's end ends it too."""
+
+    path: str
+    recursive: bool
+
+    @abc.abstractmethod
+    def read(self, timeout: float = 1.0, max_events: int = 1024) -> list[WatchEvent]:
+        """The events since the last read, waiting up to `timeout` seconds for the first one; [] when
+        none came. After the `end` event every read answers [] at once."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Stop watching and free the watch (idempotent; a read blocked in another thread returns)."""
+
+    @property
+    @abc.abstractmethod
+    def ended(self) -> bool:
+        """True once the `end` event was read (or the handle was closed)."""
+
+    def __enter__(self) -> WatchHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -673,6 +720,15 @@ class SandboxBackend(abc.ABC):
         (the sandbox needs no network for it): the caller owns it and closes it. A port nothing
         listens on is a PortClosed (409); backends that cannot reach into a sandbox raise NotSupported."""
         raise NotSupported(f"the {self.name} backend cannot connect to a port inside a sandbox")
+
+    # ---------------------------------------------------------------- file watching
+    def watch_dir(self, sandbox_id: str, path: str, recursive: bool = False) -> WatchHandle:
+        """Watch a directory inside the sandbox (and, `recursive`, every directory below it): typed
+        events with sandbox paths as they happen. The path is resolved inside the sandbox root like the
+        files API's; symlinks below it are not followed. Watches per sandbox, directories per watch and
+        queued events are capped (QuotaExceeded, or an `overflow` event). Backends that cannot watch
+        raise NotSupported."""
+        raise NotSupported(f"the {self.name} backend cannot watch files inside a sandbox")
 
     # ---------------------------------------------------------------- memory
     def reclaim(self, sandbox_id: str, req: ReclaimRequest) -> ReclaimResult:

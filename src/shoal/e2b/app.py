@@ -16,7 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..core.contract import SandboxBackend
 from ..core.errors import InvalidArgument, QuotaExceeded, SandboxNotFound, ShoalError
-from . import control, envd
+from . import control, envd, snapshots
 from .front import ApiError, Front, Limits
 from .ports import PortRoutes, normal_domain
 from .state import Boxes, BoxStore, Keys
@@ -99,6 +99,7 @@ def make_app(backend: SandboxBackend, keys: Keys, templates: Mapping[str, str] |
     app.state.front = front
     app.include_router(control.router(front))
     app.include_router(envd.router(front))
+    app.include_router(snapshots.router(front))
     app.add_middleware(ControlGuard, keys=keys)
     # added last, so outermost: a sandbox port's traffic (its own token) never meets the API key check
     app.add_middleware(PortRoutes, front=front)  # sandbox ports: get_host, the code interpreter

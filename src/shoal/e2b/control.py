@@ -99,15 +99,21 @@ def router(front: Front) -> APIRouter:
         template = body.get("templateID")
         if not isinstance(template, str) or not template:
             raise ApiError(400, "templateID is required")
-        try:
-            image = tpl.resolve(front.templates, template)
-        except LookupError:
-            raise ApiError(404, f"template {template!r} not found (known: {sorted(front.templates)})") from None
+        snap = front.snapshots.find(tenant, template)  # a snapshot of this tenant's (snapshots.py)
+        image = None
+        if snap is None:
+            try:
+                image = tpl.resolve(front.templates, template)
+            except LookupError:
+                raise ApiError(404, f"template {template!r} not found (known: {sorted(front.templates)})") from None
         timeout = _timeout(body.get("timeout"), front.default_timeout)
         metadata = _str_map(body.get("metadata"), "metadata")
         env = _str_map(body.get("envVars"), "envVars")
         try:
-            info = front.backend.create(CreateRequest(image=image, ttl=timeout, env=env))
+            if snap is not None:
+                info = front.backend.create(CreateRequest(from_snapshot=snap.id, ttl=timeout, env=env))
+            else:
+                info = front.backend.create(CreateRequest(image=image, ttl=timeout, env=env))
         except ImageNotFound as e:
             raise ApiError(404, f"template {template!r}: {e}") from None
         try:

@@ -26,12 +26,22 @@ from fastapi import APIRouter, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 
-from ..core.contract import ExecRequest, FileEntry, ProcessHandle, PtySize, StartRequest, check_xattrs
+from ..core.contract import (
+    ExecRequest,
+    FileEntry,
+    ProcessHandle,
+    PtySize,
+    StartRequest,
+    WatchEvent,
+    WatchHandle,
+    check_xattrs,
+)
 from ..core.errors import (
     FileOpError,
     InvalidArgument,
     NotSupported,
     PathOutsideSandbox,
+    QuotaExceeded,
     SandboxNotFound,
     ShoalError,
 )
@@ -72,8 +82,18 @@ ACCOUNTS_TTL_S = 2.0  # how long a sandbox's /etc/passwd and /etc/group are cach
 class Watcher:
     path: str
     recursive: bool
-    snapshot: dict[str, tuple[str, int, float, int]]
+    snapshot: dict[str, tuple[str, int, float, int]]  # the polling fallback's last listing
     events: list[dict[str, Any]] = field(default_factory=list)
+    handle: WatchHandle | None = None  # the backend's watch (inotify); None: poll the listing
+
+
+# the contract's event types as envd's; overflow has no E2B equivalent (the events are lost either way)
+EVENT_TYPES = {"create": "EVENT_TYPE_CREATE", "write": "EVENT_TYPE_WRITE", "remove": "EVENT_TYPE_REMOVE",
+               "rename": "EVENT_TYPE_RENAME", "chmod": "EVENT_TYPE_CHMOD"}
+
+
+def envd_events(evs: list[WatchEvent]) -> list[dict[str, Any]]:
+    return [{"name": e.name, "type": EVENT_TYPES[e.type]} for e in evs if e.type in EVENT_TYPES]
 
 
 def _rfc3339(t: float) -> str:
@@ -124,6 +144,8 @@ def _rpc_error(e: Exception) -> wire.RpcError:
         return wire.RpcError("unavailable", f"The sandbox was not found: {msg}")
     if isinstance(e, NotSupported):
         return wire.RpcError("unimplemented", msg)
+    if isinstance(e, QuotaExceeded):
+        return wire.RpcError("resource_exhausted", msg)
     if isinstance(e, ShoalError):
         return wire.RpcError("internal", f"{type(e).__name__}: {msg}")
     return wire.RpcError("internal", f"{type(e).__name__}: {msg}")
@@ -575,56 +597,99 @@ def router(front: Front) -> APIRouter:
         evs.extend({"name": name, "type": "EVENT_TYPE_REMOVE"} for name in old if name not in new)
         return evs
 
+    def open_watch(box: Box, path: str, recursive: bool) -> WatchHandle | None:
+        """The backend's watch on `path`, or None where the backend cannot watch (then the front polls)."""
+        if be.stat_file(box.id, path).type != "dir":
+            raise wire.RpcError("invalid_argument", f"path {path!r} is not a directory")
+        try:
+            return be.watch_dir(box.id, path, recursive)
+        except NotSupported:
+            return None
+
     def watch_dir(box: Box, req: dict[str, Any], request: Request) -> AsyncIterator[dict]:
         async def gen() -> AsyncIterator[dict]:
             path = resolve(box, req.get("path"))
             recursive = bool(req.get("recursive"))
-            top = await run_in_threadpool(be.stat_file, box.id, path)
-            if top.type != "dir":
-                raise wire.RpcError("invalid_argument", f"path {path!r} is not a directory")
-            snap = await run_in_threadpool(snapshot, box, path, recursive)
-            yield {"start": {}}  # WatchDirResponse's oneof sits in the message itself
-            ka, last = keepalive_s(request), time.monotonic()
-            while True:
-                await asyncio.sleep(POLL_S)
-                if await request.is_disconnected() or front.boxes.get(box.id) is None:
-                    return
-                try:
-                    new = await run_in_threadpool(snapshot, box, path, recursive)
-                except FileOpError:
-                    return  # the watched directory went away
-                for ev in diff(snap, new):
-                    yield {"filesystem": ev}
-                    last = time.monotonic()
-                snap = new
-                if time.monotonic() - last > ka:
-                    yield {"keepalive": {}}
-                    last = time.monotonic()
+            handle = await run_in_threadpool(open_watch, box, path, recursive)
+            if handle is None:
+                async for msg in polled(box, path, recursive, request):
+                    yield msg
+                return
+            loop = asyncio.get_running_loop()
+            try:
+                yield {"start": {}}  # WatchDirResponse's oneof sits in the message itself
+                ka, last = keepalive_s(request), time.monotonic()
+                while True:
+                    evs = await loop.run_in_executor(front.stream_pool, handle.read, min(ka, 1.0), 512)
+                    for ev in envd_events(evs):
+                        yield {"filesystem": ev}
+                        last = time.monotonic()
+                    if handle.ended or front.boxes.get(box.id) is None:
+                        return  # the watched directory or the sandbox went away
+                    if not evs and await request.is_disconnected():
+                        return
+                    if time.monotonic() - last > ka:
+                        yield {"keepalive": {}}
+                        last = time.monotonic()
+            finally:
+                await run_in_threadpool(handle.close)
         return gen()
+
+    async def polled(box: Box, path: str, recursive: bool, request: Request) -> AsyncIterator[dict]:
+        """WatchDir over a backend without watches: diff listings every POLL_S."""
+        snap = await run_in_threadpool(snapshot, box, path, recursive)
+        yield {"start": {}}
+        ka, last = keepalive_s(request), time.monotonic()
+        while True:
+            await asyncio.sleep(POLL_S)
+            if await request.is_disconnected() or front.boxes.get(box.id) is None:
+                return
+            try:
+                new = await run_in_threadpool(snapshot, box, path, recursive)
+            except FileOpError:
+                return  # the watched directory went away
+            for ev in diff(snap, new):
+                yield {"filesystem": ev}
+                last = time.monotonic()
+            snap = new
+            if time.monotonic() - last > ka:
+                yield {"keepalive": {}}
+                last = time.monotonic()
 
     def create_watcher(box: Box, req: dict[str, Any]) -> dict[str, Any]:
         path = resolve(box, req.get("path"))
         recursive = bool(req.get("recursive"))
-        if be.stat_file(box.id, path).type != "dir":
-            raise wire.RpcError("invalid_argument", f"path {path!r} is not a directory")
         if front.limits.watchers and len(box.watchers) >= front.limits.watchers:
             raise wire.RpcError("resource_exhausted", f"sandbox {box.id} has {len(box.watchers)} watchers (the "
                                                       "front's limit); remove some first")
+        handle = open_watch(box, path, recursive)
         wid = "w-" + secrets.token_hex(8)
-        box.watchers[wid] = Watcher(path=path, recursive=recursive, snapshot=snapshot(box, path, recursive))
+        box.watchers[wid] = Watcher(path=path, recursive=recursive, handle=handle,
+                                    snapshot=snapshot(box, path, recursive) if handle is None else {})
         return {"watcherId": wid}
 
     def get_watcher_events(box: Box, req: dict[str, Any]) -> dict[str, Any]:
         w = box.watchers.get(str(req.get("watcherId")))
         if w is None:
             raise wire.RpcError("not_found", f"watcher {req.get('watcherId')!r} not found")
+        if w.handle is not None:  # what the watch queued since the last call (at most a few reads' worth)
+            evs: list[dict[str, Any]] = []
+            for _ in range(8):
+                got = w.handle.read(0, 1024)
+                evs += envd_events(got)
+                if not got:
+                    break
+            return {"events": evs}
         new = snapshot(box, w.path, w.recursive)
         evs, w.snapshot = diff(w.snapshot, new), new
         return {"events": evs}
 
     def remove_watcher(box: Box, req: dict[str, Any]) -> dict[str, Any]:
-        if box.watchers.pop(str(req.get("watcherId")), None) is None:
+        w = box.watchers.pop(str(req.get("watcherId")), None)
+        if w is None:
             raise wire.RpcError("not_found", f"watcher {req.get('watcherId')!r} not found")
+        if w.handle is not None:
+            w.handle.close()
         return {}
 
     unary("filesystem.Filesystem/Stat", stat)
@@ -720,7 +785,7 @@ def router(front: Front) -> APIRouter:
     return r
 
 
-POLL_S = 0.05  # WatchDir polls the directory this often (no inotify through the contract yet)
+POLL_S = 0.05  # WatchDir polls the directory this often on a backend without watch_dir (gVisor)
 
 
 _DISPOSITION = re.compile(rb'(?i)^content-disposition:.*?;\s*name="([^"]*)"(?:.*?;\s*filename="([^"]*)")?', re.M)

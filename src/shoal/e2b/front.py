@@ -6,11 +6,15 @@ import threading
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..core.contract import SandboxBackend
 from .ports import Starts
 from .state import Boxes, Keys
 from .templates import DEFAULT_TEMPLATES, HOME, USER
+
+if TYPE_CHECKING:
+    from .snapshots import SnapshotIndex
 
 
 class ApiError(Exception):
@@ -67,6 +71,12 @@ class StreamSlots:
                 self._open.pop(tenant, None)
 
 
+def _snapshot_index() -> SnapshotIndex:
+    from .snapshots import SnapshotIndex
+
+    return SnapshotIndex()
+
+
 @dataclass
 class Front:
     backend: SandboxBackend
@@ -83,6 +93,7 @@ class Front:
     domain: str | None = None  # get_host's domain: only PORT-ID.<domain> hosts are proxied (None: any)
     ports: StreamSlots = field(default_factory=StreamSlots)  # proxied connections open per tenant
     port_connects: StreamSlots = field(default_factory=StreamSlots)  # connects in flight per tenant
+    snapshots: SnapshotIndex = field(default_factory=lambda: _snapshot_index())  # snapshots.py
     # blocking waits of output streams (one per open Start/Connect/WatchDir stream): a pool of its own,
     # so long-lived streams never starve the request handlers' thread pool
     stream_pool: ThreadPoolExecutor = field(

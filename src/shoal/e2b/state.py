@@ -128,6 +128,13 @@ class Box:
     def state(self) -> str:
         return "paused" if self.paused else "running"
 
+    def close_watchers(self) -> None:
+        """Free the watches its polling watchers hold (the box is gone from the front)."""
+        ws, self.watchers = list(self.watchers.values()), {}
+        for w in ws:
+            if getattr(w, "handle", None) is not None:
+                w.handle.close()
+
     def expired(self, now: float | None = None) -> bool:
         return not self.paused and (now or time.time()) >= self.end
 
@@ -194,6 +201,7 @@ class Boxes:
             box = self._boxes.get(sandbox_id)
             if box is not None and box.expired():
                 del self._boxes[sandbox_id]  # the backend's TTL ended it
+                box.close_watchers()
                 box = None
                 gone = True
             else:
@@ -205,6 +213,8 @@ class Boxes:
     def pop(self, sandbox_id: str) -> Box | None:
         with self._lock:
             box = self._boxes.pop(sandbox_id, None)
+        if box is not None:
+            box.close_watchers()
         if self.store is not None:
             self.store.delete(sandbox_id)
         return box
@@ -214,7 +224,7 @@ class Boxes:
         with self._lock:
             gone = [s for s, b in self._boxes.items() if b.expired(now)]
             for sid in gone:
-                del self._boxes[sid]
+                self._boxes.pop(sid).close_watchers()
             out = list(self._boxes.values())
         if self.store is not None:
             for sid in gone:

@@ -49,6 +49,7 @@ from ..core.contract import (
     SnapshotRequest,
     StartRequest,
     TimeoutRequest,
+    WatchHandle,
 )
 from ..core.postgres import redact
 from ..layers.store import split_ref
@@ -292,6 +293,9 @@ class FleetBackend(SandboxBackend):
 
     def connect_port(self, sandbox_id: str, port: int, timeout: float = PORT_CONNECT_TIMEOUT) -> socket.socket:
         return self._on(sandbox_id, lambda c: c.connect_port(sandbox_id, port, timeout))
+
+    def watch_dir(self, sandbox_id: str, path: str, recursive: bool = False) -> WatchHandle:
+        return self._on(sandbox_id, lambda c: c.watch_dir(sandbox_id, path, recursive))
 
     # ---------------------------------------------------------------- commands
     def exec(self, sandbox_id: str, req: ExecRequest, on_stdout: OutputCallback | None = None,

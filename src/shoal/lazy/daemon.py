@@ -83,6 +83,7 @@ class LayerFiles:
             index, spec = rec
             origin = open_origin(spec)
             order = prefetch.load(self.root, digest)  # a lazy pull fetched it already, if published
+            order = prefetch.to_fetch(order, prefetch.load_startup(self.root, digest))  # its start-up part
             # recording until a published list turns up (the origin is asked in the background, not
             # here: a lookup answers at once, the mount of the layer does not wait for the registry)
             recorder = None if order else prefetch.Recorder(self.root, digest)
@@ -102,11 +103,13 @@ class LayerFiles:
             return None
         try:
             size = layer.origin.stat(key).size
-            order = prefetch.parse(layer.origin.read(key, 0, size))
+            body = layer.origin.read(key, 0, size)
         except ShoalError:
             return None
+        order, startup = prefetch.parse(body), prefetch.parse_startup(body)
         if order:  # kept here too: a restarted daemon does not ask again
-            prefetch.save(self.root, digest, order)
+            prefetch.save(self.root, digest, order, startup=startup)
+            order = prefetch.to_fetch(order, startup) or []
             layer.recorder = None
             layer.readahead = None  # the list says what to fetch
             log.info("layer %s: prefetching %d chunks (published list)", digest[:19], len(order))

@@ -5,7 +5,14 @@ a `prefetch_key`, read from the origin too (published beside the layer by whoeve
 The first time a host mounts a layer that has no list, the lazy daemon records first accesses for
 `RECORD_WINDOW_S` seconds; later cold starts fetch the listed chunks in the background, in order,
 while the sandbox already runs (demand reads never wait behind the prefetch: they fetch themselves,
-and single-flight merges the two when they want the same chunk)."""
+and single-flight merges the two when they want the same chunk).
+
+**Start-up part.** The recording keeps going after the sandbox's first command (a relayout wants
+everything a first run read), but the list also says how many of its chunks came before that first
+command finished (`startup`): the host marks the moment (`mark_startup`, from `Host.exec`) and the
+recorder notes it. A later cold start prefetches only that part (`to_fetch`); what the first run did
+afterwards is that run's own work (an agent's git and grep, say), which another workload on the
+same image would fetch for nothing. `SHOAL_LAZY_PREFETCH_STARTUP=0` prefetches the whole list."""
 from __future__ import annotations
 
 import json
@@ -21,6 +28,36 @@ def prefetch_path(root: Path, digest: str) -> Path:
     return Path(root) / "lazy" / f"{digest.split(':', 1)[1]}.prefetch.json"
 
 
+def startup_path(root: Path, digest: str) -> Path:
+    """The marker `mark_startup` leaves: the first command of a sandbox using the layer has finished."""
+    return Path(root) / "lazy" / f"{digest.split(':', 1)[1]}.startup"
+
+
+def mark_startup(root: Path, digests: list[str]) -> int:
+    """The first command of a sandbox with these layers has finished: each layer of them that is
+    recording a list (it has a list file and no marker yet) gets its marker. Returns how many."""
+    n = 0
+    for d in digests:
+        if ":" not in d:
+            continue
+        m = startup_path(root, d)
+        if prefetch_path(root, d).exists() and not m.exists():
+            try:
+                m.touch()
+                n += 1
+            except OSError:
+                pass
+    return n
+
+
+def to_fetch(chunks: list[int] | None, startup: int | None) -> list[int] | None:
+    """What a cold start prefetches of a list: its start-up part when it has one (and the
+    environment does not say otherwise), else all of it."""
+    if not chunks or not startup or os.environ.get("SHOAL_LAZY_PREFETCH_STARTUP", "1") == "0":
+        return chunks
+    return chunks[:startup]
+
+
 def load(root: Path, digest: str) -> list[int] | None:
     try:
         data = json.loads(prefetch_path(root, digest).read_text())
@@ -30,14 +67,34 @@ def load(root: Path, digest: str) -> list[int] | None:
     return [int(i) for i in chunks] if isinstance(chunks, list) else None
 
 
-def dumps(digest: str, chunks: list[int], ranges: list[list[int]] | None = None, blob: str | None = None) -> bytes:
+def dumps(digest: str, chunks: list[int], ranges: list[list[int]] | None = None, blob: str | None = None,
+          startup: int | None = None) -> bytes:
     """The prefetch list as the blob a push publishes beside the layer. `ranges`: the byte ranges
     ([offset, length], first-read order) behind the chunk numbers, and `blob` the EROFS blob they
-    refer to: what `shoal push --relayout` orders a layer's image by (shoal.layers.relayout)."""
+    refer to: what `shoal push --relayout` orders a layer's image by (shoal.layers.relayout).
+    `startup`: how many of `chunks` were read before the first command finished."""
     body: dict = {"layer": digest, "chunks": chunks}
     if ranges:
         body.update(ranges=ranges, blob=blob)
+    if startup:
+        body["startup"] = startup
     return json.dumps(body).encode()
+
+
+def parse_startup(blob: bytes) -> int | None:
+    """The start-up part's length of a list that has one (a positive int), else None."""
+    try:
+        n = json.loads(blob).get("startup")
+    except (ValueError, AttributeError):
+        return None
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
+
+
+def load_startup(root: Path, digest: str) -> int | None:
+    try:
+        return parse_startup(prefetch_path(root, digest).read_bytes())
+    except OSError:
+        return None
 
 
 def parse(blob: bytes) -> list[int] | None:
@@ -66,11 +123,11 @@ def load_ranges(root: Path, digest: str) -> tuple[str, list[tuple[int, int]]] | 
 
 
 def save(root: Path, digest: str, chunks: list[int], ranges: list[list[int]] | None = None,
-         blob: str | None = None) -> None:
+         blob: str | None = None, startup: int | None = None) -> None:
     p = prefetch_path(root, digest)
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_bytes(dumps(digest, chunks, ranges, blob))
+    tmp.write_bytes(dumps(digest, chunks, ranges, blob, startup))
     os.replace(tmp, p)
 
 
@@ -89,10 +146,13 @@ class Recorder:
         self._pages: set[int] = set()
         self._lock = threading.Lock()
         self._flush: threading.Timer | None = None
+        self.startup: int | None = None  # chunks seen before the first command finished (mark_startup)
+        self._marker = startup_path(self.root, digest)
+        self._marker.unlink(missing_ok=True)  # a marker from an earlier recording is not this one's
 
     def _save(self) -> None:
         save(self.root, self.digest, list(self.order), [list(r) for r in self.ranges] if self.blob else None,
-             self.blob)
+             self.blob, self.startup)
 
     def saw(self, i: int) -> None:
         if i in self._seen or time.monotonic() > self.deadline:
@@ -100,6 +160,8 @@ class Recorder:
         with self._lock:
             if i in self._seen:
                 return
+            if self.startup is None and self._marker.exists():  # the first new chunk after the mark
+                self.startup = len(self.order)
             self._seen.add(i)
             self.order.append(i)
             self._save()

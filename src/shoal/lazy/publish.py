@@ -35,7 +35,8 @@ def publish_to_dir(store: LayerStore, ref: str, directory: str | os.PathLike) ->
     (out / k["index"]).write_text(index.model_dump_json())
     order = prefetch.load(store.settings.root, info.digest)
     if order:
-        (out / k["prefetch"]).write_bytes(prefetch.dumps(info.digest, order))
+        startup = prefetch.load_startup(store.settings.root, info.digest)
+        (out / k["prefetch"]).write_bytes(prefetch.dumps(info.digest, order, startup=startup))
     return index
 
 

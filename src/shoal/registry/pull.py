@@ -286,9 +286,10 @@ def _lazy_layer_meta(store: LayerStore, cl: RegistryClient, r: Reference, items:
         _, digest, spec = item
         try:
             key = spec["prefetch_key"]
-            order = prefetch.parse(origin.read(key, 0, origin.stat(key).size))
+            body = origin.read(key, 0, origin.stat(key).size)
+            order = prefetch.parse(body)
             if order:
-                prefetch.save(store.settings.root, digest, order)
+                prefetch.save(store.settings.root, digest, order, startup=prefetch.parse_startup(body))
         except (ShoalError, OSError):
             pass
 

@@ -222,6 +222,8 @@ def make_policy(spec: dict, task: Any = None) -> Policy:
     {"kind": "oracle"|"null"|"random", "seed"?}, {"kind": "script", "actions": [...]},
     {"kind": "chat", "url": ..., "model": ..., "api_key"?, "temperature"?, ...}."""
     kind = spec.get("kind")
+    if task is not None and hasattr(task, "make_policy"):  # a task with its own action space (desktop)
+        return task.make_policy(spec)
     if kind == "oracle":
         if task is None:
             raise InvalidArgument("the oracle policy needs the task (its gold patch)")

@@ -185,6 +185,8 @@ def main() -> None:
                                                 "`local` runs sandboxes in this process (root)")
     ap.add_argument("--root", default=None, help="with --url local: this node's Shoal root")
     ap.add_argument("--suite", default=None, help="task suite JSONL (default: the bundled one)")
+    ap.add_argument("--kind", default="swe", choices=("swe", "desktop"),
+                    help="the suite's kind: SWE (JSONL) or desktop tasks (shoal.tasks.desktop JSON)")
     ap.add_argument("--concurrency", type=int, default=2)
     ap.add_argument("--create-rate", type=float, default=20.0, help="sandbox-creating episode starts per second")
     ap.add_argument("--lease", type=float, default=20.0)
@@ -194,8 +196,14 @@ def main() -> None:
     ap.add_argument("--forever", action="store_true", help="keep polling when the queue is empty")
     a = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    tasks = None
+    if a.kind == "desktop":
+        from ..tasks.desktop.runner import load_desktop_tasks
+
+        tasks = load_desktop_tasks(a.suite)
     w = Worker(a.db, log_db=a.log, url=a.url, root=a.root, suite=a.suite, concurrency=a.concurrency,
-               create_rate=a.create_rate, lease_s=a.lease, max_steps=a.max_steps, node=a.node, pull_from=a.pull_from)
+               create_rate=a.create_rate, lease_s=a.lease, max_steps=a.max_steps, node=a.node, pull_from=a.pull_from,
+               tasks=tasks)
     n = asyncio.run(w.run(forever=a.forever))
     log.info("worker %s finished %d episodes", w.name, n)
 

@@ -29,6 +29,8 @@ from ..core.contract import (
     SessionHandle,
     SnapshotInfo,
     UpperKind,
+    WatchEvent,
+    WatchHandle,
 )
 from ..desktop.actions import ActionResult, Button, DesktopAction
 from ..desktop.ops import A11yNode, Window
@@ -148,6 +150,41 @@ class AsyncSession:
         await _t(self._sync.__exit__, *exc)
 
 
+class AsyncWatchHandle:
+    """A watch on a directory in a sandbox (see `WatchHandle`)."""
+
+    def __init__(self, sync: WatchHandle):
+        self._sync = sync
+
+    @property
+    def path(self) -> Any:
+        return self._sync.path
+
+    @property
+    def recursive(self) -> Any:
+        return self._sync.recursive
+
+    @property
+    def ended(self) -> Any:
+        return self._sync.ended
+
+    async def read(self, timeout: float = 1.0, max_events: int = 1024) -> list[WatchEvent]:
+        """The events since the last read, waiting up to `timeout` seconds for the first one; [] when
+        none came. After the `end` event every read answers [] at once.
+        """
+        return await _t(self._sync.read, timeout=timeout, max_events=max_events)
+
+    async def close(self) -> None:
+        """Stop watching and free the watch (idempotent; a read blocked in another thread returns)."""
+        await _t(self._sync.close)
+
+    async def __aenter__(self) -> AsyncWatchHandle:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await _t(self._sync.__exit__, *exc)
+
+
 class AsyncCommands:
     """`sandbox.commands`, awaitable."""
 
@@ -223,6 +260,12 @@ class AsyncFiles:
 
     async def remove(self, path: str) -> None:
         await _t(self._sync.remove, path=path)
+
+    async def watch(self, path: str, recursive: bool = False) -> AsyncWatchHandle:
+        """Watch a directory: `read()` the changes (create, write, remove, rename, chmod) as they happen;
+        close the handle when done. Backends that cannot watch raise NotSupported.
+        """
+        return AsyncWatchHandle(await _t(self._sync.watch, path=path, recursive=recursive))
 
     async def upload(self, dest_dir: str, src: str | os.PathLike | bytes) -> int:
         """Upload a local file/directory (or raw tar bytes) into `dest_dir`; returns entries written."""

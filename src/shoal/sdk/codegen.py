@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..core.contract import ProcessHandle, SessionHandle
+from ..core.contract import ProcessHandle, SessionHandle, WatchHandle
 from .desktop import Desktop
 from .sandbox import Commands, Files, Sandbox, Sessions
 
@@ -27,7 +27,7 @@ OUT = Path(__file__).with_name("async_sandbox.py")
 # sync type -> its async twin, in annotations and for wrapping results
 TWINS = {"Sandbox": "AsyncSandbox", "ProcessHandle": "AsyncProcessHandle", "SessionHandle": "AsyncSession",
          "ForkResult": "AsyncForkResult", "Commands": "AsyncCommands", "Files": "AsyncFiles",
-         "Sessions": "AsyncSessions", "Desktop": "AsyncDesktop"}
+         "Sessions": "AsyncSessions", "Desktop": "AsyncDesktop", "WatchHandle": "AsyncWatchHandle"}
 
 
 @dataclass
@@ -43,6 +43,8 @@ SPECS = [
     Spec(ProcessHandle, "AsyncProcessHandle", "A background process (see `ProcessHandle`).",
          attrs=["id", "pid", "argv"]),
     Spec(SessionHandle, "AsyncSession", "A long-lived shell (see `SessionHandle`).", attrs=["id", "shell", "closed"]),
+    Spec(WatchHandle, "AsyncWatchHandle", "A watch on a directory in a sandbox (see `WatchHandle`).",
+         attrs=["path", "recursive", "ended"]),
     Spec(Commands, "AsyncCommands", "`sandbox.commands`, awaitable."),
     Spec(Sessions, "AsyncSessions", "`sandbox.sessions`, awaitable."),
     Spec(Files, "AsyncFiles", "`sandbox.files`, awaitable."),
@@ -82,6 +84,8 @@ from ..core.contract import (
     SessionHandle,
     SnapshotInfo,
     UpperKind,
+    WatchEvent,
+    WatchHandle,
 )
 from ..desktop.actions import ActionResult, Button, DesktopAction
 from ..desktop.ops import A11yNode, Window
@@ -178,7 +182,8 @@ def _literal(name: str, v: object) -> str:
 def _wrap(ret: str, expr: str) -> str:
     """How to return `expr` (an awaited sync result) typed as the async twin of `ret`."""
     for sync, twin in (("ForkResult", "AsyncForkResult._wrap"), ("Sandbox", "AsyncSandbox"),
-                       ("ProcessHandle", "AsyncProcessHandle"), ("SessionHandle", "AsyncSession")):
+                       ("ProcessHandle", "AsyncProcessHandle"), ("SessionHandle", "AsyncSession"),
+                       ("WatchHandle", "AsyncWatchHandle")):
         if ret == sync:
             return f"{twin}({expr})"
     return expr

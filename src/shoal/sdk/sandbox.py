@@ -56,6 +56,7 @@ from ..core.contract import (
     StartRequest,
     TimeoutRequest,
     UpperKind,
+    WatchHandle,
 )
 from ..core.errors import CommandTimeout, FileOpError, InvalidArgument, SandboxError, ShoalError
 from .desktop import Desktop
@@ -197,6 +198,11 @@ class Files:
 
     def remove(self, path: str) -> None:
         self._sb._backend.remove_file(self._sb.id, path)
+
+    def watch(self, path: str, recursive: bool = False) -> WatchHandle:
+        """Watch a directory: `read()` the changes (create, write, remove, rename, chmod) as they happen;
+        close the handle when done. Backends that cannot watch raise NotSupported."""
+        return self._sb._backend.watch_dir(self._sb.id, path, recursive)
 
     def upload(self, dest_dir: str, src: str | os.PathLike | bytes) -> int:
         """Upload a local file/directory (or raw tar bytes) into `dest_dir`; returns entries written."""

@@ -14,8 +14,10 @@ How a sandbox comes to life (see docs/architecture.md):
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import resource
 import secrets
 import select
 import shutil
@@ -45,6 +47,7 @@ from ...core.contract import (
     SessionRequest,
     StartRequest,
     TimeoutRequest,
+    WatchHandle,
     check_seconds,
     to_ms,
 )
@@ -301,6 +304,42 @@ class ContainerBackend(LocalBackend):
         sandbox_id = f"{self.id_prefix}-{self.settings.host_tag}-{secrets.token_hex(6)}"
         d = self._dir(sandbox_id)
         d.mkdir()
+        started: dict = {}  # what _launch_in got to: the partial sandbox to take down if it fails
+        try:
+            return self._launch_in(spec, lower_dirs, sandbox_id, d, sysfs, empty_dir, started)
+        except BaseException as e:
+            self._abandon(sandbox_id, started)
+            if isinstance(e, OSError) and e.errno in (errno.EMFILE, errno.ENFILE):
+                nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+                raise QuotaExceeded(f"sandbox {sandbox_id} could not start: {e.strerror} in the process that "
+                                    f"creates it (RLIMIT_NOFILE {nofile}); close sessions or raise the "
+                                    "limit") from e
+            raise
+
+    def _abandon(self, sandbox_id: str, started: dict) -> None:
+        """Take down a create that failed part-way, with no file descriptor to spare (it may have failed
+        for want of one): SIGKILL its init if the helper started it, wait for the supervisor, then
+        release the cgroups and the state dir."""
+        with self._lock:
+            self._meta.pop(sandbox_id, None)
+        init_pid, sup_pid = started.get("init_pid"), started.get("sup_pid")
+        if init_pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(init_pid, signal.SIGKILL)
+            with contextlib.suppress(OSError):  # a new sandbox is frozen only by a pause racing this
+                if self.cgroups.is_frozen(sandbox_id):
+                    self.cgroups.freeze(sandbox_id, False)
+        deadline = time.monotonic() + 5.0
+        while sup_pid and time.monotonic() < deadline:
+            try:
+                os.kill(sup_pid, 0)  # no /proc read: that needs a descriptor
+            except ProcessLookupError:
+                break
+            time.sleep(0.005)
+        self._cleanup(sandbox_id)
+
+    def _launch_in(self, spec: SandboxSpec, lower_dirs: list[Path], sandbox_id: str, d: Path,
+                   sysfs: Path | None, empty_dir: Path, started: dict) -> SandboxInfo:
         (d / "rootfs").mkdir()
         (d / "disk").mkdir()
         limits = spec.limits
@@ -318,7 +357,7 @@ class ContainerBackend(LocalBackend):
                 mem = limits.memory_mb << 20
                 self.cgroups.allow_swap(sandbox_id, mem, int(mem * self.settings.sandbox_swap))
         except Exception:
-            shutil.rmtree(d, ignore_errors=True)
+            _remove_state_dir(d)
             raise
         if limits.upper == "disk":
             try:
@@ -360,6 +399,7 @@ class ContainerBackend(LocalBackend):
             raise SandboxError(f"sandbox {sandbox_id} failed to start: {detail}")
         fields = line.split()
         init_pid, sup_pid = int(fields[1]), int(fields[2])
+        started.update(init_pid=init_pid, sup_pid=sup_pid)
         meta.update(init_pid=init_pid, sup_pid=sup_pid, init_start=starttime(init_pid), sup_start=starttime(sup_pid))
         if len(fields) > 3:  # the supervisor holds the upper as a detached mount on this fd
             meta["upper_fd"] = int(fields[3])
@@ -462,7 +502,7 @@ class ContainerBackend(LocalBackend):
 
             unmount(disk)
         self.cgroups.remove(sandbox_id)
-        shutil.rmtree(d, ignore_errors=True)
+        _remove_state_dir(d)
         tomb = self.settings.tombstones_dir / sandbox_id
         if reason and not tomb.exists():
             tomb.write_text(reason)
@@ -745,6 +785,16 @@ class ContainerBackend(LocalBackend):
             self.touch(sandbox_id)
         return connect_in_netns(sandbox_id, meta["init_pid"], meta.get("init_start"), port, timeout)
 
+    def watch_dir(self, sandbox_id: str, path: str, recursive: bool = False) -> WatchHandle:
+        """inotify on the sandbox's own view of `path` (watch.py); caps in `self.watch_limits`."""
+        from .watch import ContainerWatch, WatchLimits
+
+        meta = self._live_meta(sandbox_id)
+        if meta.get("idle_ttl"):
+            self.touch(sandbox_id)
+        limits = getattr(self, "watch_limits", None) or WatchLimits()
+        return ContainerWatch(sandbox_id, meta["init_pid"], meta.get("init_start"), path, recursive, limits)
+
     def upper_dir(self, sandbox_id: str) -> Path:
         """The sandbox's writable overlayfs upper (host path): its whole diff against its layers.
         The upper is mounted in no host mount namespace (one mount per live sandbox there would make
@@ -801,6 +851,29 @@ class ContainerBackend(LocalBackend):
             if meta.get("init_pid") and alive(meta["init_pid"], meta.get("init_start")):
                 out.append(self._info(meta))
         return out
+
+
+# everything a sandbox's state dir can hold (the supervisor's own cleanup removes the same names)
+STATE_DIR_NAMES = ("agent.sock", "meta.json", "meta.json.tmp", "rootfs", "disk")
+
+
+def _remove_state_dir(d: Path) -> None:
+    """rmtree, and where that could not list the dir (EMFILE: listing needs a descriptor), the known
+    names by path: unlink and rmdir need none."""
+    shutil.rmtree(d, ignore_errors=True)
+    if not os.path.lexists(d):
+        return
+    for name in STATE_DIR_NAMES:
+        p = d / name
+        try:
+            os.unlink(p)
+        except IsADirectoryError:
+            with contextlib.suppress(OSError):
+                os.rmdir(p)
+        except OSError:
+            pass
+    with contextlib.suppress(OSError):
+        os.rmdir(d)
 
 
 def _explain_oom(reason: str) -> str | None:

@@ -69,7 +69,7 @@ class ContainerProcess(ProcessHandle):
 
     def _run(self) -> None:
         p = self._proc
-        sel = selectors.DefaultSelector()
+        sel = selectors.PollSelector()  # no epoll descriptor per process
         sel.register(p.sock, selectors.EVENT_READ, None)
         sel.register(p.out_r, selectors.EVENT_READ, self._out)
         streams = 1
@@ -221,7 +221,9 @@ class ContainerSession(SessionHandle):
         self._cap = output_cap
         self._before_run = before_run  # resumes a paused sandbox, as any request does
         self._touch = idle_ttl
-        self._sel = selectors.DefaultSelector()
+        # poll, not epoll: an epoll instance is one more descriptor per open session, and a host of
+        # idle sandboxes holds a session each (the fill's RLIMIT_NOFILE); three fds need no epoll
+        self._sel = selectors.PollSelector()
         self._sel.register(proc.out_r, selectors.EVENT_READ, "out")
         self._sel.register(proc.err_r, selectors.EVENT_READ, "err")
         self._sel.register(proc.sock, selectors.EVENT_READ, "ctl")

@@ -52,6 +52,7 @@ from ...core.contract import (
     SnapshotRequest,
     StartRequest,
     TimeoutRequest,
+    WatchHandle,
     check_port,
 )
 
@@ -374,6 +375,12 @@ class HttpBackend(SandboxBackend):
 
     def get_network(self, sandbox_id: str) -> NetworkPolicy:
         return NetworkPolicy.model_validate(self.json("GET", self._sb(sandbox_id) + "/network"))
+
+    def watch_dir(self, sandbox_id: str, path: str, recursive: bool = False) -> WatchHandle:
+        """shoald's NDJSON watch stream (server/routes/watch.py, client in watch.py)."""
+        from .watch import open_watch
+
+        return open_watch(self, sandbox_id, path, recursive)
 
     def set_network(self, sandbox_id: str, req: NetworkRequest) -> NetworkPolicy:
         return NetworkPolicy.model_validate(self.json("PUT", self._sb(sandbox_id) + "/network", body=req))

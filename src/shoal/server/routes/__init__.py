@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from . import desktop, episodes, exec, files, health, images, ports, sandboxes, sessions, snapshots, tenants
+from . import desktop, episodes, exec, files, health, images, ports, sandboxes, sessions, snapshots, tenants, watch
 
 ROUTERS: list[APIRouter] = [m.router for m in (health, sandboxes, exec, sessions, files, snapshots, images, tenants,
-                                               ports, episodes, desktop)]
+                                               ports, episodes, desktop, watch)]

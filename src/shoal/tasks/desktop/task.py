@@ -76,8 +76,19 @@ class CommandCheck(_M):
     stdout_contains: str = ""
 
 
-Check = Annotated[FileContains | FileLacks | FileExists | WindowCheck | A11yText | SpreadsheetCell | CommandCheck,
-                  Field(discriminator="type")]
+class BrowserDom(_M):
+    """A DOM property of the browser's page, read through Chromium's DevTools port (browser.py)."""
+
+    type: Literal["browser_dom"]
+    selector: str  # CSS selector; the first match
+    prop: str = "textContent"  # e.g. value, checked, textContent, href
+    text: str = ""  # String(element[prop]) contains this
+    equals: str | None = None  # ... or equals this exactly
+    url: str = ""  # the page target whose URL contains this (the first page when empty)
+
+
+Check = Annotated[FileContains | FileLacks | FileExists | WindowCheck | A11yText | SpreadsheetCell | CommandCheck
+                  | BrowserDom, Field(discriminator="type")]
 
 
 class Subgoal(_M):
@@ -194,6 +205,11 @@ def check(sb: Sandbox, c: Any) -> bool:
         if isinstance(c, CommandCheck):
             r = sb.commands.run(c.cmd, timeout=60)
             return r.exit_code == 0 and c.stdout_contains in r.stdout
+        if isinstance(c, BrowserDom):
+            from .browser import dom_property
+
+            v = dom_property(sb, c.selector, c.prop, c.url)
+            return v is not None and (v == c.equals if c.equals is not None else c.text in v)
     except ShoalError:
         return False
     raise InvalidArgument(f"unknown check {c!r}")

@@ -264,9 +264,14 @@ static void setup_rootfs(void) {
     errno = 0;
     if (chdir(cfg.rootfs) < 0) die("chdir rootfs");
 
-    /* /dev: a small tmpfs with the usual character devices; no host device is reachable. */
+    /* /dev: a small tmpfs with the usual character devices; no host device is reachable. It holds
+     * /dev/shm too (a directory bound onto itself, below), not a tmpfs of its own: every superblock
+     * registers a memcg-aware shrinker, and each shrinker id widens the shrinker_info of every memory
+     * cgroup on the host (about 1 KiB per 64 ids per cgroup), so superblocks per sandbox multiply
+     * with sandboxes into kernel memory (docs/density.md). */
     mkdir_p_in("dev", 0755);
-    mount_or_die("tmpfs", "dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=1024k,nr_inodes=256");
+    snprintf(opts, sizeof opts, "mode=0755,size=%ldm,nr_inodes=%ld", cfg.shm_mb + 1, 256 + cfg.shm_mb * 256);
+    mount_or_die("tmpfs", "dev", "tmpfs", MS_NOSUID | MS_NOEXEC, opts);
     if (chdir("dev") < 0) die("chdir dev");
     make_dev("null", 1, 3);
     make_dev("zero", 1, 5);
@@ -278,8 +283,11 @@ static void setup_rootfs(void) {
     mount_or_die("devpts", "pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620");
     if (symlink("pts/ptmx", "ptmx") < 0) die("symlink ptmx");
     mkdir_p_in("shm", 01777);
-    snprintf(opts, sizeof opts, "mode=1777,size=%ldm", cfg.shm_mb);
-    mount_or_die("shm", "shm", "tmpfs", MS_NOSUID | MS_NODEV, opts);
+    if (chmod("shm", 01777) < 0) die("chmod /dev/shm");
+    /* its own mount flags on the same superblock: nodev, and exec allowed (shared memory mapped
+     * executable: JITs) where the rest of /dev is noexec */
+    mount_or_die("shm", "shm", NULL, MS_BIND, NULL);
+    mount_or_die(NULL, "shm", NULL, MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV, NULL);
     if (symlink("/proc/self/fd", "fd") < 0 || symlink("/proc/self/fd/0", "stdin") < 0 ||
         symlink("/proc/self/fd/1", "stdout") < 0 || symlink("/proc/self/fd/2", "stderr") < 0)
         die("symlink /dev/fd");

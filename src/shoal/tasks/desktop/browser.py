@@ -1,0 +1,196 @@
+"""The browser's DOM for subgoal checks: Chromium's DevTools protocol over the contract's `connect_port`.
+
+Chromium in a desktop sandbox listens for DevTools on 127.0.0.1:9222 of the sandbox's own network
+namespace (envs/desktop.py). Nothing outside the sandbox can reach that address except Shoal's
+checker, which asks the backend for a stream to it (`SandboxBackend.connect_port`, the same path
+as shoald's port tunnel): no veth, no published port, so another sandbox has no route to it.
+
+Over that stream: `GET /json/list` (the page targets), then a WebSocket to the chosen page and
+one `Runtime.evaluate`. The WebSocket client is the minimum RFC 6455 needs (masked text frames
+out, unfragmented or fragmented text frames in, pings answered); the page is the agent's, so
+every size and count read from the wire is bounded."""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import socket
+import struct
+import time
+from typing import Any
+
+from ...core.errors import SandboxError, ShoalError
+
+DEVTOOLS_PORT = 9222
+MAX_BODY = 4 << 20  # a target list or an evaluate answer larger than this is refused
+
+
+class BrowserUnavailable(SandboxError):
+    """The DevTools endpoint did not answer as expected (no browser, no page, a malformed answer)."""
+
+
+def _recv_exact(s: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = s.recv(min(65536, n - len(buf)))
+        if not chunk:
+            raise BrowserUnavailable("DevTools closed the connection")
+        buf += chunk
+    return bytes(buf)
+
+
+def _read_head(s: socket.socket) -> tuple[str, bytes]:
+    """An HTTP response head (status line + headers) and whatever body bytes came with it."""
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        chunk = s.recv(4096)
+        if not chunk:
+            raise BrowserUnavailable("DevTools closed the connection before answering")
+        buf += chunk
+        if len(buf) > 65536:
+            raise BrowserUnavailable("DevTools answered with an oversized header")
+    head, _, rest = buf.partition(b"\r\n\r\n")
+    return head.decode("latin-1"), rest
+
+
+def _connect(sb: Any, port: int, timeout: float) -> socket.socket:
+    try:
+        s = sb.connect_port(port, timeout=timeout)
+    except ShoalError as e:
+        raise BrowserUnavailable(f"no DevTools endpoint on the sandbox's 127.0.0.1:{port}: {e}") from None
+    s.settimeout(timeout)
+    return s
+
+
+def targets(sb: Any, port: int = DEVTOOLS_PORT, timeout: float = 10.0) -> list[dict]:
+    """DevTools' page targets (id, url, title, webSocketDebuggerUrl)."""
+    s = _connect(sb, port, timeout)
+    try:
+        # DevTools refuses a Host that is not an IP or localhost (DNS rebinding guard)
+        s.sendall(f"GET /json/list HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+        head, body = _read_head(s)
+        if not head.startswith("HTTP/1.1 200"):
+            raise BrowserUnavailable(f"DevTools /json/list answered {head.splitlines()[0]!r}")
+        # DevTools keeps the connection open whatever the request says: read Content-Length bytes
+        length = next((int(v) for k, _, v in (ln.partition(":") for ln in head.split("\r\n")[1:])
+                       if k.strip().lower() == "content-length" and v.strip().isdigit()), None)
+        if length is None or length > MAX_BODY:
+            raise BrowserUnavailable(f"DevTools' target list has no usable length ({length})")
+        if len(body) < length:
+            body += _recv_exact(s, length - len(body))
+    except OSError as e:
+        raise BrowserUnavailable(f"DevTools /json/list: {e}") from None
+    finally:
+        s.close()
+    try:
+        items = json.loads(body)
+    except ValueError:
+        raise BrowserUnavailable("DevTools' target list is not JSON") from None
+    if not isinstance(items, list):
+        raise BrowserUnavailable("DevTools' target list is not a list")
+    return [t for t in items if isinstance(t, dict) and t.get("type") == "page"]
+
+
+def _ws_send(s: socket.socket, text: str) -> None:
+    data = text.encode()
+    mask = os.urandom(4)
+    n = len(data)
+    head = bytes([0x81]) + (bytes([0x80 | n]) if n < 126 else
+                            bytes([0x80 | 126]) + struct.pack(">H", n) if n < 65536 else
+                            bytes([0x80 | 127]) + struct.pack(">Q", n))
+    s.sendall(head + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(data)))
+
+
+def _ws_frame(s: socket.socket, pending: bytearray) -> tuple[int, bool, bytes]:
+    def take(n: int) -> bytes:
+        if len(pending) < n:
+            pending.extend(_recv_exact(s, n - len(pending)))
+        out = bytes(pending[:n])
+        del pending[:n]
+        return out
+
+    b0, b1 = take(2)
+    n = b1 & 0x7F
+    if n == 126:
+        n = struct.unpack(">H", take(2))[0]
+    elif n == 127:
+        n = struct.unpack(">Q", take(8))[0]
+    if n > MAX_BODY:
+        raise BrowserUnavailable("DevTools sent an oversized frame")
+    mask = take(4) if b1 & 0x80 else b""
+    data = take(n)
+    if mask:
+        data = bytes(b ^ mask[i % 4] for i, b in enumerate(data))
+    return b0 & 0x0F, bool(b0 & 0x80), data
+
+
+def _ws_messages(s: socket.socket, pending: bytearray, deadline: float):
+    """Text messages as they arrive (fragments joined; pings answered; a close ends it)."""
+    msg = bytearray()
+    while time.monotonic() < deadline:
+        op, fin, data = _ws_frame(s, pending)
+        if op == 0x9:  # ping -> pong (masked, as a client must)
+            mask = os.urandom(4)
+            s.sendall(bytes([0x8A, 0x80 | len(data[:125])]) + mask
+                      + bytes(b ^ mask[i % 4] for i, b in enumerate(data[:125])))
+            continue
+        if op == 0x8:
+            raise BrowserUnavailable("DevTools closed the WebSocket")
+        if op in (0x1, 0x0):
+            msg += data
+            if len(msg) > MAX_BODY:
+                raise BrowserUnavailable("DevTools sent an oversized message")
+            if fin:
+                yield bytes(msg)
+                msg = bytearray()
+    raise BrowserUnavailable("DevTools did not answer in time")
+
+
+def evaluate(sb: Any, expression: str, url_contains: str = "", port: int = DEVTOOLS_PORT,
+             timeout: float = 10.0) -> Any:
+    """The value of a JavaScript expression in the first page target whose URL contains
+    `url_contains` (JSON-serialisable values come back by value)."""
+    pages = [t for t in targets(sb, port, timeout) if url_contains in str(t.get("url", ""))]
+    if not pages:
+        raise BrowserUnavailable(f"no browser page whose URL contains {url_contains!r}")
+    ws_url = str(pages[0].get("webSocketDebuggerUrl", ""))
+    path = ws_url.split(f":{port}", 1)[-1] if ws_url.startswith("ws://") else ""
+    if not path.startswith("/devtools/page/"):
+        raise BrowserUnavailable(f"unexpected DevTools WebSocket URL {ws_url[:200]!r}")
+    s = _connect(sb, port, timeout)
+    try:
+        key = base64.b64encode(os.urandom(16)).decode()
+        s.sendall((f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
+                   f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n").encode())
+        head, rest = _read_head(s)
+        if not head.startswith("HTTP/1.1 101"):
+            raise BrowserUnavailable(f"DevTools refused the WebSocket: {head.splitlines()[0]!r}")
+        _ws_send(s, json.dumps({"id": 1, "method": "Runtime.evaluate",
+                                "params": {"expression": expression, "returnByValue": True}}))
+        for raw in _ws_messages(s, bytearray(rest), time.monotonic() + timeout):
+            try:
+                msg = json.loads(raw)
+            except ValueError:
+                raise BrowserUnavailable("DevTools sent a message that is not JSON") from None
+            if not isinstance(msg, dict) or msg.get("id") != 1:
+                continue  # an event, not our answer
+            if "error" in msg:
+                raise BrowserUnavailable(f"Runtime.evaluate: {str(msg['error'])[:300]}")
+            result = msg.get("result", {})
+            if result.get("exceptionDetails"):
+                raise BrowserUnavailable(f"the expression threw: {str(result['exceptionDetails'])[:300]}")
+            return result.get("result", {}).get("value")
+        raise BrowserUnavailable("DevTools did not answer")  # unreachable: the generator raises
+    except OSError as e:
+        raise BrowserUnavailable(f"DevTools WebSocket: {e}") from None
+    finally:
+        s.close()
+
+
+def dom_property(sb: Any, selector: str, prop: str = "textContent", url_contains: str = "",
+                 port: int = DEVTOOLS_PORT, timeout: float = 10.0) -> str | None:
+    """String(element[prop]) of the first element matching a CSS selector, or None if none matches."""
+    expr = (f"(() => {{ const e = document.querySelector({json.dumps(selector)}); "
+            f"return e === null ? null : String(e[{json.dumps(prop)}]); }})()")
+    v = evaluate(sb, expr, url_contains, port, timeout)
+    return None if v is None else str(v)
