@@ -25,6 +25,7 @@ import secrets
 import select
 import selectors
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ...core.contract import (
+    PORT_CONNECT_TIMEOUT,
     Cursor,
     ExecRequest,
     ExecResult,
@@ -50,6 +52,7 @@ from ...core.contract import (
     SessionRequest,
     StartRequest,
     TimeoutRequest,
+    check_port,
 )
 from ...core.errors import (
     BackendUnavailable,
@@ -68,6 +71,7 @@ from ..local import LocalBackend
 from ..pids import alive, starttime
 from ..shell import MarkedCommand
 from . import oci
+from .relay import HOST_BUSYBOX, open_relay, relay_mount
 from .supervisor import cleanup
 
 if TYPE_CHECKING:
@@ -256,8 +260,10 @@ class GvisorBackend(LocalBackend):
             if not tmp.is_dir() and not tmp.is_symlink():  # the /tmp bind mount needs it
                 tmp.mkdir(mode=0o1777)
                 os.chmod(tmp, 0o1777)
+            relay = relay_mount() if spec.network != "host" else None
             config = oci.bundle_config(d / "rootfs", str(meta["hostname"]), limits, str(meta["cgroup_path"]),
-                                       spec.network)
+                                       spec.network, [relay] if relay else None)
+            meta["port_relay"] = relay is not None
             (d / "bundle" / "config.json").write_text(json.dumps(config))
             self._runsc_create(runsc, d, sandbox_id)
             pid = int((d / "sandbox.pid").read_text())
@@ -575,6 +581,18 @@ class GvisorBackend(LocalBackend):
                                      "with runsc --network=none (no interface but lo); use backend='container' "
                                      "for allow-listed egress")
         return NetworkPolicy()
+
+    def connect_port(self, sandbox_id: str, port: int, timeout: float = PORT_CONNECT_TIMEOUT) -> socket.socket:
+        """127.0.0.1:`port` inside the sandbox, through a relay process run in it (relay.py)."""
+        check_port(port)
+        meta = self.ensure_running(sandbox_id)
+        if meta.get("network") == "host":  # its 127.0.0.1 is the host's: never a route to the host's services
+            raise InvalidArgument(f"sandbox {sandbox_id} uses the host network (a build sandbox): no port route")
+        if not meta.get("port_relay"):
+            raise NotSupported(f"sandbox {sandbox_id} has no port relay (created before it, or the host has no "
+                               f"static {HOST_BUSYBOX}: apt-get install busybox-static)")
+        self._touch(sandbox_id)
+        return open_relay(lambda argv: self._spawn(meta, argv, None, "/", stdin=True), sandbox_id, port, timeout)
 
     # last in the class body: a method named `list` shadows the builtin in the annotations after it
     def list(self) -> list[SandboxInfo]:

@@ -84,7 +84,8 @@ def process_spec(argv: list[str], env: dict[str, str], cwd: str, nproc: int,
                         {"type": "RLIMIT_NPROC", "hard": nproc, "soft": nproc}]}
 
 
-def bundle_config(rootfs: Path, hostname: str, limits: Limits, cgroup_path: str, network: str) -> dict:
+def bundle_config(rootfs: Path, hostname: str, limits: Limits, cgroup_path: str, network: str,
+                  extra_mounts: list[dict] | None = None) -> dict:
     namespaces = [{"type": t} for t in ("pid", "ipc", "uts", "mount")]
     if network != "host":
         namespaces.append({"type": "network"})
@@ -102,6 +103,7 @@ def bundle_config(rootfs: Path, hostname: str, limits: Limits, cgroup_path: str,
             # runsc puts its own tmpfs over an empty /tmp, which the host (files API, snapshots)
             # could not see: keep /tmp on the overlay like every other path
             {"destination": "/tmp", "type": "bind", "source": str(rootfs / "tmp"), "options": ["rbind", "rw"]},
+            *(extra_mounts or []),  # the port relay's tool (relay.py)
         ],
         "linux": {
             "namespaces": namespaces,
