@@ -49,6 +49,9 @@ def serve(listen: str = typer.Option("127.0.0.1:3000", "--listen", help="HOST:PO
           domain: str | None = typer.Option(None, "--domain", envvar="SHOAL_E2B_DOMAIN",
                                             help="get_host's domain (the SDK's E2B_DOMAIN): only PORT-ID.DOMAIN "
                                                  "hosts reach sandbox ports, other such names are refused"),
+          sandbox_backend: str | None = typer.Option(None, "--sandbox-backend",
+                                                     help="isolation of new sandboxes: container or gvisor "
+                                                          "(default: the Shoal host's)"),
           log_level: str = typer.Option("warning", "--log-level")):
     """Serve E2B's control plane and envd on one address: set E2B_API_URL and E2B_SANDBOX_URL to http://LISTEN."""
     from ..backends import open_backend
@@ -79,7 +82,8 @@ def serve(listen: str = typer.Option("127.0.0.1:3000", "--listen", help="HOST:PO
         log_level=log_level, state=None if memory_only else state or load_settings(root).root / "e2b-state.db",
         tls=(str(tls_cert), str(tls_key)) if tls_cert and tls_key else None,
         limits=Limits(sandboxes=max_sandboxes, streams=max_streams, processes=max_processes, watchers=max_watchers,
-                      ports=max_port_connections, port_answer_s=port_timeout), domain=domain)
+                      ports=max_port_connections, port_answer_s=port_timeout), domain=domain,
+        sandbox_backend=sandbox_backend)
 
 
 def is_loopback(host: str) -> bool:

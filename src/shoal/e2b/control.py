@@ -113,7 +113,8 @@ def router(front: Front) -> APIRouter:
             if snap is not None:
                 info = front.backend.create(CreateRequest(from_snapshot=snap.id, ttl=timeout, env=env))
             else:
-                info = front.backend.create(CreateRequest(image=image, ttl=timeout, env=env))
+                info = front.backend.create(CreateRequest(image=image, ttl=timeout, env=env,
+                                                          backend=front.sandbox_backend))
         except ImageNotFound as e:
             raise ApiError(404, f"template {template!r}: {e}") from None
         try:

@@ -90,6 +90,7 @@ class Front:
     streams: StreamSlots = field(default_factory=StreamSlots)
     creating: StreamSlots = field(default_factory=StreamSlots)  # creates in flight per tenant
     starts: Starts = field(default_factory=Starts)  # templates' start commands (ports.py)
+    sandbox_backend: str | None = None  # the isolation backend of new sandboxes (CreateRequest.backend)
     domain: str | None = None  # get_host's domain: only PORT-ID.<domain> hosts are proxied (None: any)
     ports: StreamSlots = field(default_factory=StreamSlots)  # proxied connections open per tenant
     port_connects: StreamSlots = field(default_factory=StreamSlots)  # connects in flight per tenant

@@ -28,7 +28,9 @@ if TYPE_CHECKING:
     from .backend import _Exec
 
 HOST_BUSYBOX = "/bin/busybox"  # Debian's busybox-static: statically linked, runs inside any image
-RELAY_TOOL = "/dev/.shoal/busybox"  # named busybox (its applet comes from argv[1]); on the sandbox's /dev tmpfs: nothing lands in its disk or snapshots
+# named busybox (so its applet comes from argv[1]); on the sandbox's /dev tmpfs, so the mount point
+# lands in neither its disk nor its snapshots
+RELAY_TOOL = "/dev/.shoal/busybox"
 _OK = b"shoal-relay-connected\n"
 CHUNK = 64 << 10
 
