@@ -330,6 +330,7 @@ def test_restarted_front_finds_its_sandboxes(root, e2b_image):
     s = Sandbox.create("base", timeout=60, metadata={"who": "restart"}, **opts)
     gone = Sandbox.create("base", timeout=60, **opts)
     s.files.write("kept.txt", "still here")
+    snap = s.create_snapshot(name="restart-snap")
     first["proc"].terminate()
     first["proc"].wait(20)
     from shoal import Host
@@ -343,6 +344,12 @@ def test_restarted_front_finds_its_sandboxes(root, e2b_image):
         assert again.commands.run("echo ok").stdout == "ok\n"
         listed = [x.sandbox_id for x in Sandbox.list(**opts2).next_items()]
         assert s.sandbox_id in listed and gone.sandbox_id not in listed
+        # its snapshots too
+        assert [x.snapshot_id for x in Sandbox.list_snapshots(**opts2).next_items()] == [snap.snapshot_id]
+        restored = Sandbox.create(snap.snapshot_id, timeout=60, **opts2)
+        assert restored.files.read("kept.txt") == "still here"
+        restored.kill()
+        assert Sandbox.delete_snapshot(snap.snapshot_id, **opts2) is True
         again.kill()
     finally:
         second["proc"].terminate()

@@ -87,6 +87,8 @@ def make_app(backend: SandboxBackend, keys: Keys, templates: Mapping[str, str] |
     front = Front(backend=backend, keys=keys, templates=dict(templates or DEFAULT_TEMPLATES),
                   default_timeout=default_timeout, boxes=Boxes(store), limits=limits or Limits(),
                   domain=normal_domain(domain) if domain else None, sandbox_backend=sandbox_backend)
+    front.snapshots.store = store
+    front.snapshots.load()
     if store is not None:
         for box in store.load():
             try:
