@@ -179,3 +179,21 @@ def test_the_sandbox_ending_ends_the_watch(make_sandbox, backend_kind):
     evs = _collect(h, lambda evs: any(e.type == "end" for e in evs))
     assert evs and evs[-1].type == "end", _kinds(evs)
     h.close()
+
+
+@pytest.mark.backends("container")
+def test_a_huge_flat_tree_is_refused_before_it_costs(make_sandbox):
+    """A recursive watch lists the tree once at start: past `scan_entries` it is refused, not walked."""
+    from shoal.backends.container.watch import WatchLimits
+
+    sb = make_sandbox()
+    cb = sb.backend.backend("container")  # the Host's container backend, whose caps apply
+    sb.commands.run("mkdir -p /flat/sub && cd /flat && seq 1 3000 | xargs touch", check=True, timeout=120)
+    cb.watch_limits = WatchLimits(scan_entries=2000)
+    try:
+        with pytest.raises(QuotaExceeded, match="more than 2000 entries"):
+            sb.files.watch("/flat", recursive=True)
+        with sb.files.watch("/flat/sub", recursive=True):
+            pass
+    finally:
+        cb.watch_limits = None

@@ -452,3 +452,24 @@ def test_release_snapshots_spares_what_a_live_branch_or_sandbox_uses(host, base_
     assert not [i.ref for i in host.images() if i.ref.split(":")[0] in {f"snapshots/{s}" for s in snaps}]
     _check(ep, 3, truth[3], "auto", "fastforward")  # from the start now: nothing left to restore from
     assert ep.release_snapshots().removed == []  # idempotent
+
+
+def test_release_snapshots_through_shoald_is_the_owners_only(episode_daemon, base_image):
+    """Through shoald a tenant sees and removes only its own snapshot images: another tenant's
+    release of the same tree removes nothing and marks nothing released."""
+    from shoal.backends.http import HttpBackend
+
+    url, keys = episode_daemon["url"], episode_daemon["keys"]
+    a, b = HttpBackend(url, keys["ep-a"]), HttpBackend(url, keys["ep-b"])
+    log = TrajectoryLog(episode_daemon["log"])
+    task = ShellTask(base_image, {})
+    asyncio.run(run_episode(task, ScriptPolicy(RANDOM[:3]), log, a, "rel-api", snapshot_every=1))
+    snaps = set(Episode(log, "rel-api", a).snapshots())
+    refs = {f"snapshots/{s}:latest" for s in snaps}
+    assert len(snaps) == 3 and refs <= {i.ref for i in a.images()}
+    other = Episode(log, "rel-api", b).release_snapshots()
+    assert other.removed == [] and sorted(other.missing) == sorted(snaps)  # not b's to see
+    assert refs <= {i.ref for i in a.images()} and set(Episode(log, "rel-api", a).snapshots()) == snaps
+    mine = Episode(log, "rel-api", a).release_snapshots()
+    assert sorted(mine.removed) == sorted(snaps) and not refs & {i.ref for i in a.images()}
+    assert Episode(log, "rel-api", a).snapshots() == []

@@ -108,7 +108,7 @@ class SnapshotRelease:
     episodes: list[str]
     removed: list[str] = field(default_factory=list)  # snapshot ids whose images were removed
     kept: dict[str, str] = field(default_factory=dict)  # snapshot id -> why it stays
-    missing: list[str] = field(default_factory=list)  # images already gone
+    missing: list[str] = field(default_factory=list)  # images gone already, or not this caller's to see
     layers_removed: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -347,10 +347,10 @@ class Episode:
         remove_layer = getattr(backend, "remove_layer", None)
         if release and remove_image is None:
             raise NotSupported(f"the {backend.name} backend cannot remove images")
-        if release or out.missing:
-            for e in episodes:  # first the log: no branch made from now on asks for these images
+        if release:  # first the log: no branch made from now on asks for these images
+            for e in episodes:  # (an image this caller cannot see is not its to mark: it stays "missing")
                 ep = Episode(self.log, e, backend, node=self.node)
-                gone = sorted(ep.released() | set(release) | set(out.missing))
+                gone = sorted(ep.released() | set(release))
                 self.log.store.update_stream(ep.stream("steps"), meta={"released": gone})
         for snap in release:
             ref = _snapshot_ref(snap)
