@@ -216,7 +216,7 @@ def router(front: Front) -> APIRouter:
                         cpu=max(1, math.ceil(info.limits.cpu)), memory_mb=info.limits.memory_mb,
                         disk_mb=info.limits.disk_mb, home=box.home, has_home=box.has_home)
             front.boxes.add(child)
-            out.append({"sandbox": sandbox_json(child)})
+            out.append({"sandbox": sandbox_json(child, domain=front.domain)})
         return _json(201, out)
 
     return r
