@@ -33,6 +33,7 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -128,8 +129,8 @@ async def compare(a, host: Host, tasks) -> dict:
     return {"rows": rows, "table": table, "grades": grades.graded, "seconds": round(time.monotonic() - t0, 1)}
 
 
-async def labels(a, host: Host, tasks) -> dict:
-    grades = GradeCache()
+async def synthesize(a, host: Host, tasks, grades: GradeCache) -> list:
+    """RADAR-style labelled traces: the failure track of each seed's episode, the success track's injections."""
     data = []
     t0 = time.monotonic()
     for task in tasks:
@@ -144,6 +145,21 @@ async def labels(a, host: Host, tasks) -> dict:
             if lab:
                 data.append(lab)
         print(f"labels {task.id}: done at {time.monotonic() - t0:.0f} s", flush=True)
+    return data
+
+
+def label_counts(data: list) -> dict:
+    return {"labelled_steps": sum(len(d.labels) for d in data),
+            "positives": sum(x.label for d in data for x in d.labels),
+            "by_track": {tr: {"steps": sum(1 for d in data for x in d.labels if x.track == tr),
+                              "positives": sum(x.label for d in data for x in d.labels if x.track == tr)}
+                         for tr in ("failure", "success")}}
+
+
+async def labels(a, host: Host, tasks) -> dict:
+    grades = GradeCache()
+    t0 = time.monotonic()
+    data = await synthesize(a, host, tasks, grades)
     out: dict = {"labelled_steps": sum(len(d.labels) for d in data),
                  "positives": sum(x.label for d in data for x in d.labels),
                  "by_track": {tr: {"steps": sum(1 for d in data for x in d.labels if x.track == tr),
@@ -172,10 +188,121 @@ async def labels(a, host: Host, tasks) -> dict:
     return out
 
 
-def _scripted_server():
+async def local_model(a, host: Host, tasks) -> dict:
+    """The judge and the policy against a real (tiny, local) transformers model behind the project's
+    OpenAI-compatible server: what such a model gives, measured, not what FLARE's 4B judge gives."""
+    from shoal.annotate.demo_models import make_bpe_model
+    from shoal.flare.exports import record_token_rewards
+    from shoal.flare.judge import JudgeOutputInvalid
+    from shoal.flare.schema import Trace
+    from shoal.rollout.episode import run_episode
+    from shoal.trajlog import TrajectoryLog
+
+    grades = GradeCache()
+    t0 = time.monotonic()
+    data = await synthesize(a, host, tasks, grades)
+    steps = [(item.trace.prefix(x.step), x) for item in data for x in item.labels]
+    y = [x.label for _, x in steps]
+    out: dict = {**label_counts(data), "models": [], "programmatic_auc": None}
+    prog = ProgrammaticDiagnoser()
+    out["programmatic_auc"] = roc_auc([prog.diagnose_now(p).risk.score for p, _ in steps], y)
+    cache = Path(a.model_dir)
+    for seed in range(a.model_seeds):
+        path = make_bpe_model(cache / f"bpe-{seed}", seed=seed)
+        server, url = _scripted_server("--model", str(path))
+        row: dict = {"model": path.name, "seed": seed, "params": None}
+        try:
+            from transformers import AutoModelForCausalLM  # the parameter count, from the saved weights
+
+            row["params"] = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(path).parameters())
+            row["context"] = int(json.loads((path / "config.json").read_text())["n_positions"])
+            for mode, schema in (("json_schema", True), ("free_text", False)):
+                judge = LLMJudge(url, path.name, json_schema=schema, retries=2, backoff_s=0.05)
+                scores, failed, t1 = [], 0, time.monotonic()
+                for prefix, _ in steps:
+                    try:
+                        scores.append((await judge.diagnose(prefix)).risk.score)
+                    except JudgeOutputInvalid:
+                        failed += 1
+                        scores.append(None)
+                await judge.aclose()
+                kept = [(s_, yi) for s_, yi in zip(scores, y) if s_ is not None]
+                row[mode] = {
+                    "requests": judge.calls, "invalid_answers": judge.invalid,
+                    "parse_failure_rate": round(judge.invalid / judge.calls, 4) if judge.calls else None,
+                    "steps_without_diagnosis": failed,
+                    "auc_on_diagnosed": roc_auc([s_ for s_, _ in kept], [yi for _, yi in kept]),
+                    "auc_failures_as_none": roc_auc([s_ if s_ is not None else 0.0 for s_ in scores], y),
+                    "risk_histogram": {r: sum(1 for s_ in scores if s_ == v)
+                                       for r, v in (("none", 0.0), ("low", 0.25), ("medium", 0.5), ("high", 0.75),
+                                                    ("critical", 1.0))},
+                    "seconds": round(time.monotonic() - t1, 1)}
+            # the policy: the same model drives the agent loop through ChatEndpointPolicy
+            pol: dict = {"episodes": 0, "turns": 0, "turns_with_tool_call": 0, "resolved": 0, "prompt_tokens_cut": []}
+            for task in tasks:
+                log = TrajectoryLog(Path(tempfile.mkdtemp(prefix="shoal-flare-lm-")) / "traj.db")
+                policy = ChatEndpointPolicy(url, path.name, max_tokens=128)
+                rec = await run_episode(task, policy, log, host, f"lm-{seed}-{task.id}", max_steps=a.lm_steps)
+                await policy.aclose()
+                pol["episodes"] += 1
+                pol["resolved"] += int(rec.resolved)
+                pol["turns"] += len(rec.turns)
+                pol["turns_with_tool_call"] += sum(1 for m in rec.messages if m["role"] == "assistant"
+                                                   and m.get("tool_calls"))
+                pol["prompt_tokens_cut"] += [(t.get("usage") or {}).get("prompt_tokens_cut", 0) for t in rec.turns]
+                tr = Trace.from_record(rec)
+                diags = [prog.diagnose_now(tr.prefix(k)) for k in range(1, len(tr.steps) + 1)]
+                per = record_token_rewards(rec, diags)  # aligned with the model's own token ids
+                assert [len(x) for x in per] == [len(t["token_ids"]) for t in rec.turns]
+            pol["tool_call_parse_rate"] = round(pol["turns_with_tool_call"] / pol["turns"], 4) if pol["turns"] else None
+            cut = pol.pop("prompt_tokens_cut")
+            pol["prompt_tokens_cut_median"] = statistics.median(cut) if cut else 0
+            row["policy"] = pol
+        finally:
+            server.terminate()
+            server.wait()
+        out["models"].append(row)
+        print(json.dumps({k: row[k] for k in ("model", "json_schema", "free_text")}, indent=1), flush=True)
+    for mode in ("json_schema", "free_text"):
+        aucs = [m[mode]["auc_failures_as_none"] for m in out["models"] if m[mode]["auc_failures_as_none"] is not None]
+        rates = [m[mode]["parse_failure_rate"] for m in out["models"] if m[mode]["parse_failure_rate"] is not None]
+        out[f"{mode}_summary"] = {"auc": spread(aucs) if aucs else None,
+                                  "parse_failure_rate": spread(rates) if rates else None}
+    out["note"] = ("tiny GPT-2 models (make_bpe_model: a 400-token BPE vocabulary, 2 layers, width 64, a "
+                   "128-token context, trained on 8 sentences) served by the project's server; they see only "
+                   "the last ~80 tokens of the judge prompt. A capable model is needed for a meaningful AUC; "
+                   "none is reachable here (no network, no model weights on the host)")
+    out["seconds"] = round(time.monotonic() - t0, 1)
+    return out
+
+
+def readme_rows(j: dict) -> list[list[str]]:
+    """README's FLARE tables (flare.json, flare_p05.json): method, resolve rate, policy tokens per task."""
+    return [[r["method"], f"{r['resolve_rate']['mean']:.2f} ({r['resolve_rate']['min']:.2f}–"
+             f"{r['resolve_rate']['max']:.2f})", f"{r['tokens_per_task']['mean']:,.0f}"] for r in j["table"]]
+
+
+def local_model_rows(j: dict) -> list[list[str]]:
+    """README's real-model table (flare_local_model.json): per judge mode, the parse-failure rate and
+    the ROC-AUC (steps without a diagnosis scored as risk none), mean (min–max) over the models."""
+    def cell(d: dict | None) -> str:
+        return "n/a" if d is None else f"{d['mean']:.2f} ({d['min']:.2f}–{d['max']:.2f})"
+    rows = [["judge, JSON schema enforced by the server", cell(j["json_schema_summary"]["parse_failure_rate"]),
+             cell(j["json_schema_summary"]["auc"])],
+            ["judge, free text (schema in the prompt only)", cell(j["free_text_summary"]["parse_failure_rate"]),
+             cell(j["free_text_summary"]["auc"])]]
+    pol = [m["policy"] for m in j["models"]]
+    turns, calls = sum(p["turns"] for p in pol), sum(p["turns_with_tool_call"] for p in pol)
+    rows.append(["policy: turns with a tool call / resolved episodes", f"{calls} of {turns} turns",
+                 f"{sum(p['resolved'] for p in pol)} of {sum(p['episodes'] for p in pol)} episodes"])
+    return rows
+
+
+def _scripted_server(*args: str):
     from shoal.rollout import scripted_server
 
-    return scripted_server.spawn(env={"PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")})
+    return scripted_server.spawn(*args, env={"PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")},
+                                 timeout=300.0)
 
 
 def plot(res: dict, path: Path) -> None:
@@ -208,7 +335,10 @@ def plot(res: dict, path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--part", choices=("compare", "labels"), default="compare")
+    ap.add_argument("--part", choices=("compare", "labels", "local-model"), default="compare")
+    ap.add_argument("--model-dir", default="/var/tmp/shoal-flare-models", help="local-model: where the tiny models go")
+    ap.add_argument("--model-seeds", type=int, default=3, help="local-model: how many tiny models (seeds)")
+    ap.add_argument("--lm-steps", type=int, default=3, help="local-model: policy steps per episode")
     ap.add_argument("--root", default=os.environ.get("SHOAL_BENCH_ROOT", "/var/tmp/shoal-flare"))
     ap.add_argument("--tasks", type=int, default=6)
     ap.add_argument("--seeds", type=int, default=3)
@@ -241,6 +371,13 @@ def main() -> None:
             rr, tk, sb = r["resolve_rate"], r["tokens_per_task"], r["sandbox_s_per_task"]
             print(f"{r['method']:<18} {rr['mean']:.3f} ({rr['min']:.2f}-{rr['max']:.2f}){'':<10} "
                   f"{tk['mean']:>12.0f} {sb['mean']:>15.1f}")
+    elif a.part == "local-model":
+        res = {"config": {**config, "diagnoser": "LLMJudge over a local model"},
+               **asyncio.run(local_model(a, host, tasks))}
+        out = Path(a.out or RESULTS / "flare_local_model.json")
+        out.write_text(json.dumps(res, indent=1) + "\n")
+        print(json.dumps({k: res[k] for k in ("labelled_steps", "positives", "programmatic_auc",
+                                              "json_schema_summary", "free_text_summary")}, indent=1))
     else:
         res = {"config": config, **asyncio.run(labels(a, host, tasks))}
         out = Path(a.out or RESULTS / "flare_auc.json")

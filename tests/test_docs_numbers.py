@@ -307,6 +307,9 @@ TABLES: dict[str, tuple[str, Callable[[dict], list[list[str]]]]] = {
     "density": ("bench/results/density.json", _bench_renderer("density", "readme_rows")),
     "density-goals": ("bench/results/density.json", density_goal_rows),
     "desktop": ("bench/results/desktop.json", _bench_renderer("desktop", "readme_rows")),
+    "flare": ("bench/results/flare.json", _bench_renderer("flare", "readme_rows")),
+    "flare-p05": ("bench/results/flare_p05.json", _bench_renderer("flare", "readme_rows")),
+    "flare-local-model": ("bench/results/flare_local_model.json", _bench_renderer("flare", "local_model_rows")),
     "annotate": ("bench/results/annotate.json", _bench_renderer("annotate", "readme_rows")),
 }
 

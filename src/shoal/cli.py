@@ -47,6 +47,9 @@ app.add_typer(flare_app, name="flare")
 from .annotate.cli import app as annotate_app  # noqa: E402  (its own module: token-level correction annotation)
 
 app.add_typer(annotate_app, name="annotate")
+from .desktop.cli import desktop_app  # noqa: E402  (its own module: desktop sandboxes' commands)
+
+app.add_typer(desktop_app, name="desktop")
 console = Console()
 err_console = Console(stderr=True)
 

@@ -149,13 +149,15 @@ def test_chat_client_continues_an_assistant_prefill_with_the_local_models_tokens
 def test_chat_client_server_going_away_mid_stream_is_a_clear_error(bpe_model, scripted_server):
     import httpx
 
-    httpx.post(f"{scripted_server.url}/admin/token_delay", json={"seconds": 0.3})
+    # a second between tokens: the server is killed well before the model could finish (it stops early here)
+    httpx.post(f"{scripted_server.url}/admin/token_delay", json={"seconds": 1.0})
     chat = OpenAIChatModel(scripted_server.url, bpe_model.name, bpe_model.tokenizer)
     prompt = chat.encode_prompt({"text": "The agent"})
     got = []
-    threading.Timer(0.6, scripted_server.stop).start()
     with pytest.raises(LLMUnavailable, match="went away|failed"):
         for t in chat.stream(prompt, 100, k=3):
+            if not got:  # the server goes away once the stream is under way (however slow the host)
+                threading.Timer(0.2, scripted_server.stop).start()
             got.append(t)
     assert 0 < len(got) < 100
     chat.close()

@@ -15,11 +15,13 @@ import time
 import httpx
 import pytest
 
+from shoal.core.errors import LLMUnavailable
 from shoal.rollout.episode import run_episode
 from shoal.rollout.policy import make_policy
 from shoal.rollout.runner import Rollout
 from shoal.rollout.scripted_server import spawn
 from shoal.tasks.desktop import agreement
+from shoal.tasks.desktop.policies import ScriptedDesktopPolicy, oracle_steps
 from shoal.tasks.desktop.runner import DesktopTools, load_desktop_tasks, score_record
 from shoal.tasks.desktop.task import open_task_sandbox
 from shoal.trajlog import LoggedSandbox, TrajectoryLog
@@ -156,3 +158,32 @@ def test_judge_agreement_end_to_end(tmp_path, host, desktop_images, server):
     assert prog["one_minus_mae"] == 100.0 and prog["kappa"] == 1.0 and prog["one_minus_mae_ci"] == (100.0, 100.0)
     chat = res["agreement"]["chat"]
     assert chat["subgoals"] == 5 and 0 <= chat["subgoal_agreement"] <= 1
+
+
+class _FailsOnce(ScriptedDesktopPolicy):
+    """The oracle, whose model goes away before step 4 the first time (the episode stops there)."""
+
+    def __init__(self, steps):
+        super().__init__(steps, name="oracle")
+        self.fail = True
+
+    def act(self, step, messages):
+        if step == 4 and self.fail:
+            raise LLMUnavailable("gone for the test")
+        return super().act(step, messages)
+
+
+def test_lost_sandbox_gets_the_logged_steps_again(tmp_path, host, desktop_images):
+    task = _task()
+    log = TrajectoryLog(tmp_path / "traj.db")
+    pol = _FailsOnce(oracle_steps(task.task))
+    with pytest.raises(LLMUnavailable):
+        asyncio.run(run_episode(task, pol, log, host, "lost-1", keep_sandbox=True))
+    first = log.info("lost-1/sandbox").meta["sandbox"]
+    host.kill(first)  # the sandbox is lost (as with its host): the episode goes on in a new one
+    pol.fail = False
+    rec = asyncio.run(run_episode(task, pol, log, host, "lost-1"))
+    assert rec.sandbox != first and rec.replayed["sandbox"] >= 4 * 3
+    # 'second' and 'quit' need the editor open on notes.txt with 'buy milk' typed: the four logged
+    # steps were re-applied to the new sandbox before the episode went on
+    assert rec.report["complete"], rec.report["subgoals"]

@@ -3,6 +3,7 @@ core subset of the SDK's calls, with a tenant key of the fleet, so the fleet's q
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 from e2b import PtySize, Sandbox
@@ -49,6 +50,17 @@ def test_sdk_through_the_fleet_gateway(over_fleet):
         e = s.files.get_info("f.txt")
         assert (e.owner, e.metadata) == ("user", {"k": "v"})
         assert s.files.read("f.txt") == "over the fleet"
+        # a watcher: the gateway's watch stream, from the sandbox's host
+        w = s.files.watch_dir(".")
+        s.files.write("w.txt", "x")
+        seen: list = []
+        for _ in range(100):
+            seen += [(e.type.value, e.name) for e in w.get_new_events()]
+            if ("write", "w.txt") in seen:
+                break
+            time.sleep(0.05)
+        assert seen[:2] == [("create", "w.txt"), ("write", "w.txt")], seen
+        w.stop()
         got = bytearray()
         h = s.pty.create(PtySize(rows=12, cols=34))
         s.pty.resize(h.pid, PtySize(rows=21, cols=43))

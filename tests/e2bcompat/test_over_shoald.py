@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 from e2b import Sandbox
@@ -35,6 +36,20 @@ def test_sdk_through_shoald(over_shoald):
         s.files.write("f.txt", "over http")
         assert s.files.read("f.txt") == "over http"
         assert {e.name for e in s.files.list(".")} >= {"f.txt"}
+        # watching: the front's watcher rides shoald's watch stream (inotify in the daemon's host)
+        from e2b import FilesystemEventType as T
+
+        w = s.files.watch_dir(".")
+        s.files.rename("f.txt", "g.txt")
+        got: list = []
+        for _ in range(100):
+            got += [(e.type, e.name) for e in w.get_new_events()]
+            if (T.CREATE, "g.txt") in got:
+                break
+            time.sleep(0.05)
+        assert got[:2] == [(T.RENAME, "f.txt"), (T.CREATE, "g.txt")], got
+        w.stop()
+        s.files.rename("g.txt", "f.txt")
         assert s.pause() is True and s.is_running() is False
         assert Sandbox.connect(s.sandbox_id, **opts).commands.run("cat f.txt").stdout == "over http"
     finally:

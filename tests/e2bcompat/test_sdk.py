@@ -330,6 +330,7 @@ def test_restarted_front_finds_its_sandboxes(root, e2b_image):
     s = Sandbox.create("base", timeout=60, metadata={"who": "restart"}, **opts)
     gone = Sandbox.create("base", timeout=60, **opts)
     s.files.write("kept.txt", "still here")
+    snap = s.create_snapshot(name="restart-snap")
     first["proc"].terminate()
     first["proc"].wait(20)
     from shoal import Host
@@ -343,7 +344,52 @@ def test_restarted_front_finds_its_sandboxes(root, e2b_image):
         assert again.commands.run("echo ok").stdout == "ok\n"
         listed = [x.sandbox_id for x in Sandbox.list(**opts2).next_items()]
         assert s.sandbox_id in listed and gone.sandbox_id not in listed
+        # its snapshots too
+        assert [x.snapshot_id for x in Sandbox.list_snapshots(**opts2).next_items()] == [snap.snapshot_id]
+        restored = Sandbox.create(snap.snapshot_id, timeout=60, **opts2)
+        assert restored.files.read("kept.txt") == "still here"
+        restored.kill()
+        assert Sandbox.delete_snapshot(snap.snapshot_id, **opts2) is True
         again.kill()
     finally:
         second["proc"].terminate()
         second["proc"].wait(20)
+
+
+def test_watchers_left_behind_are_freed_with_their_sandbox(opts, e2b_server):
+    """A client that never removes its watchers: killing the sandbox frees their inotify instances in the
+    front (each one counts against the host's per-uid inotify limit)."""
+    import asyncio
+    import os
+
+    def inotify_fds() -> int:
+        pid, n = e2b_server["proc"].pid, 0
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                n += os.readlink(f"/proc/{pid}/fd/{fd}") == "anon_inode:inotify"
+            except OSError:
+                pass
+        return n
+
+    before = inotify_fds()
+    s = Sandbox.create("base", timeout=60, **opts)
+    for d in ("/tmp", "/home/user", "/"):
+        s.files.watch_dir(d)
+    assert inotify_fds() == before + 3
+
+    async def stream_and_leave() -> None:  # a WatchDir stream whose client stops: freed at once
+        from e2b import AsyncSandbox
+
+        a = await AsyncSandbox.connect(s.sandbox_id, **opts)
+        w = await a.files.watch_dir("/tmp", on_event=lambda e: None)
+        assert inotify_fds() == before + 4
+        await w.stop()
+        for _ in range(100):
+            if inotify_fds() == before + 3:
+                break
+            await asyncio.sleep(0.02)
+        assert inotify_fds() == before + 3
+
+    asyncio.run(stream_and_leave())
+    assert s.kill() is True
+    assert inotify_fds() == before

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from shoal.flare.policy import FallibleOraclePolicy
-from shoal.flare.regen import Budget, GradeCache, run_flare
+from shoal.flare.regen import Budget, FlareLoop, GradeCache, run_flare
 from shoal.flare.schema import ErrorClass, Risk
 from shoal.rollout.branch import Episode
 from shoal.trajlog import SQLiteLogStore, TrajectoryLog
@@ -104,3 +104,72 @@ def test_the_probe_sees_a_test_edit_hidden_by_git_index_flags(task, host):
                                            f"--no-assume-unchanged {victim} && git checkout -- {victim}"], timeout=60)
     finally:
         sb.kill()
+
+
+_KILLED_RUN = """
+import asyncio, os, signal, sys
+from shoal.host import Host
+from shoal.tasks.swe import load_suite
+from shoal.trajlog import SQLiteLogStore, TrajectoryLog
+from shoal.flare.policy import FallibleOraclePolicy
+from shoal.flare.regen import FlareLoop, GradeCache
+
+root, db, iid, die_at = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+task = next(t for t in load_suite() if t.instance_id == iid)
+
+class Dies(FallibleOraclePolicy):
+    calls = 0
+    async def complete(self, request):
+        Dies.calls += 1
+        if Dies.calls == die_at:  # killed while the model "thinks": the call is in flight in the log
+            os.kill(os.getpid(), signal.SIGKILL)
+        return await super().complete(request)
+
+policy = Dies(task, p=1.0, seed=3, mistakes=("test-tampering",))
+log = TrajectoryLog(SQLiteLogStore(db))
+asyncio.run(FlareLoop(task, policy, Host.get(root), threshold="high", log=log, episode_id="kr",
+                      grades=GradeCache()).run())
+"""
+
+
+def test_a_killed_regenerating_run_resumes_through_the_log(task, host, root, tmp_path):
+    """Killed (SIGKILL) on its 4th policy call, after a regeneration, a run resumes from the log:
+    the logged policy calls, tool calls, probe facts and diagnoses are served from it (nothing runs
+    twice), it follows the same branch, and it ends as an uninterrupted run does."""
+    import subprocess
+    import sys
+
+    class Counting(FallibleOraclePolicy):
+        live = 0
+
+        async def complete(self, request):
+            Counting.live += 1
+            return await super().complete(request)
+
+    grades = GradeCache()
+    whole = asyncio.run(run_flare(task, Counting(task, p=1.0, seed=3, mistakes=("test-tampering",)), host,
+                                  threshold="high", grades=grades))
+    assert whole.regenerations == 1 and whole.resolved
+    total, Counting.live = Counting.live, 0
+    before = {s.id for s in host.list()}
+    db = tmp_path / "traj.db"
+    r = subprocess.run([sys.executable, "-c", _KILLED_RUN, str(root), str(db), task.instance_id, "4"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == -9, r.stderr[-2000:]
+    log = TrajectoryLog(SQLiteLogStore(db))
+    assert Episode(log, "kr.r1").exists()  # it died after the regeneration, in the branch
+    logged_llm = sum(len(log.history(f"{e}/llm")) for e in ("kr", "kr.r1"))
+    assert logged_llm >= 3 and log.history("kr/flare")  # the policy and the diagnoses were logged
+    resumed = asyncio.run(FlareLoop(task, Counting(task, p=1.0, seed=3, mistakes=("test-tampering",)), host,
+                                    threshold="high", log=log, episode_id="kr", grades=grades).run())
+    strip = [{k: v for k, v in i.items() if k != "branch"} for i in whole.interventions]
+    assert resumed.resolved and [{k: v for k, v in i.items() if k != "branch"} for i in resumed.interventions] == strip
+    assert [i["branch"] for i in resumed.interventions] == ["kr.r1"]
+    assert resumed.policy_calls == whole.policy_calls == total
+    # the three answered calls came from the log; the one in flight and the rest ran
+    assert resumed.replayed["llm"] >= 3 and Counting.live == total - 3
+    assert resumed.replayed["flare"] > 0 and resumed.replayed["sandbox"] > 0
+    assert _changes(resumed.patch) == _changes(task.patch)
+    assert [d.risk for d in resumed.diagnoses] == [d.risk for d in whole.diagnoses]
+    assert [(c.episode, c.step) for c in Episode(log, "kr").tree().children] == [("kr.r1", 1)]
+    assert {s.id for s in host.list()} <= before  # the killed run's sandboxes were found and closed

@@ -399,3 +399,77 @@ def test_a_forged_parent_cycle_or_malformed_mark_is_a_typed_error(host, base_ima
         db.execute("UPDATE entries SET request='{}' WHERE stream='cyc/steps'")
     with pytest.raises(InvalidArgument, match="malformed"):
         Episode(TrajectoryLog(tmp_path / "traj.db"), "cyc", host).marks()
+
+
+def test_release_snapshots_spares_what_a_live_branch_or_sandbox_uses(host, base_image, log):
+    """Releasing a done tree's snapshots removes their images and layers, but never one that a live
+    sandbox's stack holds or that a live branch's steps reference; a released step still branches
+    exactly (by fast-forward), and a second release after the live ones end removes the rest."""
+    from shoal.envs.sandboxes import create_request
+
+    truth: dict[int, str] = {}
+    task = ShellTask(base_image, truth)
+    _run(task, DETERMINISTIC[:5], log, host, "rel", snapshot_every=1)
+    ep = Episode(log, "rel", host)
+    snaps = [m.snapshot for m in ep.marks()]
+    assert len(set(snaps)) == 5 and snaps[5] == snaps[4]  # the submit step kept step 5's
+    tops = {i.ref: i.layers[-1] for i in host.images()}
+    top = {s: tops[f"snapshots/{s}:latest"] for s in snaps}
+    live_ff = ep.branch(step=1, strategy="fastforward", from_step=0, episode_id="rel.ff")  # references snap 1
+    dead = ep.branch(step=2, episode_id="rel.dead")  # a branch that is done with
+    dead.kill()
+    # a sandbox outside the tree, made from step 4's snapshot: its layers hold that snapshot's top
+    other = Sandbox(host, host.create(create_request(None, from_snapshot=snaps[3], ttl=600)))
+    try:
+        dry = dead.release_snapshots(dry_run=True)  # from any episode of the tree: the whole tree
+        assert dry.root == "rel" and sorted(dry.episodes) == ["rel", "rel.dead", "rel.ff"]
+        assert sorted(dry.removed) == sorted([snaps[1], snaps[2], snaps[4]])
+        assert {s for s in dry.kept} == {snaps[0], snaps[3]} and "rel.ff" in dry.kept[snaps[0]]
+        assert "live sandbox" in dry.kept[snaps[3]]
+        assert {f"snapshots/{s}:latest" for s in snaps} <= {i.ref for i in host.images()}  # dry: nothing gone
+        rel = ep.release_snapshots()
+        assert sorted(rel.removed) == sorted(dry.removed) and sorted(rel.layers_removed) == sorted(
+            top[s] for s in dry.removed)
+        refs = {i.ref for i in host.images()}
+        assert all(f"snapshots/{s}:latest" not in refs for s in rel.removed)
+        assert f"snapshots/{snaps[0]}:latest" in refs and f"snapshots/{snaps[3]}:latest" in refs
+        # the lower layer refuses too: the live sandbox's snapshot layer cannot be removed under it
+        from shoal.core.errors import LayerInUse
+
+        with pytest.raises(LayerInUse):
+            host.remove_layer(top[snaps[3]])
+        assert digest(other) == truth[4]  # and the sandbox made from it is untouched
+        # a released step reads as having no snapshot: branching there fast-forwards, exactly
+        assert ep.marks()[4].snapshot is None and Episode(log, "rel.dead").marks()[1].snapshot is None
+        b5 = _check(ep, 5, truth[5], "auto", "fastforward")
+        assert b5.info.from_step == 4  # from the nearest snapshot still there
+        _check(ep, 4, truth[4], "auto", "snapshot")
+    finally:
+        other.kill()
+        live_ff.kill()
+    again = ep.release_snapshots()
+    assert sorted(again.removed) == sorted([snaps[0], snaps[3]]) and not again.kept
+    assert not [i.ref for i in host.images() if i.ref.split(":")[0] in {f"snapshots/{s}" for s in snaps}]
+    _check(ep, 3, truth[3], "auto", "fastforward")  # from the start now: nothing left to restore from
+    assert ep.release_snapshots().removed == []  # idempotent
+
+
+def test_release_snapshots_through_shoald_is_the_owners_only(episode_daemon, base_image):
+    """Through shoald a tenant sees and removes only its own snapshot images: another tenant's
+    release of the same tree removes nothing and marks nothing released."""
+    from shoal.backends.http import HttpBackend
+
+    url, keys = episode_daemon["url"], episode_daemon["keys"]
+    a, b = HttpBackend(url, keys["ep-a"]), HttpBackend(url, keys["ep-b"])
+    log = TrajectoryLog(episode_daemon["log"])
+    task = ShellTask(base_image, {})
+    asyncio.run(run_episode(task, ScriptPolicy(RANDOM[:3]), log, a, "rel-api", snapshot_every=1))
+    snaps = set(Episode(log, "rel-api", a).snapshots())
+    refs = {f"snapshots/{s}:latest" for s in snaps}
+    assert len(snaps) == 3 and refs <= {i.ref for i in a.images()}
+    other = Episode(log, "rel-api", b).release_snapshots()
+    assert other.removed == [] and sorted(other.missing) == sorted(snaps)  # not b's to see
+    assert refs <= {i.ref for i in a.images()} and set(Episode(log, "rel-api", a).snapshots()) == snaps
+    mine = Episode(log, "rel-api", a).release_snapshots()
+    assert sorted(mine.removed) == sorted(snaps) and not refs & {i.ref for i in a.images()}
+    assert Episode(log, "rel-api", a).snapshots() == []

@@ -63,3 +63,31 @@ def test_browser_dom_schema():
     for bad in ({**ok, "script": "alert(1)"}, {"type": "browser_dom"}, {**ok, "selector": 3}):
         with pytest.raises(InvalidArgument):
             load_task({**base, "subgoals": [{"id": "a", "description": "a", "check": bad}]})
+
+
+def test_devtools_frames_from_a_hostile_page_are_bounded():
+    """The checker's WebSocket reader over a real socket pair: fragments join, pings are answered,
+    and a frame or message larger than MAX_BODY is refused before it is read."""
+    import socket
+    import struct
+    import time
+
+    from shoal.tasks.desktop.browser import MAX_BODY, BrowserUnavailable, _ws_messages
+
+    a, b = socket.socketpair()
+    try:
+        a.settimeout(5)
+        b.sendall(bytes([0x01, 3]) + b'{"i' + bytes([0x89, 2]) + b"hi" + bytes([0x80, 8]) + b'd": 1}  ')
+        msgs = _ws_messages(a, bytearray(), time.monotonic() + 5)
+        assert next(msgs) == b'{"id": 1}  '
+        pong = b.recv(64)
+        assert pong[0] == 0x8A and pong[1] == 0x80 | 2  # masked, as a client's frames must be
+        b.sendall(bytes([0x81, 127]) + struct.pack(">Q", MAX_BODY + 1))
+        with pytest.raises(BrowserUnavailable, match="oversized frame"):
+            next(_ws_messages(a, bytearray(), time.monotonic() + 5))
+        b.sendall(bytes([0x88, 0]))
+        with pytest.raises(BrowserUnavailable, match="closed"):
+            next(_ws_messages(a, bytearray(), time.monotonic() + 5))
+    finally:
+        a.close()
+        b.close()

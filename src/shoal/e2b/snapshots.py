@@ -7,7 +7,7 @@
 - `DELETE /templates/{snapshotID}`: forgets it (the layer stays until the host's layer GC).
 - `POST /sandboxes/{id}/fork` {timeout?, count?} -> 201 [{sandbox} | {error: {code, message}}]: count
   children restored from one snapshot, each with the source's env, template and metadata.
-The index lives in the front's memory: a restarted front no longer knows the snapshots it made.
+The index is written through to the front's SQLite state (`--state`), like its sandboxes.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import math
 import secrets
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Body, Request, Response
@@ -23,7 +23,7 @@ from fastapi import APIRouter, Body, Request, Response
 from ..core.contract import ForkRequest, SnapshotRequest
 from ..core.errors import QuotaExceeded
 from .front import ApiError
-from .state import Box
+from .state import Box, BoxStore
 
 if TYPE_CHECKING:
     from .front import Front
@@ -48,8 +48,14 @@ class Snap:
 
 @dataclass
 class SnapshotIndex:
+    store: BoxStore | None = None  # written through to the front's SQLite state, when it has one
     _snaps: dict[str, Snap] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def load(self) -> None:
+        if self.store is not None:
+            for d in self.store.load_snapshots():
+                self._snaps[d["id"]] = Snap(**d)
 
     def add(self, s: Snap) -> None:
         with self._lock:
@@ -57,6 +63,8 @@ class SnapshotIndex:
             if len(mine) >= MAX_SNAPSHOTS:
                 raise ApiError(429, f"this API key's tenant has {MAX_SNAPSHOTS} snapshots: delete some first")
             self._snaps[s.id] = s
+        if self.store is not None:
+            self.store.save_snapshot(s.id, asdict(s))
 
     def find(self, tenant: str, ref: str) -> Snap | None:
         """The tenant's snapshot named `ref` (its id or one of its names, with or without `:default`)."""
@@ -77,6 +85,8 @@ class SnapshotIndex:
             return False
         with self._lock:
             self._snaps.pop(s.id, None)
+        if self.store is not None:
+            self.store.delete_snapshot(s.id)
         return True
 
 
@@ -183,7 +193,7 @@ def router(front: Front) -> APIRouter:
                         cpu=max(1, math.ceil(info.limits.cpu)), memory_mb=info.limits.memory_mb,
                         disk_mb=info.limits.disk_mb, home=box.home, has_home=box.has_home)
             front.boxes.add(child)
-            out.append({"sandbox": sandbox_json(child)})
+            out.append({"sandbox": sandbox_json(child, domain=front.domain)})
         return _json(201, out)
 
     return r

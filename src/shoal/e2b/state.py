@@ -174,6 +174,23 @@ class BoxStore:
             rows = self._db.execute("SELECT data FROM boxes").fetchall()
         return [Box(**json.loads(r[0])) for r in rows]
 
+    # the snapshots the front made (snapshots.py), in a table of their own
+    def save_snapshot(self, snap_id: str, data: dict) -> None:
+        with self._lock:
+            self._db.execute("CREATE TABLE IF NOT EXISTS snapshots (id TEXT PRIMARY KEY, data TEXT NOT NULL)")
+            self._db.execute("INSERT OR REPLACE INTO snapshots (id, data) VALUES (?, ?)", (snap_id, json.dumps(data)))
+
+    def delete_snapshot(self, snap_id: str) -> None:
+        with self._lock:
+            self._db.execute("CREATE TABLE IF NOT EXISTS snapshots (id TEXT PRIMARY KEY, data TEXT NOT NULL)")
+            self._db.execute("DELETE FROM snapshots WHERE id = ?", (snap_id,))
+
+    def load_snapshots(self) -> list[dict]:
+        with self._lock:
+            self._db.execute("CREATE TABLE IF NOT EXISTS snapshots (id TEXT PRIMARY KEY, data TEXT NOT NULL)")
+            rows = self._db.execute("SELECT data FROM snapshots").fetchall()
+        return [json.loads(r[0]) for r in rows]
+
     def close(self) -> None:
         self._db.close()
 

@@ -70,6 +70,7 @@ APPS: dict[str, DesktopApp] = {a.name: a for a in (
                                           "--remote-debugging-port=9222", "--user-data-dir=/root/.chromium-shoal")),
 )}
 VARIANT_IMAGE = "desktop-variant/icewm:1"
+VNC_IMAGE = "desktop-vnc:1"  # x11vnc, for a person watching (shoal.desktop.vnc); composed on request
 HELPER_IMAGE = "desktop-helper:1"
 
 
@@ -115,8 +116,17 @@ RUN {_APT} icewm && apt-get clean && mkdir -p /etc/gtk-3.0 && \\
 """
 
 
+def vnc_recipe() -> str:
+    return f"""
+FROM {DESKTOP_IMAGE}
+LABEL shoal.role=toolkit
+RUN {_APT} x11vnc && apt-get clean
+"""
+
+
 def ensure_desktop(host: Host, apps: tuple[str, ...] | list[str] = ("editor", "spreadsheet", "files", "browser"),
-                   variant: bool = False, log: Callable[[str], None] | None = None) -> list[ImageInfo]:
+                   variant: bool = False, log: Callable[[str], None] | None = None,
+                   vnc: bool = False) -> list[ImageInfo]:
     """Build (or find in the cache) the desktop base and the toolkit layers of `apps` (+ the
     Robustness variant); returns the images, base first."""
     unknown = [a for a in apps if a not in APPS]
@@ -130,12 +140,15 @@ def ensure_desktop(host: Host, apps: tuple[str, ...] | list[str] = ("editor", "s
         out.append(b.build(parse_recipe(app_recipe(APPS[a]), CONTEXT, name=f"desktop app {a}"), APPS[a].image).image)
     if variant:
         out.append(b.build(parse_recipe(variant_recipe(), CONTEXT, name="desktop variant"), VARIANT_IMAGE).image)
+    if vnc:
+        out.append(b.build(parse_recipe(vnc_recipe(), CONTEXT, name="desktop vnc"), VNC_IMAGE).image)
     return out
 
 
-def desktop_layers(apps: tuple[str, ...] | list[str] = (), variant: bool = False) -> list[str]:
-    """The layers to compose on DESKTOP_IMAGE for these apps (and the Robustness variant)."""
+def desktop_layers(apps: tuple[str, ...] | list[str] = (), variant: bool = False, vnc: bool = False) -> list[str]:
+    """The layers to compose on DESKTOP_IMAGE for these apps (and the Robustness variant, x11vnc)."""
     unknown = [a for a in apps if a not in APPS]
     if unknown:
         raise InvalidArgument(f"unknown desktop app(s) {unknown}; known: {sorted(APPS)}")
-    return [HELPER_IMAGE] + [APPS[a].image for a in apps] + ([VARIANT_IMAGE] if variant else [])
+    return [HELPER_IMAGE] + [APPS[a].image for a in apps] + ([VARIANT_IMAGE] if variant else []) + \
+        ([VNC_IMAGE] if vnc else [])

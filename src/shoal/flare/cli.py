@@ -42,6 +42,9 @@ def run(task: str = typer.Argument(..., help="instance id of a bundled SWE task"
         judge_url: str | None = typer.Option(None, "--judge-url", help="diagnose with an LLM judge at this endpoint"),
         judge_model: str = typer.Option("judge", "--judge-model"),
         root: str | None = typer.Option(None, "--root", envvar="SHOAL_ROOT"),
+        log: str | None = typer.Option(None, "--log", help="trajectory log (SQLite path or postgresql:// URL); "
+                                       "with --episode, running the same command again resumes a killed run"),
+        episode: str | None = typer.Option(None, "--episode", help="episode id in --log"),
         out: Path | None = typer.Option(None, "--out", help="write the episode (JSON) here")):
     """Run one episode in-process (root), diagnosing every step; print the steps and interventions."""
     from ..host import Host
@@ -59,8 +62,13 @@ def run(task: str = typer.Argument(..., help="instance id of a bundled SWE task"
     host = Host.get(root) if root else Host.get()
     policy: Policy = ChatEndpointPolicy(url, model) if url else FallibleOraclePolicy(t, p=p, seed=seed)
     dg: Diagnoser = LLMJudge(judge_url, judge_model) if judge_url else ProgrammaticDiagnoser()
+    from ..trajlog import TrajectoryLog
+
+    if episode and not log:
+        raise typer.BadParameter("--episode needs --log (the log the episode is in)")
     ep = asyncio.run(run_flare(t, policy, host, diagnoser=dg, threshold=None if threshold == "off" else threshold,
-                               budget=Budget(regenerations=regens)))
+                               budget=Budget(regenerations=regens), log=TrajectoryLog(log) if log else None,
+                               episode_id=episode))
     tab = Table("step", "action", "risk", "class", "evidence")
     for s, d in zip(ep.trace.steps, ep.diagnoses):
         tab.add_row(str(s.step), ", ".join(a.tool for a in s.actions) + (f" ({s.thought})" if s.thought else ""),
@@ -70,7 +78,7 @@ def run(task: str = typer.Argument(..., help="instance id of a bundled SWE task"
         d = i["diagnosis"]
         console.print(f"regenerated step {i['step']} ({d['risk']}, {d['error_class']}): {d['evidence'][:100]}")
     console.print(f"resolved={ep.resolved} tokens={ep.tokens} sandbox_s={ep.sandbox_s:.1f} "
-                  f"regenerations={ep.regenerations}")
+                  f"regenerations={ep.regenerations} replayed_from_log={ep.replayed}")
     if out:
         out.write_text(json.dumps(ep.to_dict(), indent=1))
 

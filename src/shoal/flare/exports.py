@@ -17,14 +17,16 @@ FLARE's exact formula is not public (docs/flare.md).
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
+import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 from ..core.errors import InvalidArgument
-from .schema import StepDiagnosis
+from .schema import Action, StepDiagnosis, StepView, Trace
 
 Gate = Literal["gra", "penalties", "none"]
 
@@ -109,10 +111,64 @@ def agent_loop_token_rewards(output: Any, diagnoses: Sequence[StepDiagnosis], **
     return flat
 
 
-def flare_reward_fn(diagnoses_of: Any, **kw: Any):
+_RESPONSE = re.compile(r"<tool_response>(.*?)</tool_response>", re.S)
+
+
+def agent_loop_trace(output: Any, tokenizer: Any) -> Trace:
+    """The steps of a verl-shaped rollout, read back from its tokens: each run of model tokens is a
+    step (its `<tool_call>` blocks the actions, the text around them the thought), and the tool-output
+    run after it holds the observations (`<tool_response>` blocks, in order)."""
+    from ..rollout.adapters import parse_tool_calls
+
+    mask, ids = list(output.response_mask), list(output.response_ids)
+    runs: list[tuple[int, list[int]]] = []
+    for m, t in zip(mask, ids):
+        if runs and runs[-1][0] == m:
+            runs[-1][1].append(t)
+        else:
+            runs.append((m, [t]))
+    steps: list[StepView] = []
+    for i, (m, toks) in enumerate(runs):
+        if not m:
+            continue
+        text = tokenizer.decode(toks)
+        nxt = runs[i + 1] if i + 1 < len(runs) and not runs[i + 1][0] else None
+        obs = _RESPONSE.findall(tokenizer.decode(nxt[1])) if nxt else []
+        calls = parse_tool_calls(text)
+        actions = [Action(tool=c["name"], arguments=c["arguments"], observation=obs[j] if j < len(obs) else "",
+                          error=c["name"] == "__invalid__") for j, c in enumerate(calls)]
+        steps.append(StepView(step=len(steps) + 1, thought=re.sub(r"<tool_call>.*?</tool_call>", "", text, flags=re.S),
+                              actions=actions))
+    extra = getattr(output, "extra_fields", None) or {}
+    return Trace(task=str(extra.get("task", "")), steps=steps, resolved=float(output.reward_score) >= 1.0)
+
+
+def agent_loop_diagnoses(output: Any, tokenizer: Any, diagnoser: Any = None) -> list[StepDiagnosis]:
+    """Each step of a verl-shaped rollout diagnosed from its prefix (default: the programmatic rules,
+    which see the tool calls only here: there is no probe in a trainer's rollout)."""
+    import asyncio
+
+    from .programmatic import ProgrammaticDiagnoser
+
+    dg = diagnoser or ProgrammaticDiagnoser()
+    trace = agent_loop_trace(output, tokenizer)
+    if hasattr(dg, "diagnose_now"):
+        return [dg.diagnose_now(trace.prefix(k)) for k in range(1, len(trace.steps) + 1)]
+
+    async def all_() -> list[StepDiagnosis]:
+        return [await dg.diagnose(trace.prefix(k)) for k in range(1, len(trace.steps) + 1)]
+    return asyncio.run(all_())
+
+
+def flare_reward_fn(diagnoses_of: Any = None, *, tokenizer: Any = None, diagnoser: Any = None, **kw: Any):
     """A reward function for the verl-shaped adapter: `fn(output) -> {"reward_score", "token_level_rewards"}`.
     `diagnoses_of(output)` returns the step diagnoses of that rollout (e.g. looked up by
-    `output.extra_fields["task"]` and the episode, or computed by a Diagnoser)."""
+    `output.extra_fields["task"]` and the episode); without it, the rollout is diagnosed from its
+    own tokens (`agent_loop_diagnoses` with `tokenizer` and `diagnoser`)."""
+    if diagnoses_of is None:
+        if tokenizer is None:
+            raise InvalidArgument("flare_reward_fn needs diagnoses_of, or a tokenizer to read the rollout's steps")
+        diagnoses_of = functools.partial(agent_loop_diagnoses, tokenizer=tokenizer, diagnoser=diagnoser)
 
     def fn(output: Any) -> dict[str, Any]:
         diags = list(diagnoses_of(output))

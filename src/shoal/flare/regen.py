@@ -18,9 +18,18 @@ current state is graded.
 
 Token counts come from the server's `usage` where it gives one; for scripted policies they are
 estimated as characters / 4 of the request's messages and the answer.
+
+Everything the loop's decisions depend on goes through the trajectory log, per episode of the
+tree: the tool calls (`<ep>/sandbox`), the policy calls (`<ep>/llm`), and the probe's facts and
+the diagnoses (`<ep>/flare`). So a run killed at any point resumes: `FlareLoop` with the same log
+and episode id fast-forwards every logged call (no policy call, judge call or tool call runs
+again), follows the same regenerations into the same branches, and goes on live where the log
+ends, in the last branch's sandbox (reattached if it is still running, else recreated and its
+logged effects re-applied).
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -32,11 +41,12 @@ from pathlib import Path
 from typing import Any
 
 from ..core.contract import SandboxBackend
-from ..core.errors import InvalidArgument, ShoalError
+from ..core.errors import InvalidArgument, SandboxNotFound, ShoalError, UnknownOutcome
+from ..envs.sandboxes import attach
 from ..rollout.policy import Policy
 from ..rollout.task import Task, Verdict
 from ..sdk.sandbox import Sandbox
-from ..trajlog import DONE, LoggedSandbox, SQLiteLogStore, Stream, TrajectoryLog
+from ..trajlog import DONE, LoggedSandbox, SQLiteLogStore, Stream, TrajectoryLog, restore
 from ..trajlog.sandbox import EFFECTFUL, apply
 from .diagnoser import Diagnoser
 from .policy import feedback_message
@@ -90,6 +100,7 @@ class FlareEpisode:
     probe_runs: int = 0
     wall_s: float = 0.0
     stopped: str = ""  # "", "max_steps", "tokens"
+    replayed: dict = field(default_factory=dict)  # calls served from the log on this run (a resume), per kind
     effects: list[list[tuple[str, dict, dict]]] = field(default_factory=list, repr=False)  # per kept step
     msgs_before: list[int] = field(default_factory=list, repr=False)  # len(messages) before each kept step
 
@@ -110,6 +121,7 @@ class FlareEpisode:
                 "patch": self.patch, "steps": len(self.trace.steps), "tokens": self.tokens,
                 "policy_calls": self.policy_calls, "sandbox_s": self.sandbox_s, "probe_runs": self.probe_runs,
                 "wall_s": self.wall_s, "stopped": self.stopped, "regenerations": self.regenerations,
+                "replayed": self.replayed,
                 "interventions": self.interventions, "diagnoses": [d.model_dump(mode="json") for d in self.diagnoses],
                 "flagged": [d.model_dump(mode="json") for d in self.flagged],
                 "trace": self.trace.model_dump(mode="json"), "messages": self.messages, "report": self.report}
@@ -139,6 +151,29 @@ class GradeCache:
         return self.verdicts[key]
 
 
+class _LazyLogged(LoggedSandbox):
+    """A LoggedSandbox whose sandbox is found only when a call has to run live: a resumed episode's
+    logged calls are served from the log, so an episode of the tree that the log holds to its end
+    never needs one (its sandbox was closed when the loop branched away from it)."""
+
+    def __init__(self, stream: Stream, find: Any):
+        self._sb: Sandbox | None = None
+        self._find = find
+        super().__init__(None, stream)
+
+    @property
+    def sandbox(self) -> Sandbox | None:
+        if self._sb is None and self._find is not None:
+            find, self._find = self._find, None
+            self._sb = find()
+            self.stream.set_sandbox(self._sb.id)
+        return self._sb
+
+    @sandbox.setter
+    def sandbox(self, sb: Sandbox | None) -> None:
+        self._sb = sb
+
+
 class _Live:
     """The current branch: its sandbox, logged view, tools, and the lifetimes of every sandbox."""
 
@@ -151,12 +186,20 @@ class _Live:
         self.stream_name = ""
         self.episode = ""
         self.marks: Stream | None = None
+        self.llm: Stream | None = None
+        self.flare: Stream | None = None
+        self.replayed = {"llm": 0, "sandbox": 0, "flare": 0}
 
-    def open(self, episode: str, meta: dict) -> None:
+    def open(self, episode: str, meta: dict) -> bool:
         """A fresh sandbox of the task and the episode's streams, laid out as `run_episode` lays them
         out (`<ep>/sandbox`, `<ep>/llm`, `<ep>/steps` with one mark per kept step and the start state
-        in its meta), so `rollout.branch.Episode` can branch it and `shoal traj tree` shows it."""
+        in its meta), so `rollout.branch.Episode` can branch it and `shoal traj tree` shows it. An
+        episode the log holds already (a resumed run) gets no new sandbox: its calls replay, and its
+        own sandbox is found if a call has to run live. True if it was resumed."""
         lp = self.loop
+        if lp.log.info(f"{episode}/sandbox") is not None:
+            self._streams(episode, lazy=True)
+            return True
         self.sb = lp.task.sandbox(lp.backend, ttl=SANDBOX_TTL_S)
         self.born = time.monotonic()
         created = self.sb.info()
@@ -165,48 +208,105 @@ class _Live:
                  "memory_mb": created.limits.memory_mb, "disk_mb": created.limits.disk_mb,
                  "cpu": created.limits.cpu, "pids": created.limits.pids, "upper": created.limits.upper}
         lp.log.store.update_stream(f"{episode}/steps", meta={"start": start, "snapshot_every": None})
+        return False
 
-    def _streams(self, episode: str, meta: dict | None = None) -> None:
+    def _streams(self, episode: str, meta: dict | None = None, lazy: bool = False) -> None:
         lp = self.loop
-        assert self.sb is not None
+        self._count()
         self.episode = episode
         self.stream_name = f"{episode}/sandbox"
-        stream = lp.log.stream(self.stream_name, episode=episode, sandbox=self.sb.id, meta=meta)
-        lp.log.stream(f"{episode}/llm", episode=episode)  # the policy's calls are not logged here; branches copy it
+        stream = lp.log.stream(self.stream_name, episode=episode, sandbox=self.sb.id if self.sb else None, meta=meta)
+        self.llm = lp.log.stream(f"{episode}/llm", episode=episode)
+        self.flare = lp.log.stream(f"{episode}/flare", episode=episode)
         self.marks = lp.log.stream(f"{episode}/steps", episode=episode)
-        self.lsb = LoggedSandbox(self.sb, stream)
+        self.lsb = _LazyLogged(stream, self._found) if lazy else LoggedSandbox(self.sb, stream)
         self.tools = lp.task.tools(self.lsb)
 
+    def totals(self) -> dict:
+        """Calls served from the log on this run, per kind (all episodes of the tree so far)."""
+        now: dict[str, Stream | None] = {"llm": self.llm, "flare": self.flare,
+                                         "sandbox": self.lsb.stream if self.lsb else None}
+        out = dict(self.replayed)
+        for k, st in now.items():
+            if st is not None:
+                out[k] += st.replayed
+        return out
+
+    def _count(self) -> None:
+        """Add the closing episode's replayed calls to the run's totals."""
+        for kind, st in (("llm", self.llm), ("flare", self.flare), ("sandbox", self.lsb.stream if self.lsb else None)):
+            if st is not None:
+                self.replayed[kind] += st.replayed
+        self.llm = self.flare = None
+        self.lsb = None
+
+    def _found(self) -> Sandbox:
+        """A resumed episode's sandbox, when a call must run live: still running on this backend
+        (the killed run left it), or a new one with the episode's logged effects re-applied."""
+        lp = self.loop
+        info = lp.log.info(self.stream_name)
+        meta = (info.meta if info else {}) or {}
+        sb: Sandbox | None = None
+        if meta.get("sandbox") and meta.get("backend") == lp.backend.address:
+            try:
+                sb = attach(lp.backend, meta["sandbox"])
+                if not sb.is_running():
+                    sb = None
+            except SandboxNotFound:
+                sb = None
+        if sb is None:
+            sb = lp.task.sandbox(lp.backend, ttl=SANDBOX_TTL_S)
+            restore(lp.log, self.stream_name, sb)
+            lp.log.store.update_stream(self.stream_name, meta={"sandbox": sb.id, "backend": lp.backend.address})
+        self.sb = sb
+        self.born = time.monotonic()
+        return sb
+
     def mark(self, step: int) -> None:
-        """The mark `rollout.branch` reads: where the sandbox stream stood after this kept step."""
-        assert self.lsb is not None and self.marks is not None
-        self.marks.call("step", {"step": step, "sandbox_seq": self.lsb.stream.cursor, "llm_seq": 0},
+        """The mark `rollout.branch` reads: where the streams stood after this kept step."""
+        assert self.lsb is not None and self.marks is not None and self.llm is not None
+        self.marks.call("step", {"step": step, "sandbox_seq": self.lsb.stream.cursor, "llm_seq": self.llm.cursor},
                         lambda: {"snapshot": None})
 
     def branch(self, parent: str, step: int, new_id: str, kept: list[StepView]) -> None:
         """The state after `step` of episode `parent`, through `rollout.branch.Episode.branch`
         (fast-forward from the start, every result compared with the log); then the kept steps'
         calls are replayed through the branch's copied streams (served from the log, nothing runs)
-        so that new calls land after them."""
+        so that new calls land after them. A branch the log holds already (a resumed run) is
+        followed, not made again."""
         from ..core.errors import BranchNotExact
         from ..rollout.branch import Episode
 
         lp = self.loop
-        try:
-            child = Episode(lp.log, parent, lp.backend).branch(step=step, strategy="fastforward", episode_id=new_id)
-        except BranchNotExact as e:
-            raise RewindMismatch(str(e)) from None
-        self.sb = child.sandbox()
-        if self.sb is None:
-            raise RewindMismatch(f"branch {new_id!r} of {parent!r} has no live sandbox")
-        self.born = time.monotonic()
-        self._streams(new_id)
+        child_ep = Episode(lp.log, new_id, lp.backend)
+        if child_ep.exists():
+            self._streams(new_id, lazy=True)
+        else:
+            try:
+                child = Episode(lp.log, parent, lp.backend).branch(step=step, strategy="fastforward",
+                                                                   episode_id=new_id)
+            except BranchNotExact as e:
+                raise RewindMismatch(str(e)) from None
+            self.sb = child.sandbox()
+            if self.sb is None:
+                raise RewindMismatch(f"branch {new_id!r} of {parent!r} has no live sandbox")
+            self.born = time.monotonic()
+            self._streams(new_id)
+        assert self.llm is not None
+        marks = child_ep.marks()
+        copied = lp.log.history(f"{new_id}/llm")
         for view in kept:
+            upto = marks[view.step - 1].llm_seq if view.step <= len(marks) else self.llm.cursor
+            while self.llm.cursor < upto:  # the kept steps' policy calls, served from the copied stream
+                entry = copied[self.llm.cursor]
+                self.llm.call(entry.kind, entry.request, _never)
             for a in view.actions:
                 self.tools.run(a.tool, a.arguments)
             self.mark(view.step)
 
     def need(self) -> Sandbox:
+        if self.sb is None and isinstance(self.lsb, _LazyLogged):
+            self.sb = self.lsb.sandbox
         if self.sb is None:
             raise RuntimeError("no live sandbox")
         return self.sb
@@ -218,6 +318,37 @@ class _Live:
     def effects_since(self, seq: int) -> list[tuple[str, dict, dict]]:
         return [(e.kind, e.request, e.result or {}) for e in self.loop.log.history(self.stream_name)
                 if e.seq >= seq and e.status == DONE and e.kind in EFFECTFUL]
+
+    async def policy(self, req: dict) -> dict:
+        """One policy call through `<ep>/llm` (served from the log when it holds it)."""
+        import functools
+
+        assert self.llm is not None
+        try:
+            return (await self.llm.acall("llm", req, functools.partial(self.loop.policy.complete, req),
+                                         idempotent=True)).result
+        except UnknownOutcome:  # in flight when the run was killed: a model call has no effect, ask again
+            return self.llm.settle(await self.loop.policy.complete(req)).result
+
+    def logged(self, kind: str, req: dict, run: Any) -> dict:
+        """A probe run through `<ep>/flare`: what the sandbox showed is logged, so a resumed run sees
+        the same facts without touching the sandbox (which is in a later state by then)."""
+        assert self.flare is not None
+        try:
+            return self.flare.call(kind, req, run).result
+        except UnknownOutcome:  # the probe only reads: run it again
+            return self.flare.settle(run()).result
+
+    async def diagnosis(self, k: int, dg: Diagnoser, prefix: Prefix) -> StepDiagnosis:
+        async def run() -> dict:
+            return (await dg.diagnose(prefix)).model_dump(mode="json")
+
+        assert self.flare is not None
+        try:
+            out = (await self.flare.acall("diagnose", {"step": k}, run, idempotent=True)).result
+        except UnknownOutcome:
+            out = self.flare.settle(await run()).result
+        return StepDiagnosis.model_validate(out)
 
     def reapply(self, effects: list[list[tuple[str, dict, dict]]]) -> None:
         """Steps' logged effects, in order, into this (fresh) sandbox; each result must be the logged
@@ -231,11 +362,27 @@ class _Live:
                                          "the branch would not be in the logged state")
 
     def close(self) -> float:
+        """Kill the episode's sandbox. A resumed episode whose sandbox was never needed may still
+        have one running (the killed run left it): that one is killed too."""
+        if self.sb is None and isinstance(self.lsb, _LazyLogged) and self.lsb._find is not None:
+            self.lsb._find = None
+            info = self.loop.log.info(self.stream_name)
+            meta = (info.meta if info else {}) or {}
+            if meta.get("sandbox") and meta.get("backend") == self.loop.backend.address:
+                try:
+                    attach(self.loop.backend, meta["sandbox"]).kill()
+                except SandboxNotFound:
+                    pass
+            return 0.0
         if self.sb is None:
             return 0.0
         self.sb.kill()
         self.sb = None
         return time.monotonic() - self.born
+
+
+def _never() -> dict:
+    raise RuntimeError("a copied log entry was expected here")
 
 
 class FlareLoop:
@@ -257,6 +404,14 @@ class FlareLoop:
         if resume is not None and self.threshold is not None:
             raise InvalidArgument("a resumed run (resume=) continues without regeneration: pass threshold=None")
         self.resume = resume
+
+    def _probe_start(self, live: _Live) -> dict:
+        assert self.probe is not None
+        return self.probe.start(live.need())
+
+    def _probe_after(self, live: _Live, prev: dict) -> dict:
+        assert self.probe is not None
+        return self.probe.after(live.need(), prev)
 
     async def run(self) -> FlareEpisode:
         import asyncio
@@ -288,7 +443,8 @@ class FlareLoop:
             effects = [list(e) for e in res.effects]
             msgs_before = list(res.msgs_before)
         else:
-            start = await asyncio.to_thread(self.probe.start, live.need()) if self.probe else {}
+            start = await asyncio.to_thread(live.logged, "start", {}, functools.partial(self._probe_start, live)) \
+                if self.probe else {}
         interventions: list[dict] = []
         flagged: list[StepDiagnosis] = []
         tokens = calls = 0
@@ -304,7 +460,7 @@ class FlareLoop:
             k = len(steps) + 1
             n_msgs, seq0 = len(messages), live.seq()
             req = self.policy.request(messages, live.tools.specs)
-            out = await self.policy.complete(req)
+            out = await live.policy(req)
             calls += 1
             tokens += estimate_tokens(req, out)
             msg: dict = {"role": "assistant", "content": out.get("content", "")}
@@ -324,10 +480,11 @@ class FlareLoop:
                     submitted = True
                     break
             prev = steps[-1].facts if steps else start
-            facts = await asyncio.to_thread(self.probe.after, live.need(), prev) if self.probe else {}
+            facts = await asyncio.to_thread(live.logged, "probe", {"step": k, "sandbox_seq": live.seq()},
+                                            functools.partial(self._probe_after, live, prev)) if self.probe else {}
             view = StepView(step=k, thought=msg["content"] or "", actions=actions, facts=facts)
             prefix = Prefix(task=task.id, problem=problem, start=start, steps=(*steps, view))
-            diag = await self.diagnoser.diagnose(prefix)
+            diag = await live.diagnosis(k, self.diagnoser, prefix)
             flagged.append(diag)
             spent = sandbox_s + (time.monotonic() - live.born)
             if (self.threshold is not None and diag.risk >= self.threshold
@@ -361,7 +518,7 @@ class FlareLoop:
             report=verdict.report, patch=answer, trace=trace, diagnoses=diags, messages=messages,
             interventions=interventions, flagged=flagged, tokens=tokens, policy_calls=calls, sandbox_s=sandbox_s,
             probe_runs=(self.probe.runs - probe_runs0) if self.probe else 0, wall_s=time.monotonic() - t0,
-            stopped=stopped, effects=effects, msgs_before=msgs_before)
+            stopped=stopped, effects=effects, msgs_before=msgs_before, replayed=live.totals())
 
 
 async def run_flare(task: Task, policy: Policy, backend: SandboxBackend, **kw: Any) -> FlareEpisode:

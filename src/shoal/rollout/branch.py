@@ -19,6 +19,11 @@ The state after step k comes back one of two ways:
 
 Branches form a tree in the log: each branch's streams carry a parent link (parent stream, step);
 `Episode.tree()` walks it, `shoal traj tree` prints it.
+
+When a tree is done with, `Episode.release_snapshots()` removes its snapshot images (and their
+layers where the backend can), except those a live sandbox or a live branch still uses; the
+released ids are recorded in each episode's `<ep>/steps` metadata, so a later branch at such a step
+fast-forwards instead of asking for an image that is gone.
 """
 from __future__ import annotations
 
@@ -30,7 +35,16 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..core.contract import CreateRequest, SandboxBackend, SandboxInfo
-from ..core.errors import BadBranchStep, BranchNotExact, EpisodeNotFound, InvalidArgument, SandboxNotFound
+from ..core.errors import (
+    BadBranchStep,
+    BranchNotExact,
+    EpisodeNotFound,
+    ImageNotFound,
+    InvalidArgument,
+    LayerInUse,
+    NotSupported,
+    SandboxNotFound,
+)
 from ..envs.sandboxes import attach, create_request
 from ..sdk.sandbox import Sandbox
 from ..trajlog import DONE, UNKNOWN, TrajectoryLog, fast_forward
@@ -86,6 +100,25 @@ class BranchNode:
                 "children": [c.to_dict() for c in self.children]}
 
 
+@dataclass
+class SnapshotRelease:
+    """What `Episode.release_snapshots` did to a tree's snapshots."""
+
+    root: str
+    episodes: list[str]
+    removed: list[str] = field(default_factory=list)  # snapshot ids whose images were removed
+    kept: dict[str, str] = field(default_factory=dict)  # snapshot id -> why it stays
+    missing: list[str] = field(default_factory=list)  # images gone already, or not this caller's to see
+    layers_removed: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _snapshot_ref(snap: str) -> str:
+    return f"snapshots/{snap}:latest"
+
+
 def check_step(step: object, length: int, episode: str) -> int:
     """`step` as a branch point of an episode of `length` steps, or BadBranchStep."""
     if isinstance(step, bool) or not isinstance(step, int):
@@ -126,16 +159,25 @@ class Episode:
         """The ids of the snapshots the episode's steps took (what a branch may be restored from)."""
         return [m.snapshot for m in self.marks() if m.snapshot]
 
+    def released(self) -> set[str]:
+        """Snapshot ids of this episode's marks whose images `release_snapshots` removed."""
+        si = self.log.info(self.stream("steps"))
+        got = (si.meta if si else {}).get("released") or []
+        return {x for x in got if isinstance(x, str)} if isinstance(got, list) else set()
+
     def marks(self) -> list[StepMark]:
-        """The episode's step marks, in order (the state after step k is described by marks()[k-1])."""
+        """The episode's step marks, in order (the state after step k is described by marks()[k-1]).
+        A released snapshot reads as none: that step is restored by fast-forward."""
+        gone = self.released()
         out = []
         for e in self.log.history(self.stream("steps")):
             if e.kind != "step" or e.result is None or e.status not in (DONE, UNKNOWN):
                 break  # a mark still in flight: the episode's steps end before it
             r, q = e.result, e.request
             try:
+                snap = r.get("snapshot")
                 out.append(StepMark(step=int(q["step"]), sandbox_seq=int(q["sandbox_seq"]),
-                                    llm_seq=int(q["llm_seq"]), snapshot=r.get("snapshot")))
+                                    llm_seq=int(q["llm_seq"]), snapshot=None if snap in gone else snap))
             except (KeyError, TypeError, ValueError, AttributeError):
                 # the log is its writers' to forge: a malformed mark is a typed error, not a crash
                 raise InvalidArgument(f"episode {self.id}: step mark {len(out) + 1} is malformed") from None
@@ -247,6 +289,86 @@ class Episode:
         sb = self.sandbox()
         if sb is not None:
             sb.kill()
+
+    # ------------------------------------------------------------------ snapshot release
+    def release_snapshots(self, *, dry_run: bool = False) -> SnapshotRelease:
+        """Remove the snapshot images of this episode's whole tree (from its root down), for when
+        the tree is done with. A snapshot is kept while anything may still need it:
+
+        - a live sandbox's layer stack holds the snapshot's top layer (a branch restored from it,
+          or a sandbox forked or created from it by anyone on this backend);
+        - an episode of the tree whose steps reference it still has a live sandbox (a live branch
+          may be branched again at one of those steps).
+
+        Removed ids are recorded in every episode's `<ep>/steps` metadata first (so branching at
+        such a step fast-forwards from the start instead), then each image is removed, then its top
+        layer where the backend can remove layers (it refuses a layer an image or a live sandbox
+        still holds; `shoal gc` removes the rest). Running it again when the live ones are gone
+        releases them."""
+        backend = self.backend
+        if backend is None:
+            raise InvalidArgument("releasing snapshots needs the backend that holds them")
+        self._require()
+        root = self.root()
+        episodes: list[str] = []
+        todo = [root.tree()]
+        while todo:
+            n = todo.pop()
+            episodes.append(n.episode)
+            todo.extend(n.children)
+        snaps: dict[str, set[str]] = {}  # snapshot id -> the episodes whose steps reference it
+        for e in episodes:
+            ep = Episode(self.log, e, backend, node=self.node)
+            for m in ep.marks():
+                if m.snapshot:
+                    snaps.setdefault(m.snapshot, set()).add(e)
+        live_layers = {d for sb in backend.list() for d in sb.layers}
+        live_eps = {e for e in episodes if Episode(self.log, e, backend, node=self.node).sandbox() is not None}
+        tops = {i.ref: (i.layers[-1] if i.layers else None) for i in backend.images()}
+        out = SnapshotRelease(root=root.id, episodes=sorted(episodes))
+        release: list[str] = []
+        for snap in sorted(snaps):
+            ref = _snapshot_ref(snap)
+            top = tops.get(ref)
+            users = sorted(snaps[snap] & live_eps)
+            if ref not in tops:
+                out.missing.append(snap)
+            elif top is not None and top in live_layers:
+                out.kept[snap] = "a live sandbox's layers hold it"
+            elif users:
+                out.kept[snap] = f"live branch {users[0]} references it"
+            else:
+                release.append(snap)
+        if dry_run:
+            out.removed = release
+            return out
+        remove_image = getattr(backend, "remove_image", None) or getattr(getattr(backend, "store", None),
+                                                                         "remove_image", None)
+        remove_layer = getattr(backend, "remove_layer", None)
+        if release and remove_image is None:
+            raise NotSupported(f"the {backend.name} backend cannot remove images")
+        if release:  # first the log: no branch made from now on asks for these images
+            for e in episodes:  # (an image this caller cannot see is not its to mark: it stays "missing")
+                ep = Episode(self.log, e, backend, node=self.node)
+                gone = sorted(ep.released() | set(release))
+                self.log.store.update_stream(ep.stream("steps"), meta={"released": gone})
+        for snap in release:
+            ref = _snapshot_ref(snap)
+            assert remove_image is not None
+            try:
+                remove_image(ref)
+            except ImageNotFound:
+                out.missing.append(snap)
+                continue
+            out.removed.append(snap)
+            top = tops.get(ref)
+            if top is not None and remove_layer is not None:
+                try:
+                    remove_layer(top)
+                    out.layers_removed.append(top)
+                except (LayerInUse, LookupError):
+                    pass  # another image or a sandbox started meanwhile holds it: gc takes it later
+        return out
 
     # ------------------------------------------------------------------ the tree
     def tree(self) -> BranchNode:

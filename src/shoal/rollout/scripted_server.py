@@ -6,7 +6,11 @@ the problem statement in the conversation. `POST /admin/outage {"seconds": s, "s
 it fail for a while, for outage tests and demos. Models "desktop-oracle", "desktop-oracle:detour" and
 "desktop-judge" answer vision requests for desktop tasks and refuse any without a real PNG
 (`tasks.desktop.scripted`). Model "judge" (or "judge-bad:N": N invalid answers
-first) answers FLARE's step-judge prompt (`flare.judge.scripted_judge_completion`).
+first) answers FLARE's step-judge prompt (`flare.judge.scripted_judge_completion`). With `--model
+PATH` a real local model answers chat requests that name it: agents' and judges' (with `tools` or
+`response_format`, or neither and none of the annotation client's fields) through
+`rollout.local_chat`, the annotation client's (`continue_final_message`, `logprobs`, `stream`, ...)
+through `annotate.openai_routes`.
 
     python -m shoal.rollout.scripted_server --port 8011   # then SHOAL_LLM_URL=http://127.0.0.1:8011/v1
 """
@@ -27,6 +31,8 @@ from fastapi.responses import JSONResponse
 from ..tasks.swe.suite import load_suite
 from .policy import NullPolicy, OraclePolicy, RandomEditPolicy, ScriptedPolicy
 
+ANNOTATE_FEATURES = ("continue_final_message", "add_generation_prompt", "logprobs", "top_logprobs", "stream")
+
 
 def make_app(suite: str | None = None, model: str | None = None) -> FastAPI:
     """`model`: a local model (HF directory or shoal.train.repro checkpoint) served on /v1/completions
@@ -34,12 +40,13 @@ def make_app(suite: str | None = None, model: str | None = None) -> FastAPI:
     app = FastAPI(title="shoal scripted chat endpoint")
     served: Any = None  # the local model's chat handler, for requests that name it
     served_name = None
+    local = None
     if model:
         from ..annotate.model import LocalModel
         from ..annotate.openai_routes import add_completions
 
-        backend = LocalModel.load(model)
-        served, served_name = add_completions(app, backend), backend.name
+        local = LocalModel.load(model)
+        served, served_name = add_completions(app, local), local.name
     by_statement = {t.problem_statement: t for t in load_suite(suite)}
     state: dict[str, Any] = {"down_until": 0.0, "status": 503, "requests": 0, "failed": 0}
     desktop_models: list[Any] = []
@@ -63,7 +70,8 @@ def make_app(suite: str | None = None, model: str | None = None) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> dict:
-        return {"object": "list", "data": [{"id": m, "object": "model"} for m in ("oracle", "null", "random")]}
+        names = ("oracle", "null", "random") + ((local.name,) if local is not None else ())
+        return {"object": "list", "data": [{"id": m, "object": "model"} for m in names]}
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
@@ -74,7 +82,18 @@ def make_app(suite: str | None = None, model: str | None = None) -> FastAPI:
                                 status_code=state["status"])
         body = await request.json()
         if served is not None and body.get("model") == served_name:
-            return await served(body)
+            agentic = body.get("tools") or body.get("response_format")
+            if not agentic and any(k in body for k in ANNOTATE_FEATURES):  # the annotation client's chat
+                return await served(body)
+            import asyncio
+
+            from ..core.errors import InvalidArgument
+            from .local_chat import chat_completion
+
+            try:  # agents and judges: tool calls, a JSON schema, the prompt cut to the context
+                return await asyncio.to_thread(chat_completion, local, body)
+            except (InvalidArgument, ValueError, TypeError) as e:
+                return JSONResponse({"error": {"message": str(e), "type": "invalid_request_error"}}, status_code=400)
         messages = body.get("messages") or []
         model = body.get("model", "oracle")
         if str(model).startswith("desktop"):  # vision requests: a real PNG screenshot is required

@@ -389,6 +389,11 @@ class HttpBackend(SandboxBackend):
     def images(self) -> ImageSummaries:
         return _IMAGES.validate_python(self.json("GET", "/images"))
 
+    def remove_image(self, ref: str) -> None:
+        """Remove one of the caller's images (shoald's DELETE /v1/images/{ref}; shared ones: the admin's
+        only). Its layers stay until shoald's gc finds them unused."""
+        self.call("DELETE", "/images/" + quote(ref, safe="/:"))
+
     # ---------------------------------------------------------------- resources
     @property
     def address(self) -> str:

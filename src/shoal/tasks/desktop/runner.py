@@ -17,6 +17,8 @@ step fulfilled: the frontier's checks, run in the sandbox). A worker that dies m
 replaced by one that replays all of these from the log, without touching the sandbox, and goes on
 live in the same sandbox (reattached); a step that was in flight at the kill is never re-run (the
 agent is told its outcome is unknown), a screenshot or a check in flight is simply taken again.
+When the sandbox itself is gone (its host was lost), the task's setup runs in a new one and every
+completed logged step is re-applied to it, in order, before the episode goes on.
 
 Grading reads the process record (`answer()`: when each subgoal was fulfilled, the steps, the
 screenshots' digests, the scored clicks and typing) and needs no sandbox: reward = the fraction of
@@ -174,6 +176,26 @@ class DesktopTools:
         self.at: dict[str, int | None] = {g.id: None for g in task.subgoals}
         self.steps: list[StepRecord] = []
         self.looks = 0  # screenshot-tool calls (not steps)
+        self.restored = self._restore() if sandbox.sandbox is not None else 0
+
+    def _restore(self) -> int:
+        """A sandbox that is not the one the logged steps ran in (that one was lost with its host):
+        re-apply every completed logged step to it, in order, so that it reaches the state the log
+        goes on from. Steps in flight when their writer died (UNKNOWN) are not re-applied, as
+        `trajlog.restore` does for commands. Returns how many were re-applied."""
+        done = [e for e in self.lsb.stream.log.history(self.lsb.stream.name) if e.kind == "desktop_step"]
+        if not done or done[-1].sandbox == self.sb.id:
+            return 0  # a new episode, or its own sandbox reattached
+        n = 0
+        for e in done:
+            if e.status != "DONE" or "ok" not in (e.result or {}) and "error" not in (e.result or {}):
+                continue
+            try:
+                run_step(self.sb, e.request["run"])
+            except ShoalError:  # it failed the same way the first time, or now differs: go on
+                pass
+            n += 1
+        return n
 
     @property
     def sb(self) -> Sandbox:
