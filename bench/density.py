@@ -748,7 +748,8 @@ class Side:
 class ShoalSide(Side):
     name = "shoal"
 
-    def __init__(self, root: Path, profile: str, py_root: Path, ksm: bool, session_procs: int = 0):
+    def __init__(self, root: Path, profile: str, py_root: Path, ksm: bool, session_procs: int = 0,
+                 max_sandboxes: int = 0):
         from shoal import Host
         from shoal.backends.container.cgroups import cgroup_parent
         from shoal.core.contract import CreateRequest
@@ -770,6 +771,10 @@ class ShoalSide(Side):
                 self.notes["ksm"] = "skipped: CreateRequest has no `ksm` field on this build"
         self.image, self.layers = self._prepare(py_root)
         self._lock = threading.Lock()
+        be = self.host.backend("container")
+        # the backend's own cap (4,096 by default) is a setting, not a limit of the host: a fill asked to go
+        # further raises it for the run (bench/fill_create.py --max-sandboxes does the same)
+        be.max_sandboxes = max(be.max_sandboxes, max_sandboxes)  # type: ignore[attr-defined]
         self.holders = [SessionHolder(self.host.settings.root) for _ in range(session_procs)]
         self._next_holder = 0
 
@@ -1274,7 +1279,8 @@ class Fill:
 def run_kind(kind: str, args: argparse.Namespace, with_paused: bool) -> list[dict]:
     """--runs runs of a profile: each run fills Shoal, then Docker (the order rotated by run), measures,
     tears down. One private dockerd (and one import of the image) serves all runs of the profile."""
-    shoal = ShoalSide(Path(args.root), kind, Path(args.py_root), args.ksm, args.session_procs)
+    shoal = ShoalSide(Path(args.root), kind, Path(args.py_root), args.ksm, args.session_procs,
+                      (args.max if kind == "shell" else args.py_max) + 8)
     docker: DockerSide | None = None
     runs: list[dict] = []
     probe = shoal.double_cache_probe()

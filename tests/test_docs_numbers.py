@@ -263,7 +263,8 @@ def density_goal_rows(j: dict) -> list[list[str]]:
                       f"run; {r['stop']}); {own:.2f} MiB each in its own accounting",
                       f"not reached, {3000 - r['n_held']:,} short: the run's time budget. At its rate "
                       f"({rate:.1f} sandboxes/s on 2 shared cores) a fill to 3,000 takes "
-                      f"{3000 / rate / 60:.0f} min (extrapolated, not measured)"]
+                      f"{3000 / rate / 60:.0f} min, and at {own:.1f} MiB each (ksmd had not merged them within "
+                      f"the run) 3,000 need {3000 * own / 1024:.0f} GiB (both extrapolated, not measured)"]
     return [
         shell_row,
         python_row,

@@ -186,3 +186,34 @@ def sandboxes_memory_limit_mb(settings: Settings, total_mb: int | None = None) -
     reserve = settings.memory_reserve_mb or max(1024, total_mb // 10)
     return max(64, total_mb - reserve)
 # ---- end density-oom --------------------------------------------------------------------------
+
+
+# ---- ksm: the [ksm] section (the container backend runs ksmd by it; shoald's create route reads `tenants`)
+@dataclass(frozen=True)
+class KsmConfig:
+    """The [ksm] section of the config file (docs/ksm-and-scheduling.md)."""
+
+    manage: bool = True  # start ksmd (run=1) when the first ksm sandbox is created
+    pages_to_scan: int = 1000  # pages ksmd scans per wake-up (kernel default 100: slow to converge)
+    sleep_millisecs: int = 50  # ksmd's sleep between scans (kernel default 20)
+    # may shoald's tenants ask for ksm=True? Merged pages are a timing side channel between every ksm
+    # sandbox on the host, whoever owns it; so by default only the admin (or an in-process root) may
+    tenants: bool = False
+
+    @classmethod
+    def from_settings(cls, extra: dict) -> KsmConfig:
+        raw = extra.get("ksm", {})
+        if not isinstance(raw, dict):
+            raise InvalidArgument("config: [ksm] must be a table")
+        unknown = set(raw) - {"manage", "pages_to_scan", "sleep_millisecs", "tenants"}
+        if unknown:
+            raise InvalidArgument(f"config [ksm]: unknown keys {', '.join(sorted(unknown))}")
+        cfg = cls(**raw)
+        for flag in ("manage", "tenants"):
+            if not isinstance(getattr(cfg, flag), bool):
+                raise InvalidArgument(f"config [ksm] {flag} must be true or false, got {getattr(cfg, flag)!r}")
+        for name in ("pages_to_scan", "sleep_millisecs"):
+            v = getattr(cfg, name)
+            if isinstance(v, bool) or not isinstance(v, int) or not (0 < v <= 1_000_000):
+                raise InvalidArgument(f"config [ksm] {name} must be an integer in 1..1000000, got {v!r}")
+        return cfg

@@ -40,3 +40,55 @@ def test_a_tenant_reaches_only_its_own_sandboxes_ports(daemon, base_image):
         with pytest.raises(SandboxNotFound):
             a.connect_port("sb-000000000000", 7000)
         server.close()
+
+
+def test_a_port_that_never_accepts_holds_no_request_thread(daemon, base_image):
+    """Hostile: a listener that never accepts (stopped: once its backlog is full, connects hang until
+    their timeout) is hit with 30 tunnel connects at once by its tenant. At most TENANT_CONNECTS are in
+    flight (the rest are 429 at once), each ends at its timeout (409), and meanwhile the daemon's other
+    routes answer: the connects run on a pool of their own, not on the request threads."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from daemonctl import make_tenants
+
+    from shoal.core.contract import ExecRequest
+    from shoal.core.errors import PortClosed, QuotaExceeded
+    from shoal.server.routes.ports import TENANT_CONNECTS
+
+    url = daemon["url"]
+    a = HttpBackend(url, make_tenants(url, names=("ports-slow",))["ports-slow"])
+    with created(a, base_image) as info:
+        a.exec(info.id, ExecRequest(argv=["sh", "-c", "httpd -p 127.0.0.1:7001 -h /tmp && sleep 0.3 && "
+                                                      "kill -STOP $(pidof httpd)"]))
+        held = []
+        try:
+            while True:  # fill the stopped listener's backlog: then nothing more connects
+                try:
+                    held.append(a.connect_port(info.id, 7001, timeout=1))
+                except PortClosed:
+                    break
+                assert len(held) < 60, "the stopped listener kept accepting"
+
+            def one(_: int) -> tuple[str, float]:
+                t0 = time.monotonic()
+                try:
+                    a.connect_port(info.id, 7001, timeout=3).close()
+                    return "connected", time.monotonic() - t0
+                except (PortClosed, QuotaExceeded) as e:
+                    return type(e).__name__, time.monotonic() - t0
+
+            with ThreadPoolExecutor(30) as pool:
+                burst = pool.map(one, range(30))
+                time.sleep(1.0)
+                t0 = time.monotonic()
+                assert a.info(info.id).id == info.id and a.list()
+                assert time.monotonic() - t0 < 2.0
+                got = list(burst)
+            kinds = [k for k, _ in got]
+            assert kinds.count("PortClosed") <= TENANT_CONNECTS and "connected" not in kinds, got
+            assert kinds.count("QuotaExceeded") >= 30 - TENANT_CONNECTS, got
+            assert all(d < 2.0 for k, d in got if k == "QuotaExceeded"), got
+            assert all(2.5 < d < 10 for k, d in got if k == "PortClosed"), got
+        finally:
+            for s in held:
+                s.close()

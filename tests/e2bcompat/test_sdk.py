@@ -359,6 +359,7 @@ def test_restarted_front_finds_its_sandboxes(root, e2b_image):
 def test_watchers_left_behind_are_freed_with_their_sandbox(opts, e2b_server):
     """A client that never removes its watchers: killing the sandbox frees their inotify instances in the
     front (each one counts against the host's per-uid inotify limit)."""
+    import asyncio
     import os
 
     def inotify_fds() -> int:
@@ -375,5 +376,20 @@ def test_watchers_left_behind_are_freed_with_their_sandbox(opts, e2b_server):
     for d in ("/tmp", "/home/user", "/"):
         s.files.watch_dir(d)
     assert inotify_fds() == before + 3
+
+    async def stream_and_leave() -> None:  # a WatchDir stream whose client stops: freed at once
+        from e2b import AsyncSandbox
+
+        a = await AsyncSandbox.connect(s.sandbox_id, **opts)
+        w = await a.files.watch_dir("/tmp", on_event=lambda e: None)
+        assert inotify_fds() == before + 4
+        await w.stop()
+        for _ in range(100):
+            if inotify_fds() == before + 3:
+                break
+            await asyncio.sleep(0.02)
+        assert inotify_fds() == before + 3
+
+    asyncio.run(stream_and_leave())
     assert s.kill() is True
     assert inotify_fds() == before

@@ -197,3 +197,27 @@ def test_a_huge_flat_tree_is_refused_before_it_costs(make_sandbox):
             pass
     finally:
         cb.watch_limits = None
+
+
+@pytest.mark.backends("container")
+def test_a_new_full_directory_cannot_balloon_the_queue(make_sandbox):
+    """Directories made and filled while nobody reads: the scans that follow them report what is in
+    them, but what the handle holds stays one queue's worth (WATCH_QUEUE), not every entry found."""
+    import tracemalloc
+
+    sb = make_sandbox()
+    sb.files.mkdir("/w")
+    with sb.files.watch("/w", recursive=True) as h:
+        sb.commands.run("cd /w && for d in 1 2 3 4 5 6 7 8; do mkdir d$d && (cd d$d && seq 1 5000 | xargs touch); done",
+                        check=True, timeout=120)
+        tracemalloc.start()
+        try:
+            first = h.read(1.0, max_events=10)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert first and h.queued <= WATCH_QUEUE + 8
+        # 40 000 entries found at once (about 45 MiB of events unbounded); one queue's worth of events is a few MiB
+        assert peak < 24 << 20, f"{peak >> 20} MiB held by one read"
+        evs = first + _collect(h, lambda evs: any(e.type == "overflow" for e in evs), timeout=20)
+        assert any(e.type == "overflow" for e in evs)

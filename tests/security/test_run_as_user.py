@@ -52,7 +52,7 @@ def run(sb, cmd: str, user: str | None = "user") -> tuple[int, str]:
     return r.exit_code, r.stdout + r.stderr
 
 
-@pytest.mark.backends("container", "http")
+@pytest.mark.backends("container", "http", "gvisor")
 def test_user_runs_as_its_ids(make_sandbox, users_layer):
     sb = make_sandbox(layers=[users_layer], memory_mb=128, disk_mb=16)
     code, out = run(sb, "id -u; id -g; id -G; echo $HOME $USER")
@@ -66,17 +66,22 @@ def test_user_runs_as_its_ids(make_sandbox, users_layer):
         run(sb, "true", user="../x")
 
 
-@pytest.mark.backends("container", "http")
-def test_user_cannot_get_root_back(make_sandbox, users_layer):
+@pytest.mark.backends("container", "http", "gvisor")
+def test_user_cannot_get_root_back(make_sandbox, users_layer, backend_kind):
     sb = make_sandbox(layers=[users_layer], memory_mb=128, disk_mb=16)
     code, out = run(sb, "regain")
     assert "euid=1000 setuid0=-1 nnp=1 wrote=0" in out, out  # the setuid-root binary gave nothing
     assert run(sb, "regain", user=None)[1].startswith("euid=0")  # (as root, it runs as root: the probe works)
     code, out = run(sb, "grep -E '^Cap(Inh|Prm|Eff|Amb)' /proc/self/status")
-    assert [line.split()[1] for line in out.splitlines()] == ["0000000000000000"] * 4, out
+    caps = {line.split(":")[0]: line.split()[1] for line in out.splitlines()}
+    assert {"CapInh", "CapPrm", "CapEff"} <= set(caps) and set(caps.values()) == {"0" * 16}, out  # gVisor: no CapAmb
     for attempt in ("echo x >> /etc/passwd", "kill -9 1", "touch /root-owned", "chown user /etc/group",
                     "cat /proc/1/environ", "ls /proc/1/root/"):
         code, out = run(sb, attempt)
+        if backend_kind == "gvisor" and "environ" in attempt:
+            # gVisor's procfs (this runsc) lets any uid read another's /proc/PID/environ (docs/e2b.md)
+            assert code == 0, out
+            continue
         assert code != 0, f"{attempt!r} succeeded as user: {out}"
     assert "user::0:0" not in sb.backend.read_file(sb.id, "/etc/passwd").decode()
 
@@ -107,9 +112,7 @@ def test_pty_size_input_resize(make_sandbox, users_layer):
 @pytest.mark.backends("gvisor")
 def test_gvisor_says_not_supported(make_sandbox):
     sb = make_sandbox(memory_mb=128, disk_mb=16)
-    with pytest.raises(NotSupported):
-        sb.backend.exec(sb.id, ExecRequest(argv=["id"], user="1000"))
-    with pytest.raises(NotSupported):
+    with pytest.raises(NotSupported):  # a PTY: docs/e2b.md says why not
         sb.backend.start(sb.id, StartRequest(argv=["sh"], pty=PtySize()))
 
 

@@ -75,6 +75,12 @@ def test_stop_rule(d):
     assert lim["threads (pid_max / threads-max)"]["limit"] == 1000
     assert "kernel limit near: threads" in d.stop_reason(**dict(kw, limits=lim))
     assert "--max 100" in d.stop_reason(**dict(kw, n=100))
+    # the shared host's guard: an absolute MemAvailable floor, off unless asked for
+    gib = 1 << 30
+    assert d.stop_reason(**dict(kw, avail_bytes=4 * gib)) is None
+    assert "shared-host guard: MemAvailable 4.0 GiB < 5 GiB" in d.stop_reason(
+        **dict(kw, avail_bytes=4 * gib, avail_min_bytes=5 * gib))
+    assert d.stop_reason(**dict(kw, avail_bytes=6 * gib, avail_min_bytes=5 * gib)) is None
 
 
 def test_limit_usage_uses_client_nofile(d):

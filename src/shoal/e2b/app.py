@@ -18,7 +18,7 @@ from ..core.contract import SandboxBackend
 from ..core.errors import InvalidArgument, QuotaExceeded, SandboxNotFound, ShoalError
 from . import control, envd, snapshots
 from .front import ApiError, Front, Limits
-from .ports import PortRoutes
+from .ports import PortRoutes, normal_domain
 from .state import Boxes, BoxStore, Keys
 from .templates import DEFAULT_TEMPLATES
 
@@ -79,12 +79,14 @@ async def _reply(send: Callable[[dict], Awaitable[None]], status: int, message: 
 
 
 def make_app(backend: SandboxBackend, keys: Keys, templates: Mapping[str, str] | None = None,
-             default_timeout: float = 300.0, state: Path | None = None, limits: Limits | None = None) -> FastAPI:
+             default_timeout: float = 300.0, state: Path | None = None, limits: Limits | None = None,
+             domain: str | None = None, sandbox_backend: str | None = None) -> FastAPI:
     """state: the index's SQLite file (None: memory only). Sandboxes it lists that the backend no
-    longer has are dropped at start."""
+    longer has are dropped at start. domain: get_host's domain (ports.py); None serves any."""
     store = BoxStore(state) if state is not None else None
     front = Front(backend=backend, keys=keys, templates=dict(templates or DEFAULT_TEMPLATES),
-                  default_timeout=default_timeout, boxes=Boxes(store), limits=limits or Limits())
+                  default_timeout=default_timeout, boxes=Boxes(store), limits=limits or Limits(),
+                  domain=normal_domain(domain) if domain else None, sandbox_backend=sandbox_backend)
     front.snapshots.store = store
     front.snapshots.load()
     if store is not None:
@@ -139,11 +141,13 @@ def default_keys_path(root: str | None = None) -> Path:
 
 def serve(backend: SandboxBackend, keys: Keys, host: str = "127.0.0.1", port: int = 3000,
           templates: Mapping[str, str] | None = None, log_level: str = "warning", state: Path | None = None,
-          tls: tuple[str, str] | None = None, limits: Limits | None = None) -> None:
+          tls: tuple[str, str] | None = None, limits: Limits | None = None, domain: str | None = None,
+          sandbox_backend: str | None = None) -> None:
     """`tls`: (certificate, key) PEM files: serve https."""
     import uvicorn
 
-    uvicorn.run(make_app(backend, keys, templates, state=state, limits=limits), host=host, port=port,
-                log_level=log_level,
+    uvicorn.run(make_app(backend, keys, templates, state=state, limits=limits, domain=domain,
+                         sandbox_backend=sandbox_backend), host=host, port=port,
+                log_level=log_level, ws="websockets-sansio",  # WebSockets to sandbox ports (ports.py)
                 http="h11", access_log=False, timeout_graceful_shutdown=2,  # open streams don't hold a stop
                 ssl_certfile=tls[0] if tls else None, ssl_keyfile=tls[1] if tls else None)

@@ -42,6 +42,16 @@ def serve(listen: str = typer.Option("127.0.0.1:3000", "--listen", help="HOST:PO
           max_streams: int = typer.Option(64, "--max-streams", help="open output/watch streams per tenant"),
           max_processes: int = typer.Option(64, "--max-processes", help="running background processes per sandbox"),
           max_watchers: int = typer.Option(16, "--max-watchers", help="polling watchers per sandbox"),
+          max_port_connections: int = typer.Option(64, "--max-port-connections",
+                                                   help="open proxied connections to sandbox ports per tenant"),
+          port_timeout: float = typer.Option(60.0, "--port-timeout", min=0.1,
+                                             help="seconds a sandbox port has to answer a request's head (504)"),
+          domain: str | None = typer.Option(None, "--domain", envvar="SHOAL_E2B_DOMAIN",
+                                            help="get_host's domain (the SDK's E2B_DOMAIN): only PORT-ID.DOMAIN "
+                                                 "hosts reach sandbox ports, other such names are refused"),
+          sandbox_backend: str | None = typer.Option(None, "--sandbox-backend",
+                                                     help="isolation of new sandboxes: container or gvisor "
+                                                          "(default: the Shoal host's)"),
           log_level: str = typer.Option("warning", "--log-level")):
     """Serve E2B's control plane and envd on one address: set E2B_API_URL and E2B_SANDBOX_URL to http://LISTEN."""
     from ..backends import open_backend
@@ -56,6 +66,13 @@ def serve(listen: str = typer.Option("127.0.0.1:3000", "--listen", help="HOST:PO
         # API keys and every sandbox's access token travel in headers: never in clear off this host
         raise typer.BadParameter(f"{listen} is not a loopback address: give --tls-cert and --tls-key",
                                  param_hint="--listen")
+    if domain:
+        from .ports import normal_domain
+
+        try:
+            domain = normal_domain(domain)
+        except ValueError as e:
+            raise typer.BadParameter(str(e), param_hint="--domain") from None
     backend = open_backend(url, api_key, root)
     k = _keys(keys, root)
     scheme = "https" if tls_cert else "http"
@@ -64,7 +81,9 @@ def serve(listen: str = typer.Option("127.0.0.1:3000", "--listen", help="HOST:PO
     run(backend, k, host=host or "127.0.0.1", port=int(port), templates=parse_template_args(template),
         log_level=log_level, state=None if memory_only else state or load_settings(root).root / "e2b-state.db",
         tls=(str(tls_cert), str(tls_key)) if tls_cert and tls_key else None,
-        limits=Limits(sandboxes=max_sandboxes, streams=max_streams, processes=max_processes, watchers=max_watchers))
+        limits=Limits(sandboxes=max_sandboxes, streams=max_streams, processes=max_processes, watchers=max_watchers,
+                      ports=max_port_connections, port_answer_s=port_timeout), domain=domain,
+        sandbox_backend=sandbox_backend)
 
 
 def is_loopback(host: str) -> bool:

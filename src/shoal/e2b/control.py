@@ -48,20 +48,22 @@ def _str_map(v: Any, name: str) -> dict[str, str]:
     return dict(v)
 
 
-def sandbox_json(box: Box, access_token: bool = True) -> dict[str, Any]:
+def sandbox_json(box: Box, access_token: bool = True, domain: str | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {"templateID": box.template, "sandboxID": box.id, "clientID": "shoal",
                            "envdVersion": ENVD_VERSION}
+    if domain:  # the SDK's get_host builds PORT-ID.<this> (over its own domain option) when it is given
+        out["domain"] = domain
     if access_token:
         out["envdAccessToken"] = box.token
         out["trafficAccessToken"] = traffic_token(box)  # the key to its ports (ports.py)
     return out
 
 
-def listed_json(box: Box) -> dict[str, Any]:
+def listed_json(box: Box, domain: str | None = None) -> dict[str, Any]:
     end = box.end if not box.paused else time.time() + box.paused_left
-    return {**sandbox_json(box, access_token=False), "startedAt": rfc3339(box.started), "endAt": rfc3339(end),
-            "cpuCount": box.cpu, "memoryMB": box.memory_mb, "diskSizeMB": box.disk_mb, "state": box.state,
-            "metadata": box.metadata}
+    return {**sandbox_json(box, access_token=False, domain=domain), "startedAt": rfc3339(box.started),
+            "endAt": rfc3339(end), "cpuCount": box.cpu, "memoryMB": box.memory_mb, "diskSizeMB": box.disk_mb,
+            "state": box.state, "metadata": box.metadata}
 
 
 def router(front: Front) -> APIRouter:
@@ -111,7 +113,8 @@ def router(front: Front) -> APIRouter:
             if snap is not None:
                 info = front.backend.create(CreateRequest(from_snapshot=snap.id, ttl=timeout, env=env))
             else:
-                info = front.backend.create(CreateRequest(image=image, ttl=timeout, env=env))
+                info = front.backend.create(CreateRequest(image=image, ttl=timeout, env=env,
+                                                          backend=front.sandbox_backend))
         except ImageNotFound as e:
             raise ApiError(404, f"template {template!r}: {e}") from None
         try:
@@ -125,7 +128,7 @@ def router(front: Front) -> APIRouter:
                   home=front.home if has_home else info.workdir or "/", has_home=has_home)
         front.boxes.add(box)
         front.starts.run(front, info.id)  # the template's start command, if it has one (ports.py)
-        return _json(201, sandbox_json(box))
+        return _json(201, sandbox_json(box, domain=front.domain))
 
     r.add_api_route("/sandboxes", create, methods=["POST"])
     r.add_api_route("/v2/sandboxes", create, methods=["POST"])
@@ -157,17 +160,17 @@ def router(front: Front) -> APIRouter:
         headers = {}
         if limit and len(boxes) > limit:
             headers["x-next-token"] = _token(page[-1])
-        return _json(200, [listed_json(b) for b in page], headers)
+        return _json(200, [listed_json(b, front.domain) for b in page], headers)
 
     @r.get("/sandboxes")
     def list_v1(request: Request) -> Response:
         tenant = tenant_of(request)
-        return _json(200, [listed_json(b) for b in front.boxes.all() if b.tenant == tenant])
+        return _json(200, [listed_json(b, front.domain) for b in front.boxes.all() if b.tenant == tenant])
 
     @r.get("/sandboxes/{sandbox_id}")
     def get_info(request: Request, sandbox_id: str) -> Response:
         box = owned(request, sandbox_id)
-        return _json(200, {**listed_json(box), "envdAccessToken": box.token})
+        return _json(200, {**listed_json(box, front.domain), "envdAccessToken": box.token})
 
     @r.delete("/sandboxes/{sandbox_id}")
     def kill(request: Request, sandbox_id: str) -> Response:
@@ -230,7 +233,7 @@ def router(front: Front) -> APIRouter:
                 status = 200
             # connect extends the end time, never shortens it
             _set_ttl(front, box, max(timeout, box.end - time.time()))
-        return _json(status, sandbox_json(box))
+        return _json(status, sandbox_json(box, domain=front.domain))
 
     r.add_api_route("/sandboxes/{sandbox_id}/connect", connect, methods=["POST"])
     r.add_api_route("/v2/sandboxes/{sandbox_id}/connect", connect, methods=["POST"])

@@ -632,7 +632,9 @@ def router(front: Front) -> APIRouter:
                         yield {"keepalive": {}}
                         last = time.monotonic()
             finally:
-                await run_in_threadpool(handle.close)
+                # not awaited: a cancelled stream (the client left) would cancel that await too; close
+                # only wakes the reader and waits for its lock, which the wake-up frees at once
+                handle.close()
         return gen()
 
     async def polled(box: Box, path: str, recursive: bool, request: Request) -> AsyncIterator[dict]:

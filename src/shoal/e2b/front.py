@@ -42,6 +42,9 @@ class Limits:
     processes: int = 64  # running background processes per sandbox (each keeps 2 x 4 MiB of output)
     watchers: int = 16  # polling watchers (CreateWatcher) per sandbox
     watch_entries: int = 20_000  # entries a watcher re-lists each poll; a bigger tree is refused
+    ports: int = 64  # open proxied connections to sandbox ports per tenant (requests in flight, WebSockets)
+    port_connects: int = 8  # connects into sandboxes in flight per tenant (each holds a pool thread)
+    port_answer_s: float = 60.0  # seconds a sandbox port has to send a response head (then 504)
 
 
 class StreamSlots:
@@ -87,6 +90,10 @@ class Front:
     streams: StreamSlots = field(default_factory=StreamSlots)
     creating: StreamSlots = field(default_factory=StreamSlots)  # creates in flight per tenant
     starts: Starts = field(default_factory=Starts)  # templates' start commands (ports.py)
+    sandbox_backend: str | None = None  # the isolation backend of new sandboxes (CreateRequest.backend)
+    domain: str | None = None  # get_host's domain: only PORT-ID.<domain> hosts are proxied (None: any)
+    ports: StreamSlots = field(default_factory=StreamSlots)  # proxied connections open per tenant
+    port_connects: StreamSlots = field(default_factory=StreamSlots)  # connects in flight per tenant
     snapshots: SnapshotIndex = field(default_factory=lambda: _snapshot_index())  # snapshots.py
     # blocking waits of output streams (one per open Start/Connect/WatchDir stream): a pool of its own,
     # so long-lived streams never starve the request handlers' thread pool

@@ -80,6 +80,7 @@ class ContainerWatch(WatchHandle):
         self.path = posixpath.normpath("/" + path.lstrip("/"))  # how events name it; resolved as given (below)
         self._given = path
         self._capped = False  # a cap stopped the watch from following new directories (reported once)
+        self._lost = 0  # events dropped since the last read because the queue was full
         self._pending: collections.deque[WatchEvent] = collections.deque()
         self._wds: dict[int, str] = {}  # watch descriptor -> directory, relative to the watched one ("" = it)
         self._ended = self._closed = False
@@ -241,7 +242,11 @@ class ContainerWatch(WatchHandle):
     def _emit(self, kind: str, rel: str, is_dir: bool = False, dest: str | None = None) -> WatchEvent:
         ev = WatchEvent.model_validate({"type": kind, "path": posixpath.join(self.path, rel) if rel else self.path,
                                         "name": rel, "is_dir": is_dir, "dest": dest})
-        self._pending.append(ev)
+        # bounded as it fills, not after: the scan of one new directory may find 200 000 entries
+        if len(self._pending) < WATCH_QUEUE:
+            self._pending.append(ev)
+        else:
+            self._lost += 1
         return ev
 
     def _end(self, detail: str) -> None:
@@ -332,11 +337,9 @@ class ContainerWatch(WatchHandle):
                 except BlockingIOError:
                     continue
                 self._translate(buf)
-        if len(self._pending) > WATCH_QUEUE:  # a burst of new subdirectories listed at once
-            lost = len(self._pending) - WATCH_QUEUE
-            for _ in range(lost):
-                self._pending.pop()
-            self._pending.append(WatchEvent(type="overflow", detail=f"{lost} events dropped (queue full)"))
+        if self._lost:  # a burst of new subdirectories listed at once
+            self._pending.append(WatchEvent(type="overflow", detail=f"{self._lost} events dropped (queue full)"))
+            self._lost = 0
 
     @property
     def queued(self) -> int:

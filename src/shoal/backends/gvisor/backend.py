@@ -22,8 +22,10 @@ import json
 import os
 import re
 import secrets
+import select
 import selectors
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -33,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ...core.contract import (
+    PORT_CONNECT_TIMEOUT,
     Cursor,
     ExecRequest,
     ExecResult,
@@ -49,6 +52,7 @@ from ...core.contract import (
     SessionRequest,
     StartRequest,
     TimeoutRequest,
+    check_port,
 )
 from ...core.errors import (
     BackendUnavailable,
@@ -67,6 +71,7 @@ from ..local import LocalBackend
 from ..pids import alive, starttime
 from ..shell import MarkedCommand
 from . import oci
+from .relay import HOST_BUSYBOX, open_relay, relay_mount
 from .supervisor import cleanup
 
 if TYPE_CHECKING:
@@ -74,6 +79,7 @@ if TYPE_CHECKING:
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 STARTUP_GRACE_S = 30.0
+STDIN_WRITE_TIMEOUT_S = 5.0  # a write to a full stdin pipe waits this long for the process to read
 RUNSC_TIMEOUT_S = 60.0  # one runsc control call (create, pause, kill...); they take ~20-150 ms
 _ID = re.compile(r"gv-[a-z0-9]{1,12}-[0-9a-f]{12}")
 _RUNSC_STATE = re.compile(r"(gv-[a-z0-9]{1,12}-[0-9a-f]{12})_sandbox:")
@@ -254,8 +260,10 @@ class GvisorBackend(LocalBackend):
             if not tmp.is_dir() and not tmp.is_symlink():  # the /tmp bind mount needs it
                 tmp.mkdir(mode=0o1777)
                 os.chmod(tmp, 0o1777)
+            relay = relay_mount() if spec.network != "host" else None
             config = oci.bundle_config(d / "rootfs", str(meta["hostname"]), limits, str(meta["cgroup_path"]),
-                                       spec.network)
+                                       spec.network, [relay] if relay else None)
+            meta["port_relay"] = relay is not None
             (d / "bundle" / "config.json").write_text(json.dumps(config))
             self._runsc_create(runsc, d, sandbox_id)
             pid = int((d / "sandbox.pid").read_text())
@@ -483,28 +491,35 @@ class GvisorBackend(LocalBackend):
         return env
 
     def _spawn(self, meta: dict, argv: list[str], env: dict[str, str] | None, cwd: str | None,
-               stdin: bool) -> _Exec:
+               stdin: bool, user: str | None = None) -> _Exec:
         cwd = cwd or meta.get("workdir") or "/"
         if "\0" in cwd:
             raise InvalidArgument("cwd may not contain NUL bytes")
-        return _Exec(self, meta, oci.process_spec(argv, self._env(meta, env), cwd, meta["limits"]["pids"]), stdin)
+        ids, user_env = None, {}
+        if user is not None:  # resolved in the sandbox's own /etc/passwd (users.py), as on the container backend
+            from ..users import resolve
+
+            files = self._files(meta["id"])
+            u = resolve(user, lambda path, cap: files.read(path, max_bytes=cap))
+            ids, user_env = (u.uid, u.gid, u.groups), u.env()
+        spec = oci.process_spec(argv, self._env(meta, {**user_env, **(env or {})}), cwd, meta["limits"]["pids"], ids)
+        return _Exec(self, meta, spec, stdin)
 
     def exec(self, sandbox_id: str, req: ExecRequest, on_stdout: OutputCallback | None = None,
              on_stderr: OutputCallback | None = None) -> ExecResult:
-        _unsupported(req.user, None)
         meta = self.ensure_running(sandbox_id)
         cap = req.output_cap or self.settings.output_cap_bytes
         with self._busy(sandbox_id):
-            x = self._spawn(meta, req.argv, req.env, req.cwd, stdin=req.stdin is not None)
+            x = self._spawn(meta, req.argv, req.env, req.cwd, stdin=req.stdin is not None, user=req.user)
             try:
                 return x.run_to_end(req.stdin, req.timeout, cap, on_stdout, on_stderr)
             finally:
                 x.close()
 
     def start(self, sandbox_id: str, req: StartRequest) -> ProcessHandle:
-        _unsupported(req.user, req.pty)
+        _unsupported(req.pty)
         meta = self.ensure_running(sandbox_id)
-        x = self._spawn(meta, req.argv, req.env, req.cwd, stdin=False)
+        x = self._spawn(meta, req.argv, req.env, req.cwd, stdin=req.stdin, user=req.user)
         return GvisorProcess(x, req.argv, req.ring_bytes, req.timeout)
 
     def open_session(self, sandbox_id: str, req: SessionRequest) -> SessionHandle:
@@ -566,6 +581,18 @@ class GvisorBackend(LocalBackend):
                                      "with runsc --network=none (no interface but lo); use backend='container' "
                                      "for allow-listed egress")
         return NetworkPolicy()
+
+    def connect_port(self, sandbox_id: str, port: int, timeout: float = PORT_CONNECT_TIMEOUT) -> socket.socket:
+        """127.0.0.1:`port` inside the sandbox, through a relay process run in it (relay.py)."""
+        check_port(port)
+        meta = self.ensure_running(sandbox_id)
+        if meta.get("network") == "host":  # its 127.0.0.1 is the host's: never a route to the host's services
+            raise InvalidArgument(f"sandbox {sandbox_id} uses the host network (a build sandbox): no port route")
+        if not meta.get("port_relay"):
+            raise NotSupported(f"sandbox {sandbox_id} has no port relay (created before it, or the host has no "
+                               f"static {HOST_BUSYBOX}: apt-get install busybox-static)")
+        self._touch(sandbox_id)
+        return open_relay(lambda argv: self._spawn(meta, argv, None, "/", stdin=True), sandbox_id, port, timeout)
 
     # last in the class body: a method named `list` shadows the builtin in the annotations after it
     def list(self) -> list[SandboxInfo]:
@@ -718,6 +745,7 @@ class GvisorProcess(ProcessHandle):
 
     def __init__(self, x: _Exec, argv: list[str], ring_bytes: int, timeout: float | None):
         self._x = x
+        self._stdin_lock = threading.Lock()
         self.id = "p-" + secrets.token_hex(6)
         self.argv = list(argv)
         self._rings = {"stdout": RingLog(ring_bytes), "stderr": RingLog(ring_bytes)}
@@ -796,6 +824,38 @@ class GvisorProcess(ProcessHandle):
         if not self._done.is_set():
             self._x.signal(signal)
 
+    def write_stdin(self, data: bytes) -> None:
+        """Blocks at most STDIN_WRITE_TIMEOUT_S, as on the container backend: a process that does not
+        read its stdin must not hold the caller's thread."""
+        with self._stdin_lock:
+            pipe = self._x.proc.stdin
+            if pipe is None or pipe.closed:
+                raise InvalidArgument("the process's stdin is closed (or it was started without stdin=True)")
+            fd = pipe.fileno()
+            os.set_blocking(fd, False)
+            deadline = time.monotonic() + STDIN_WRITE_TIMEOUT_S
+            view, total = memoryview(data), len(data)
+            try:
+                while view:
+                    try:
+                        view = view[os.write(fd, view):]
+                    except BlockingIOError:
+                        left = deadline - time.monotonic()
+                        poller = select.poll()
+                        poller.register(fd, select.POLLOUT)
+                        if left <= 0 or not poller.poll(left * 1000):
+                            raise CommandTimeout(f"the process did not read its stdin for {STDIN_WRITE_TIMEOUT_S:g} "
+                                                 f"s: {total - len(view)} of {total} bytes written") from None
+            except BrokenPipeError:
+                raise InvalidArgument("the process no longer reads its stdin") from None
+
+    def close_stdin(self) -> None:
+        with self._stdin_lock:
+            pipe = self._x.proc.stdin
+            if pipe is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    pipe.close()
+
     def close(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
@@ -863,9 +923,7 @@ class GvisorSession(SessionHandle):
         self._x.close()
 
 
-def _unsupported(user: object, pty: object) -> None:
-    """The contract's per-command user and PTY are not wired into runsc exec yet."""
-    if user is not None:
-        raise NotSupported("the gvisor backend cannot run a command as another user yet (user=)")
+def _unsupported(pty: object) -> None:
+    """The contract's PTY is not wired into runsc exec (docs/e2b.md says why)."""
     if pty is not None:
         raise NotSupported("the gvisor backend cannot run a command on a PTY yet (pty=)")

@@ -67,9 +67,16 @@ def runsc_argv(runsc: str, state_root: Path, network: str) -> list[str]:
 SANDBOX_OOM_SCORE_ADJ = 500
 
 
-def process_spec(argv: list[str], env: dict[str, str], cwd: str, nproc: int) -> dict:
-    return {"user": {"uid": 0, "gid": 0}, "args": argv, "env": [f"{k}={v}" for k, v in env.items()], "cwd": cwd,
-            "capabilities": {k: CAPS for k in ("bounding", "effective", "permitted")},
+def process_spec(argv: list[str], env: dict[str, str], cwd: str, nproc: int,
+                 ids: tuple[int, int, list[int]] | None = None) -> dict:
+    """ids: (uid, gid, supplementary gids) to run as; None is root. A non-root process gets no
+    effective or permitted capabilities (and noNewPrivileges keeps setuid binaries from giving them
+    back), as the container backend's init does when it drops to a user."""
+    uid, gid, groups = ids or (0, 0, [])
+    user: dict = {"uid": uid, "gid": gid, **({"additionalGids": groups} if groups else {})}
+    held = CAPS if uid == 0 else []
+    return {"user": user, "args": argv, "env": [f"{k}={v}" for k, v in env.items()], "cwd": cwd,
+            "capabilities": {"bounding": CAPS, "effective": held, "permitted": held},
             "noNewPrivileges": True,
             # as the container backend's init: a host-wide OOM takes sandboxes before shoald (-900)
             "oomScoreAdj": SANDBOX_OOM_SCORE_ADJ,
@@ -77,7 +84,8 @@ def process_spec(argv: list[str], env: dict[str, str], cwd: str, nproc: int) -> 
                         {"type": "RLIMIT_NPROC", "hard": nproc, "soft": nproc}]}
 
 
-def bundle_config(rootfs: Path, hostname: str, limits: Limits, cgroup_path: str, network: str) -> dict:
+def bundle_config(rootfs: Path, hostname: str, limits: Limits, cgroup_path: str, network: str,
+                  extra_mounts: list[dict] | None = None) -> dict:
     namespaces = [{"type": t} for t in ("pid", "ipc", "uts", "mount")]
     if network != "host":
         namespaces.append({"type": "network"})
@@ -95,6 +103,7 @@ def bundle_config(rootfs: Path, hostname: str, limits: Limits, cgroup_path: str,
             # runsc puts its own tmpfs over an empty /tmp, which the host (files API, snapshots)
             # could not see: keep /tmp on the overlay like every other path
             {"destination": "/tmp", "type": "bind", "source": str(rootfs / "tmp"), "options": ["rbind", "rw"]},
+            *(extra_mounts or []),  # the port relay's tool (relay.py)
         ],
         "linux": {
             "namespaces": namespaces,

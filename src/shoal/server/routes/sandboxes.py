@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Header, Response
 
-from ...backends.container.ksm import KsmConfig
+from ...config import KsmConfig
 from ...core import errors as E
 from ...core.contract import (
     API_PREFIX,
