@@ -124,3 +124,36 @@ def test_per_tenant_limits(tight_front):
                 s.kill()
             except Exception:
                 pass
+
+
+def test_one_tenant_cannot_take_every_watch_of_the_front(opts, e2b_server):
+    """The backend's watch caps are per sandbox (16) and per process (32): one tenant's two sandboxes
+    could hold them all. The front's per-tenant cap (8) leaves other tenants theirs."""
+    from e2b.exceptions import SandboxException
+
+    from shoal.e2b.front import Limits
+
+    a = Sandbox.create("base", timeout=60, **opts)
+    b = Sandbox.create("base", timeout=60, **opts)
+    other = Sandbox.create("base", timeout=60, **{**opts, "api_key": e2b_server["other_key"]})
+    held = []
+    try:
+        with pytest.raises(SandboxException, match="file watches"):
+            for i in range(20):
+                held.append((a, b)[i % 2].files.watch_dir("/tmp"))
+        assert len(held) == Limits().watches
+        other.files.watch_dir("/tmp").stop()
+        held.pop().stop()
+        deadline = time.monotonic() + 10
+        while True:  # the slot comes back once the front sees the stream gone
+            try:
+                held.append(a.files.watch_dir("/tmp"))
+                break
+            except SandboxException:
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+    finally:
+        for w in held:
+            w.stop()
+        for s in (a, b, other):
+            s.kill()

@@ -16,6 +16,7 @@ import re
 import secrets
 import shlex
 import stat as st
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -598,13 +599,21 @@ def router(front: Front) -> APIRouter:
         return evs
 
     def open_watch(box: Box, path: str, recursive: bool) -> WatchHandle | None:
-        """The backend's watch on `path`, or None where the backend cannot watch (then the front polls)."""
+        """The backend's watch on `path`, or None where the backend cannot watch (then the front polls);
+        one of the tenant's `limits.watches` for as long as it is open."""
         if be.stat_file(box.id, path).type != "dir":
             raise wire.RpcError("invalid_argument", f"path {path!r} is not a directory")
+        if not front.watches.take(box.tenant, front.limits.watches):
+            raise wire.RpcError("resource_exhausted", f"this API key's tenant has {front.limits.watches} "
+                                                      "file watches open (the front's limit); close some first")
         try:
-            return be.watch_dir(box.id, path, recursive)
+            return _TenantWatch(be.watch_dir(box.id, path, recursive), lambda: front.watches.give(box.tenant))
         except NotSupported:
+            front.watches.give(box.tenant)
             return None
+        except BaseException:
+            front.watches.give(box.tenant)
+            raise
 
     def watch_dir(box: Box, req: dict[str, Any], request: Request) -> AsyncIterator[dict]:
         async def gen() -> AsyncIterator[dict]:
@@ -852,3 +861,31 @@ def _dumps(obj: Any) -> bytes:
 def _stream_error(err: wire.RpcError) -> Response:
     return Response(content=wire.end_of_stream(err), media_type=wire.STREAM_CONTENT_TYPE)
 
+
+class _TenantWatch(WatchHandle):
+    """A backend watch that gives its tenant's slot back when closed (once)."""
+
+    def __init__(self, handle: WatchHandle, give: Callable[[], None]):
+        self._h = handle
+        self._give: Callable[[], None] | None = give
+        self._lock = threading.Lock()
+
+    def read(self, timeout: float = 1.0, max_events: int = 1024) -> list[WatchEvent]:
+        return self._h.read(timeout, max_events)
+
+    @property
+    def ended(self) -> bool:
+        return self._h.ended
+
+    def close(self) -> None:
+        self._h.close()
+        with self._lock:
+            give, self._give = self._give, None
+        if give is not None:
+            give()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass

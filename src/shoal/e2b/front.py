@@ -45,6 +45,9 @@ class Limits:
     ports: int = 64  # open proxied connections to sandbox ports per tenant (requests in flight, WebSockets)
     port_connects: int = 8  # connects into sandboxes in flight per tenant (each holds a pool thread)
     port_answer_s: float = 60.0  # seconds a sandbox port has to send a response head (then 504)
+    # backend watches (inotify) per tenant, streams and watchers together: the backend's own caps are
+    # per sandbox and per process, so one tenant's two sandboxes could otherwise take them all
+    watches: int = 8
 
 
 class StreamSlots:
@@ -94,6 +97,7 @@ class Front:
     domain: str | None = None  # get_host's domain: only PORT-ID.<domain> hosts are proxied (None: any)
     ports: StreamSlots = field(default_factory=StreamSlots)  # proxied connections open per tenant
     port_connects: StreamSlots = field(default_factory=StreamSlots)  # connects in flight per tenant
+    watches: StreamSlots = field(default_factory=StreamSlots)  # backend watches open per tenant
     snapshots: SnapshotIndex = field(default_factory=lambda: _snapshot_index())  # snapshots.py
     # blocking waits of output streams (one per open Start/Connect/WatchDir stream): a pool of its own,
     # so long-lived streams never starve the request handlers' thread pool
