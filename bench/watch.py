@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import sys
 import tempfile
@@ -21,7 +20,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from api import start_daemon  # noqa: E402
+from roots import wipe_root  # noqa: E402
 
 from shoal import Sandbox  # noqa: E402
 from shoal.host import Host  # noqa: E402
@@ -87,7 +88,7 @@ def main() -> None:
             sb.kill()
         proc.terminate()
         proc.wait(20)
-        shutil.rmtree(root, ignore_errors=True)
+        wipe_root(root)  # the layer mounts too (a plain rmtree leaves them)
     res["summary"] = {name: {stat: {"min": min(r[name][stat] for r in res["runs"]),
                                     "median": statistics.median(r[name][stat] for r in res["runs"]),
                                     "max": max(r[name][stat] for r in res["runs"])}

@@ -75,3 +75,34 @@ def test_snapshot_and_fork_async(opts):
             await s.kill()
 
     asyncio.run(main())
+
+
+def test_the_cap_refuses_before_a_snapshot_is_taken_and_delete_frees_the_image(sbx, opts, host):
+    """A tenant at its cap is refused before the backend takes the snapshot (no image left behind
+    per refused call), and a deleted snapshot's image goes too: create+delete in a loop keeps nothing."""
+    import httpx
+
+    from shoal.e2b.snapshots import MAX_SNAPSHOTS
+
+    hdr = {"x-api-key": opts["api_key"]}
+    url = f"{opts['api_url']}/sandboxes/{sbx.sandbox_id}/snapshots"
+
+    def images() -> set[str]:
+        return {i.ref for i in host.images() if i.ref.startswith("snapshots/")}
+
+    before = images()
+    mine = httpx.get(f"{opts['api_url']}/snapshots", params={"limit": 1000}, headers=hdr).json()
+    made = []
+    for _ in range(MAX_SNAPSHOTS - len(mine)):
+        r = httpx.post(url, json={}, headers=hdr, timeout=60)
+        assert r.status_code == 201, r.text
+        made.append(r.json()["snapshotID"])
+    try:
+        full = images()
+        r = httpx.post(url, json={}, headers=hdr, timeout=60)
+        assert r.status_code == 429, r.text
+        assert images() == full  # nothing taken for the refused call
+    finally:
+        for ref in made:
+            assert httpx.delete(f"{opts['api_url']}/templates/{ref}", headers=hdr).status_code == 204
+    assert images() == before

@@ -221,3 +221,23 @@ def test_a_new_full_directory_cannot_balloon_the_queue(make_sandbox):
         assert peak < 24 << 20, f"{peak >> 20} MiB held by one read"
         evs = first + _collect(h, lambda evs: any(e.type == "overflow" for e in evs), timeout=20)
         assert any(e.type == "overflow" for e in evs)
+
+
+@pytest.mark.backends("container")
+def test_renaming_a_big_directory_back_and_forth_costs_a_bounded_scan(make_sandbox):
+    """Each directory moved into a recursive watch is scanned (to watch its subdirectories): a sandbox
+    that renames a big directory to and fro would make the host list it again and again. The scans of
+    one watch share a budget (scan_entries per SCAN_REFILL_S); past it the watch says so."""
+    from shoal.backends.container.watch import SCAN_REFILL_S, WatchLimits
+
+    sb = make_sandbox()
+    sb.commands.run("mkdir -p /w/x && cd /w/x && seq 1 20000 | xargs touch", check=True, timeout=120)
+    with sb.files.watch("/w", recursive=True) as h:
+        sb.commands.run("cd /w && i=0; while [ $i -lt 60 ]; do mv x y && mv y x; i=$((i+1)); done", check=True,
+                        timeout=120)
+        t0 = time.monotonic()
+        evs = _collect(h, lambda evs: sum(e.type == "rename" for e in evs) >= 120 and h.queued == 0, timeout=30)
+        took = time.monotonic() - t0
+        budget = WatchLimits().scan_entries * (1 + (took + 1) / SCAN_REFILL_S)
+        assert h.scanned <= budget, f"{h.scanned} entries listed in {took:.1f} s"  # unbounded: 60 x 20 000
+        assert any(e.type == "overflow" and "scan" in (e.detail or "") for e in evs), _kinds(evs)[-3:]

@@ -4,7 +4,7 @@
   sandbox's filesystem (its writable upper as a layer; running processes and memory are not kept).
 - `GET /snapshots` (?sandboxID, ?name, ?limit, ?nextToken; `x-next-token`): the tenant's, newest first.
 - `Sandbox.create(template=snapshotID or a name)` restores one (control.py asks `find`).
-- `DELETE /templates/{snapshotID}`: forgets it (the layer stays until the host's layer GC).
+- `DELETE /templates/{snapshotID}`: forgets it and removes its image (the layer goes at the host's layer GC).
 - `POST /sandboxes/{id}/fork` {timeout?, count?} -> 201 [{sandbox} | {error: {code, message}}]: count
   children restored from one snapshot, each with the source's env, template and metadata.
 The index is written through to the front's SQLite state (`--state`), like its sandboxes.
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, Body, Request, Response
 
 from ..core.contract import ForkRequest, SnapshotRequest
-from ..core.errors import QuotaExceeded
+from ..core.errors import QuotaExceeded, ShoalError
 from .front import ApiError
 from .state import Box, BoxStore
 
@@ -57,6 +57,14 @@ class SnapshotIndex:
             for d in self.store.load_snapshots():
                 self._snaps[d["id"]] = Snap(**d)
 
+    def check_room(self, tenant: str, replacing: str | None = None) -> None:
+        """429 when the tenant is at its cap; asked before the backend takes the snapshot, so a
+        refused one leaves no image behind (`replacing`: a name whose snapshot the new one replaces)."""
+        with self._lock:
+            mine = [x for x in self._snaps.values() if x.tenant == tenant]
+        if len(mine) >= MAX_SNAPSHOTS and not (replacing and self.find(tenant, replacing)):
+            raise ApiError(429, f"this API key's tenant has {MAX_SNAPSHOTS} snapshots: delete some first")
+
     def add(self, s: Snap) -> None:
         with self._lock:
             mine = [x for x in self._snaps.values() if x.tenant == s.tenant]
@@ -79,15 +87,15 @@ class SnapshotIndex:
         with self._lock:
             return sorted((s for s in self._snaps.values() if s.tenant == tenant), key=lambda s: -s.created)
 
-    def remove(self, tenant: str, ref: str) -> bool:
+    def remove(self, tenant: str, ref: str) -> Snap | None:
         s = self.find(tenant, ref)
         if s is None:
-            return False
+            return None
         with self._lock:
             self._snaps.pop(s.id, None)
         if self.store is not None:
             self.store.delete_snapshot(s.id)
-        return True
+        return s
 
 
 def _status(type_name: str) -> int:
@@ -106,6 +114,18 @@ def router(front: Front) -> APIRouter:
             raise ApiError(401, "Invalid API key: pass a key from `shoal e2b key create` in X-API-KEY")
         return tenant
 
+    def forget_image(s: Snap | None) -> None:
+        """The backend's image of a snapshot the index forgot (else each create+delete would keep a
+        layer on the host for good); sandboxes restored from it keep their mounted layers."""
+        remove = getattr(front.backend, "remove_image", None) or getattr(
+            getattr(front.backend, "store", None), "remove_image", None)
+        if s is None or remove is None:
+            return
+        try:
+            remove(f"snapshots/{s.id}:latest")
+        except (ShoalError, LookupError):
+            pass  # gone already
+
     def owned(request: Request, sandbox_id: str) -> Box:
         tenant = tenant_of(request)
         box = front.boxes.get(sandbox_id)
@@ -119,13 +139,14 @@ def router(front: Front) -> APIRouter:
         name = body.get("name")
         if name is not None and (not isinstance(name, str) or not 0 < len(name) <= 128 or set(name) - _NAME_OK):
             raise ApiError(400, "name must be 1-128 characters of letters, digits and -_.:/")
+        front.snapshots.check_room(box.tenant, name)
         try:
             info = front.backend.snapshot(box.id, SnapshotRequest())
         except QuotaExceeded as e:
             raise ApiError(429, str(e)) from None
         names = [f"{name}:default"] if name else [f"{info.id}:default"]
         if name:  # E2B: a name in use gets the new snapshot (a new build of that template)
-            front.snapshots.remove(box.tenant, name)
+            forget_image(front.snapshots.remove(box.tenant, name))
         front.snapshots.add(Snap(id=info.id, tenant=box.tenant, sandbox_id=box.id, names=names, template=box.template,
                                  metadata=dict(box.metadata), home=box.home, has_home=box.has_home,
                                  created=time.time()))
@@ -153,8 +174,10 @@ def router(front: Front) -> APIRouter:
     @r.delete("/templates/{ref:path}")
     def delete_snapshot(request: Request, ref: str) -> Response:
         tenant = tenant_of(request)
-        if not front.snapshots.remove(tenant, ref):
+        gone = front.snapshots.remove(tenant, ref)
+        if gone is None:
             raise ApiError(404, f"snapshot or template {ref!r} not found")
+        forget_image(gone)
         return Response(status_code=204)
 
     @r.post("/sandboxes/{sandbox_id}/fork")

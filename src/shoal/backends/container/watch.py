@@ -24,6 +24,7 @@ import posixpath
 import select
 import struct
 import threading
+import time
 from dataclasses import dataclass
 
 from ...core.contract import WATCH_QUEUE, WatchEvent, WatchHandle
@@ -42,6 +43,7 @@ MASK = (IN_MODIFY | IN_ATTRIB | IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE | IN_DEL
         | IN_MOVE_SELF | IN_ONLYDIR | IN_EXCL_UNLINK)
 _HEAD = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie, len (then the name, NUL-padded)
 READ_BYTES = 64 << 10  # one read from the kernel: at most 4096 events
+SCAN_REFILL_S = 10.0  # a watch's scans list scan_entries entries per this many seconds at most
 
 
 def _kernel_limit(name: str, default: int) -> int:
@@ -81,6 +83,11 @@ class ContainerWatch(WatchHandle):
         self._given = path
         self._capped = False  # a cap stopped the watch from following new directories (reported once)
         self._lost = 0  # events dropped since the last read because the queue was full
+        # what the scans of new directories may still list (a token bucket: a sandbox renaming a big
+        # directory to and fro would otherwise have the host list it again for every rename)
+        self._scan_budget, self._scan_t = float(limits.scan_entries), time.monotonic()
+        self.scanned = 0  # entries listed by this watch's scans, in all
+        self._starved = False  # the budget ran out (reported once until it refills)
         self._pending: collections.deque[WatchEvent] = collections.deque()
         self._wds: dict[int, str] = {}  # watch descriptor -> directory, relative to the watched one ("" = it)
         self._ended = self._closed = False
@@ -208,6 +215,12 @@ class ContainerWatch(WatchHandle):
         """Watch every directory below `rel` (breadth first); `emit`: report what is already there as
         created (a directory that appeared with content before its watch was added)."""
         queue, scanned = collections.deque([rel]), 0
+        now = time.monotonic()
+        self._scan_budget = min(float(self.limits.scan_entries), self._scan_budget
+                                + (now - self._scan_t) * self.limits.scan_entries / SCAN_REFILL_S)
+        self._scan_t = now
+        if self._scan_budget > 0:
+            self._starved = False
         while queue:
             d = queue.popleft()
             try:
@@ -218,6 +231,18 @@ class ContainerWatch(WatchHandle):
                 with os.scandir(fd) as it:
                     for e in it:
                         scanned += 1
+                        self.scanned += 1
+                        if not strict:
+                            self._scan_budget -= 1
+                            if self._scan_budget < 0:
+                                if self._starved:
+                                    return
+                                self._starved = True
+                                self._pending.append(WatchEvent(
+                                    type="overflow", detail="new directories arrive faster than the watch may scan "
+                                    f"them ({self.limits.scan_entries} entries per {SCAN_REFILL_S:g} s): "
+                                    "their subdirectories are not followed"))
+                                return
                         if scanned > self.limits.scan_entries:
                             msg = (f"watch {self.path!r}: more than {self.limits.scan_entries} entries "
                                    "below it; watch a smaller tree or not recursively")

@@ -6,24 +6,55 @@ dead peer or an idle proxy is noticed), and an `end` event last. Errors of openi
 directory, the watch caps: 429) are answered before the stream starts. The HTTP backend's `watch_dir`
 is its client. A client that reads slowly holds the daemon back, not its memory: the daemon reads the
 watch only as fast as the stream drains, and the kernel's bounded queue reports the rest as `overflow`.
+
+A tenant holds at most MAX_TENANT_WATCHES open streams over all its sandboxes (the admin: the
+backend's caps only): the backend's own caps are per sandbox and per daemon, so without this one
+tenant's few sandboxes could take every watch the daemon allows and leave other tenants none.
 """
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import threading
+import weakref
+from collections.abc import AsyncIterator, Callable
 
 from fastapi import APIRouter, Depends, Query
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 
 from ...core.contract import API_PREFIX, WatchHandle
+from ...core.errors import QuotaExceeded
 from ..auth import Caller, caller
 
 router = APIRouter(prefix=API_PREFIX + "/sandboxes/{sandbox_id}", tags=["files"])
 
 KEEPALIVE_S = 2.0
+MAX_TENANT_WATCHES = 8  # open watch streams per tenant (the container backend allows 32 per daemon)
+
+_open: dict[str, int] = {}  # by tenant
+_lock = threading.Lock()
 
 
-async def _lines(h: WatchHandle) -> AsyncIterator[bytes]:
+def _take(tenant: str) -> Callable[[], None]:
+    """One of the tenant's watch slots (QuotaExceeded past the cap); returns its release (idempotent)."""
+    with _lock:
+        if _open.get(tenant, 0) >= MAX_TENANT_WATCHES:
+            raise QuotaExceeded(f"tenant {tenant} has {MAX_TENANT_WATCHES} file watches open (the limit); "
+                                "close one first")
+        _open[tenant] = _open.get(tenant, 0) + 1
+    done = [False]
+
+    def release() -> None:
+        with _lock:
+            if done[0]:
+                return
+            done[0] = True
+            _open[tenant] -= 1
+            if not _open[tenant]:
+                del _open[tenant]
+    return release
+
+
+async def _lines(h: WatchHandle, release: Callable[[], None] = lambda: None) -> AsyncIterator[bytes]:
     try:
         while True:
             evs = await run_in_threadpool(h.read, KEEPALIVE_S, 512)
@@ -37,6 +68,7 @@ async def _lines(h: WatchHandle) -> AsyncIterator[bytes]:
                 return
     finally:
         h.close()  # the client left (or the watch ended): free its inotify instance at once
+        release()
 
 
 @router.get("/watch", response_class=StreamingResponse)
@@ -44,5 +76,12 @@ def watch(sandbox_id: str, path: str = Query(..., min_length=1, max_length=4096)
           c: Caller = Depends(caller)) -> StreamingResponse:
     """Stream the changes under a directory (module docstring)."""
     sid = c.sandbox(sandbox_id)
-    h = c.d.backend.watch_dir(sid, path, recursive)
-    return StreamingResponse(_lines(h), media_type="application/x-ndjson", headers={"cache-control": "no-store"})
+    release = (lambda: None) if c.t.admin else _take(c.t.name)
+    try:
+        h = c.d.backend.watch_dir(sid, path, recursive)
+    except BaseException:
+        release()
+        raise
+    weakref.finalize(h, release)  # a stream never started (its client gone first) frees the slot with the handle
+    return StreamingResponse(_lines(h, release), media_type="application/x-ndjson",
+                             headers={"cache-control": "no-store"})
