@@ -157,3 +157,24 @@ def test_one_tenant_cannot_take_every_watch_of_the_front(opts, e2b_server):
             w.stop()
         for s in (a, b, other):
             s.kill()
+
+
+def test_concurrent_forks_cannot_pass_the_sandbox_cap(tight_front):
+    """Forks in flight hold their children's places like creates do: two forks sent at once by a
+    tenant with room for one child make one child, not two past --max-sandboxes (2)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    opts = {"api_url": tight_front["url"], "sandbox_url": tight_front["url"], "api_key": tight_front["key"]}
+    src = Sandbox.create("base", timeout=60, **opts)
+    hdr = {"x-api-key": tight_front["key"]}
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            replies = list(pool.map(lambda _: httpx.post(f"{tight_front['url']}/sandboxes/{src.sandbox_id}/fork",
+                                                         json={"count": 1, "timeout": 60}, headers=hdr, timeout=60),
+                                    range(4)))
+        made = [c["sandbox"]["sandboxID"] for r in replies if r.status_code == 201 for c in r.json() if "sandbox" in c]
+        live = [s for s in httpx.get(f"{tight_front['url']}/v2/sandboxes", headers=hdr).json()]
+        assert len(made) == 1 and len(live) == 2, ([r.status_code for r in replies], made)
+    finally:
+        for s in httpx.get(f"{tight_front['url']}/v2/sandboxes", headers=hdr).json():
+            httpx.delete(f"{tight_front['url']}/sandboxes/{s['sandboxID']}", headers=hdr)

@@ -188,11 +188,23 @@ def router(front: Front) -> APIRouter:
             raise ApiError(400, f"count must be an integer in 1..{MAX_FORKS}")
         timeout = _timeout(body.get("timeout"), front.default_timeout)
         cap = front.limits.sandboxes
+        held = 0  # the children's places, held while the fork is in flight (as creates hold theirs)
         if cap:  # the children count against the tenant's sandboxes like creates do
             room = cap - sum(1 for b in front.boxes.all() if b.tenant == box.tenant)
-            if room < count:
+            while held < count and front.creating.take(box.tenant, room):
+                held += 1
+            if held < count:
+                for _ in range(held):
+                    front.creating.give(box.tenant)
                 raise ApiError(429, f"this API key's tenant has {cap} sandboxes at most (the front's limit): "
                                     f"no room for {count} forks")
+        try:
+            return _fork(box, count, timeout)
+        finally:
+            for _ in range(held):
+                front.creating.give(box.tenant)
+
+    def _fork(box: Box, count: int, timeout: float) -> Response:
         try:
             reply = front.backend.fork(box.id, ForkRequest(n=count, copy_env=True, ttl=timeout))
         except QuotaExceeded as e:
