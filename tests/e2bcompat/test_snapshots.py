@@ -80,6 +80,8 @@ def test_snapshot_and_fork_async(opts):
 def test_the_cap_refuses_before_a_snapshot_is_taken_and_delete_frees_the_image(sbx, opts, host):
     """A tenant at its cap is refused before the backend takes the snapshot (no image left behind
     per refused call), and a deleted snapshot's image goes too: create+delete in a loop keeps nothing."""
+    from concurrent.futures import ThreadPoolExecutor
+
     import httpx
 
     from shoal.e2b.snapshots import MAX_SNAPSHOTS
@@ -102,6 +104,13 @@ def test_the_cap_refuses_before_a_snapshot_is_taken_and_delete_frees_the_image(s
         r = httpx.post(url, json={}, headers=hdr, timeout=60)
         assert r.status_code == 429, r.text
         assert images() == full  # nothing taken for the refused call
+        # concurrent creates with room for one: the ones refused after their snapshot leave no image
+        gone = made.pop()
+        assert httpx.delete(f"{opts['api_url']}/templates/{gone}", headers=hdr).status_code == 204
+        with ThreadPoolExecutor(4) as pool:
+            replies = list(pool.map(lambda _: httpx.post(url, json={}, headers=hdr, timeout=60), range(4)))
+        made += [r.json()["snapshotID"] for r in replies if r.status_code == 201]
+        assert len(made) == MAX_SNAPSHOTS - len(mine) and len(images()) == len(full), [r.status_code for r in replies]
     finally:
         for ref in made:
             assert httpx.delete(f"{opts['api_url']}/templates/{ref}", headers=hdr).status_code == 204

@@ -147,9 +147,13 @@ def router(front: Front) -> APIRouter:
         names = [f"{name}:default"] if name else [f"{info.id}:default"]
         if name:  # E2B: a name in use gets the new snapshot (a new build of that template)
             forget_image(front.snapshots.remove(box.tenant, name))
-        front.snapshots.add(Snap(id=info.id, tenant=box.tenant, sandbox_id=box.id, names=names, template=box.template,
-                                 metadata=dict(box.metadata), home=box.home, has_home=box.has_home,
-                                 created=time.time()))
+        snap = Snap(id=info.id, tenant=box.tenant, sandbox_id=box.id, names=names, template=box.template,
+                    metadata=dict(box.metadata), home=box.home, has_home=box.has_home, created=time.time())
+        try:
+            front.snapshots.add(snap)
+        except ApiError:  # concurrent creates filled the cap meanwhile: the image taken is not kept
+            forget_image(snap)
+            raise
         return _json(201, {"snapshotID": names[0], "names": names})
 
     @r.get("/snapshots")
