@@ -40,6 +40,7 @@ from .core.contract import (
     NetworkPolicy,
     NetworkRequest,
     OutputCallback,
+    PortSocket,
     ProcessHandle,
     ReclaimRequest,
     ReclaimResult,
@@ -337,6 +338,9 @@ class Host(SandboxBackend):
 
     def connect_port(self, sandbox_id: str, port: int, timeout: float = PORT_CONNECT_TIMEOUT) -> socket.socket:
         return self._route(sandbox_id).connect_port(sandbox_id, port, timeout)
+
+    def port_sockets(self, sandbox_id: str, port: int) -> list[PortSocket]:
+        return self._route(sandbox_id).port_sockets(sandbox_id, port)
 
     def set_network(self, sandbox_id: str, req: NetworkRequest) -> NetworkPolicy:
         return self._route(sandbox_id).set_network(sandbox_id, req)

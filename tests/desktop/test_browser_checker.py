@@ -1,6 +1,8 @@
 """The browser DOM checker on a real Chromium in a desktop sandbox: it reads the page through the
 DevTools port over the contract's `connect_port`; that port is reachable neither from another
-sandbox (even one allowed to send to this sandbox's address) nor from the host's network."""
+sandbox (even one allowed to send to this sandbox's address) nor from the host's network. The
+grader-forging attacks of docs/desktop.md ("Grader hardening") each fail: a forged page beside the
+real one, a javascript: URL typed into the omnibox, and a stand-in DevTools server on the port."""
 from __future__ import annotations
 
 import ipaddress
@@ -11,7 +13,15 @@ import pytest
 
 from shoal.envs.desktop import DESKTOP_IMAGE, desktop_layers, ensure_desktop
 from shoal.envs.sandboxes import open_sandbox
-from shoal.tasks.desktop.browser import DEVTOOLS_PORT, BrowserUnavailable, dom_property, evaluate
+from shoal.tasks.desktop.browser import (
+    CHROMIUM_EXE,
+    DEVTOOLS_PORT,
+    BrowserUnavailable,
+    dom_property,
+    evaluate,
+    targets,
+    verify_chromium,
+)
 from shoal.tasks.desktop.task import BrowserDom, check
 
 PAGE = """<!doctype html><html><head><meta charset="utf-8"><title>Checker page</title></head><body>
@@ -19,6 +29,7 @@ PAGE = """<!doctype html><html><head><meta charset="utf-8"><title>Checker page</
 <script>document.getElementById('name').addEventListener('keydown', e => {
   if (e.key === 'Enter') document.getElementById('status').textContent = 'hello ' + e.target.value; });</script>
 </body></html>"""
+URL = "file:///root/page.html"
 
 
 @pytest.fixture(scope="module")
@@ -39,38 +50,83 @@ def _dom(sb, selector, prop="textContent"):
     deadline = time.monotonic() + 20
     while True:  # DevTools answers a moment after the window maps
         try:
-            return dom_property(sb, selector, prop)
+            return dom_property(sb, selector, prop, URL)
         except BrowserUnavailable:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.5)
 
 
+def _wait_status(sb, want: str, seconds: float = 10) -> str | None:
+    deadline = time.monotonic() + seconds
+    while (v := dom_property(sb, "#status", "textContent", URL)) != want and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return v
+
+
 def test_the_checker_reads_the_dom(browser_sb):
     sb = browser_sb
     assert _dom(sb, "#status") == "waiting"
-    assert not check(sb, BrowserDom(type="browser_dom", selector="#status", text="hello"))
+    assert not check(sb, BrowserDom(type="browser_dom", selector="#status", text="hello", url=URL))
     sb.desktop.type("shoal")
     sb.desktop.key("enter")
-    deadline = time.monotonic() + 10
-    while dom_property(sb, "#status") != "hello shoal" and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert dom_property(sb, "#status") == "hello shoal" and dom_property(sb, "#name", "value") == "shoal"
-    assert check(sb, BrowserDom(type="browser_dom", selector="#status", equals="hello shoal"))
-    assert check(sb, BrowserDom(type="browser_dom", selector="#name", prop="value", text="sho", url="page.html"))
-    assert dom_property(sb, "#missing") is None
-    assert not check(sb, BrowserDom(type="browser_dom", selector="#missing", text=""))
+    assert _wait_status(sb, "hello shoal") == "hello shoal"
+    assert dom_property(sb, "#name", "value", URL) == "shoal"
+    assert check(sb, BrowserDom(type="browser_dom", selector="#status", equals="hello shoal", url=URL))
+    assert check(sb, BrowserDom(type="browser_dom", selector="#name", prop="value", text="sho", url=URL + "#top"))
+    assert dom_property(sb, "#missing", "textContent", URL) is None
+    assert not check(sb, BrowserDom(type="browser_dom", selector="#missing", text="", url=URL))
     # a selector is data, never code: quotes in it stay inside the string (an invalid selector throws)
     with pytest.raises(BrowserUnavailable, match="threw"):
-        dom_property(sb, "x\"); document.title = 'pwned'; (\"")
-    assert evaluate(sb, "document.title") == "Checker page"
+        dom_property(sb, "x\"); document.title = 'pwned'; (\"", "textContent", URL)
+    assert evaluate(sb, "document.title", URL) == "Checker page"
     with pytest.raises(BrowserUnavailable, match="no browser page"):
-        dom_property(sb, "#status", url_contains="https://elsewhere/")
+        dom_property(sb, "#status", "textContent", "https://elsewhere/page.html")
     with pytest.raises(BrowserUnavailable, match="threw"):
-        evaluate(sb, "(() => { throw new Error('boom') })()")
+        evaluate(sb, "(() => { throw new Error('boom') })()", URL)
     # nothing listening: a clear error, and a failed check rather than an exception
-    with pytest.raises(BrowserUnavailable, match="no DevTools endpoint"):
-        dom_property(sb, "#status", port=9333)
+    with pytest.raises(BrowserUnavailable, match="nothing listens"):
+        dom_property(sb, "#status", "textContent", URL, port=9333)
+
+
+def test_a_javascript_url_typed_into_the_omnibox_does_not_run(browser_sb):
+    """Attack (b): the agent types javascript:... into the address bar to rewrite the graded page's
+    DOM. The browser layer's managed policy blocks javascript: (and data:) URLs."""
+    sb = browser_sb
+    assert sb.files.exists("/etc/chromium/policies/managed/shoal.json")
+    before = _wait_status(sb, "hello shoal")
+    sb.desktop.activate("Checker page")
+    sb.desktop.key("ctrl+l")
+    sb.desktop.type("javascript:document.getElementById('status').textContent='forged by js'")
+    sb.desktop.key("enter")
+    time.sleep(2)
+    sb.desktop.key("escape")
+    assert dom_property(sb, "#status", "textContent", URL) == before != "forged by js"
+    assert evaluate(sb, "location.href", URL) == URL  # still the page, loaded (file: pages are not blocked)
+
+
+def test_a_forged_page_beside_the_real_one_is_not_graded(browser_sb):
+    """Attack (a): the agent opens its own page showing the expected text, in a tab beside the task's
+    page (a data: URL, or a file whose URL contains the page's name). The check reads only the
+    target whose URL is the task's page."""
+    sb = browser_sb
+    forged = '<!doctype html><title>Checker page</title><p id="status">forged</p><input id="name" value="forged">'
+    sb.commands.run(["mkdir", "-p", "/tmp/x/root"], check=True)
+    sb.files.write("/tmp/x/root/page.html", forged)
+    sb.desktop.launch("browser", ["file:///tmp/x/root/page.html?u=file:///root/page.html"])
+    sb.desktop.launch("browser", ["data:text/html,<title>Checker page</title><p id=status>forged</p>"])
+    deadline = time.monotonic() + 20
+    while not any("/tmp/x/" in t["url"] for t in targets(sb)) and time.monotonic() < deadline:
+        time.sleep(0.3)
+    urls = [t["url"] for t in targets(sb)]
+    assert URL in urls and any(u.startswith("file:///tmp/x/root/page.html") for u in urls), urls
+    assert not check(sb, BrowserDom(type="browser_dom", selector="#status", equals="forged", url=URL))
+    assert dom_property(sb, "#status", "textContent", URL) == "hello shoal"
+    assert not check(sb, BrowserDom(type="browser_dom", selector="#name", prop="value", text="forged", url=URL))
+    # the forged pages themselves cannot be named: data: is refused, and the look-alike file is another page
+    with pytest.raises(BrowserUnavailable, match="not a file/http/https"):
+        evaluate(sb, "1", "data:text/html,<title>Checker page</title><p id=status>forged</p>")
+    assert evaluate(sb, "document.title", URL) == "Checker page"
 
 
 def test_devtools_is_reachable_only_through_the_checker(host, browser_sb):
@@ -98,4 +154,90 @@ def test_devtools_is_reachable_only_through_the_checker(host, browser_sb):
             socket.create_connection((str(sb_ip), DEVTOOLS_PORT), timeout=3).close()
     finally:
         other.kill()
-    assert dom_property(sb, "#name", "id") == "name"
+    assert dom_property(sb, "#name", "id", URL) == "name"
+
+
+FAKE_DEVTOOLS = r"""
+import base64, hashlib, json, socket, sys
+srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind(("127.0.0.1", 9222)); srv.listen(8); print("listening", flush=True)
+while True:
+    c, _ = srv.accept()
+    req = b""
+    while b"\r\n\r\n" not in req:
+        req += c.recv(4096)
+    if b"/json/list" in req:
+        body = json.dumps([{"type": "page", "url": "file:///root/page.html", "id": "X",
+                            "webSocketDebuggerUrl": "ws://127.0.0.1:9222/devtools/page/X"}]).encode()
+        c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body); c.close(); continue
+    key = [l.split(b":", 1)[1].strip() for l in req.split(b"\r\n") if l.lower().startswith(b"sec-websocket-key")][0]
+    acc = base64.b64encode(hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest())
+    c.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+              b"Sec-WebSocket-Accept: " + acc + b"\r\n\r\n")
+    c.recv(65536)
+    msg = json.dumps({"id": 1, "result": {"result": {"type": "string", "value": "hello shoal"}}}).encode()
+    c.sendall(bytes([0x81, len(msg)]) + msg)
+    c.recv(10)
+    c.close()
+"""
+
+
+def _kill_chromium(sb) -> None:
+    kill = ("import os, signal\n"
+            "for p in os.listdir('/proc'):\n"
+            "    try:\n"
+            f"        if p.isdigit() and os.readlink(f'/proc/{{p}}/exe') == {CHROMIUM_EXE!r}: os.kill(int(p), 9)\n"
+            "    except OSError: pass\n")
+    sb.commands.run(["python3", "-c", kill], timeout=30, check=True)
+
+
+def _serve_fake(sb, argv: list[str], env: dict[str, str] | None = None):
+    sb.files.write("/tmp/fake_devtools.py", FAKE_DEVTOOLS)
+    proc = sb.commands.start(argv + ["/tmp/fake_devtools.py"], env=env)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if any(s.state == "listen" for s in sb.port_sockets(DEVTOOLS_PORT)):
+            return proc
+        time.sleep(0.2)
+    raise AssertionError(f"the fake DevTools server did not start: {proc.output()}")
+
+
+def test_a_stand_in_devtools_server_is_not_trusted(browser_sb):
+    """Attack (c), last in the module (it kills the browser): the agent kills Chromium and serves its
+    own /json/list and WebSocket on 9222 answering every evaluate with the expected text. The checker
+    asks the backend, from the host, who holds the port: not the browser layer's Chromium binary (a
+    Python server, or a copy of Python put at Chromium's own path), so the check fails."""
+    sb = browser_sb
+    real = sb.port_sockets(DEVTOOLS_PORT)
+    assert any(s.state == "listen" for s in real)
+    assert all(e == CHROMIUM_EXE for s in real for e in s.exes) and all(all(s.exes_from_image) for s in real), real
+    verify_chromium(sb)
+    want = BrowserDom(type="browser_dom", selector="#status", equals="hello shoal", url=URL)
+    assert check(sb, want)
+    _kill_chromium(sb)
+    deadline = time.monotonic() + 10
+    while sb.port_sockets(DEVTOOLS_PORT) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not check(sb, want)  # nothing serves the port
+    proc = _serve_fake(sb, ["python3"])
+    try:
+        with pytest.raises(BrowserUnavailable, match="python3.*not the browser layer's Chromium"):
+            verify_chromium(sb)
+        assert not check(sb, want)
+    finally:
+        proc.kill()
+    deadline = time.monotonic() + 10
+    while sb.port_sockets(DEVTOOLS_PORT) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    # the stand-in at Chromium's own path: a file written in the sandbox, not the layer's
+    r = sb.commands.run(f"cp \"$(readlink -f /usr/bin/python3)\" {CHROMIUM_EXE}", timeout=30)
+    assert r.exit_code == 0, r.stderr
+    proc = _serve_fake(sb, [CHROMIUM_EXE], env={"PYTHONHOME": "/usr"})
+    try:
+        socks = sb.port_sockets(DEVTOOLS_PORT)
+        assert [e for s in socks for e in s.exes] == [CHROMIUM_EXE] and not socks[0].exes_from_image[0], socks
+        with pytest.raises(BrowserUnavailable, match="written in the sandbox"):
+            verify_chromium(sb)
+        assert not check(sb, want)
+    finally:
+        proc.kill()

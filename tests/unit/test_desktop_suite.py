@@ -57,12 +57,49 @@ def test_every_task_is_well_formed(task):
 
 def test_browser_dom_schema():
     base = {"id": "t", "instruction": "x", "category": "Diversity", "apps": ["browser"]}
-    ok = {"type": "browser_dom", "selector": "#status", "equals": "Done."}
+    ok = {"type": "browser_dom", "selector": "#status", "equals": "Done.", "url": "file:///root/site/page.html"}
     t = load_task({**base, "subgoals": [{"id": "a", "description": "a", "check": ok}]})
     assert isinstance(t.subgoals[0].check, BrowserDom) and t.subgoals[0].check.prop == "textContent"
     for bad in ({**ok, "script": "alert(1)"}, {"type": "browser_dom"}, {**ok, "selector": 3}):
         with pytest.raises(InvalidArgument):
             load_task({**base, "subgoals": [{"id": "a", "description": "a", "check": bad}]})
+    # every check names the page it grades, by a page URL: never "the first tab", a substring, or a
+    # scheme whose content the agent writes itself
+    no_url = {k: v for k, v in ok.items() if k != "url"}
+    for bad in (no_url, *({**ok, "url": u} for u in (
+            "", "page.html", "data:text/html,<p id=status>Done.", "javascript:document.title", "blob:file:///x",
+            "about:blank", "view-source:file:///root/site/page.html"))):
+        with pytest.raises(InvalidArgument, match="url"):
+            load_task({**base, "subgoals": [{"id": "a", "description": "a", "check": bad}]})
+
+
+def test_page_key_matches_the_page_exactly():
+    from shoal.tasks.desktop.browser import page_key
+
+    page = page_key("file:///root/site/code.html")
+    assert page == ("file", "", "/root/site/code.html")
+    assert page_key("file:///root/site/code.html#done") == page  # a fragment is the same page
+    assert page_key("FILE:///root/site/code%2Ehtml") == page
+    for other in ("file:///tmp/root/site/code.html", "file:///root/site/code.html.evil.html",
+                  "file:///root/site/code.htm", "http://127.0.0.1/root/site/code.html"):
+        assert page_key(other) != page, other
+    for refused in ("data:text/html,<p>file:///root/site/code.html</p>", "javascript:'file:///root/site/code.html'",
+                    "blob:file:///root/site/code.html", "about:blank", "chrome-error://chromewebdata/", "",
+                    "code.html"):
+        assert page_key(refused) is None, refused
+
+
+@pytest.mark.parametrize("task", [t for t in SUITE if any(isinstance(g.check, BrowserDom) for g in t.subgoals)],
+                         ids=lambda t: t.id)
+def test_browser_checks_grade_a_page_the_task_writes(task):
+    """Each browser_dom check's page is a file the task's own setup writes (not a page the agent could
+    choose), and the oracle or the setup opens a page of the task."""
+    from shoal.tasks.desktop.task import SetupFile
+
+    written = {f"file://{s.path}" for s in task.setup if isinstance(s, SetupFile)}
+    for g in task.subgoals:
+        if isinstance(g.check, BrowserDom):
+            assert g.check.url in written, (g.id, g.check.url)
 
 
 def test_devtools_frames_from_a_hostile_page_are_bounded():

@@ -460,6 +460,17 @@ WatchEventType = Literal["create", "write", "remove", "rename", "chmod", "overfl
 WATCH_QUEUE = 4096  # events a watch holds for its reader at most before it reports an overflow
 
 
+class PortSocket(BaseModel):
+    """A TCP socket of a sandbox's network namespace on a given local port, and who holds it (what a
+    grader asks before trusting a server in the sandbox: tasks/desktop/browser.py)."""
+
+    state: Literal["listen", "established", "other"]
+    pids: list[int] = Field(description="host pids of the sandbox's processes holding it (empty: none of them)")
+    exes: list[str] = Field(description="each holder's program, as a path inside the sandbox ('' when unknown)")
+    exes_from_image: list[bool] = Field(description="each holder's program is a file of the sandbox's image "
+                                                    "layers, not one written (or replaced) inside the sandbox")
+
+
 class WatchEvent(BaseModel):
     type: WatchEventType
     path: str = Field("", description="absolute path inside the sandbox; empty for overflow and end")
@@ -720,6 +731,12 @@ class SandboxBackend(abc.ABC):
         (the sandbox needs no network for it): the caller owns it and closes it. A port nothing
         listens on is a PortClosed (409); backends that cannot reach into a sandbox raise NotSupported."""
         raise NotSupported(f"the {self.name} backend cannot connect to a port inside a sandbox")
+
+    def port_sockets(self, sandbox_id: str, port: int) -> list[PortSocket]:
+        """The TCP sockets (IPv4 and IPv6) of the sandbox's own network namespace whose local port is
+        `port` that some process holds (listening, and connections it accepted), each with its holders
+        in the sandbox. Backends that cannot see into a sandbox's processes raise NotSupported."""
+        raise NotSupported(f"the {self.name} backend cannot tell who holds a port inside a sandbox")
 
     # ---------------------------------------------------------------- file watching
     def watch_dir(self, sandbox_id: str, path: str, recursive: bool = False) -> WatchHandle:

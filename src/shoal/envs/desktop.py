@@ -45,11 +45,16 @@ BASE_PACKAGES = ("xvfb", "openbox", "xdotool", "wmctrl", "x11-xserver-utils", "d
                  "xfonts-base")
 
 
+CHROMIUM_POLICY = "/etc/chromium/policies/managed/shoal.json"
+CHROMIUM_BLOCKLIST = ("javascript://*", "javascript:*", "data:*", "data://*")
+
+
 @dataclass(frozen=True)
 class DesktopApp:
     name: str  # what `sb.desktop.launch(name)` takes
     packages: tuple[str, ...]
     argv: tuple[str, ...]  # the launch command (absolute program path)
+    files: tuple[tuple[str, str], ...] = ()  # (path, content) the layer writes beside the package
 
     @property
     def image(self) -> str:
@@ -67,7 +72,11 @@ APPS: dict[str, DesktopApp] = {a.name: a for a in (
                                           "--no-sandbox", "--no-first-run", "--disable-gpu",
                                           "--disable-dev-shm-usage", "--force-renderer-accessibility",
                                           "--password-store=basic", "--remote-debugging-address=127.0.0.1",
-                                          "--remote-debugging-port=9222", "--user-data-dir=/root/.chromium-shoal")),
+                                          "--remote-debugging-port=9222", "--user-data-dir=/root/.chromium-shoal"),
+               # a managed policy (the agent cannot lift it from the UI): no javascript: URL typed into the
+               # omnibox to rewrite the graded page, no data: page to forge one (docs/desktop.md, "Grader
+               # hardening")
+               files=((CHROMIUM_POLICY, json.dumps({"URLBlocklist": list(CHROMIUM_BLOCKLIST)})),)),
 )}
 VARIANT_IMAGE = "desktop-variant/icewm:1"
 VNC_IMAGE = "desktop-vnc:1"  # x11vnc, for a person watching (shoal.desktop.vnc); composed on request
@@ -97,12 +106,15 @@ COPY shoal-desktop /usr/local/bin/shoal-desktop
 
 def app_recipe(app: DesktopApp) -> str:
     entry = json.dumps({app.name: list(app.argv)})
+    # a step of its own: a change to these files reuses the cached package install before it
+    files = "".join(f"RUN mkdir -p {shlex.quote(str(Path(path).parent))} && "
+                    f"printf '%s\\n' {shlex.quote(content)} > {shlex.quote(path)}\n" for path, content in app.files)
     return f"""
 FROM {DESKTOP_IMAGE}
 LABEL shoal.role=toolkit
 RUN {_APT} {' '.join(app.packages)} && apt-get clean && \\
     printf '%s\\n' {shlex.quote(entry)} > /etc/shoal-desktop/apps.d/{app.name}.json
-"""
+{files}"""
 
 
 def variant_recipe() -> str:

@@ -36,6 +36,7 @@ from ..core.contract import (
     NetworkPolicy,
     NetworkRequest,
     OutputCallback,
+    PortSocket,
     ProcessHandle,
     ProcessInfo,
     ReclaimRequest,
@@ -293,6 +294,9 @@ class FleetBackend(SandboxBackend):
 
     def connect_port(self, sandbox_id: str, port: int, timeout: float = PORT_CONNECT_TIMEOUT) -> socket.socket:
         return self._on(sandbox_id, lambda c: c.connect_port(sandbox_id, port, timeout))
+
+    def port_sockets(self, sandbox_id: str, port: int) -> list[PortSocket]:
+        return self._on(sandbox_id, lambda c: c.port_sockets(sandbox_id, port))
 
     def watch_dir(self, sandbox_id: str, path: str, recursive: bool = False) -> WatchHandle:
         return self._on(sandbox_id, lambda c: c.watch_dir(sandbox_id, path, recursive))

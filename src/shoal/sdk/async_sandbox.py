@@ -20,6 +20,7 @@ from ..core.contract import (
     OomKill,
     OutputCallback,
     OutputEvent,
+    PortSocket,
     Priority,
     ProcessHandle,
     ProcessOutput,
@@ -491,6 +492,12 @@ class AsyncSandbox:
         sandbox has no network: yours to use and close. Nothing listening is a SandboxError.
         """
         return await _t(self._sync.connect_port, port=port, timeout=timeout)
+
+    async def port_sockets(self, port: int) -> list[PortSocket]:
+        """The TCP sockets on local `port` inside the sandbox that its processes hold, and which
+        programs hold them (SandboxBackend.port_sockets).
+        """
+        return await _t(self._sync.port_sockets, port=port)
 
     async def snapshot(self, exclude: list[str] | None = None) -> SnapshotInfo:
         """pack_diff: capture the writable upper (processes frozen meanwhile) as a new layer on top of

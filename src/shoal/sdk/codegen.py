@@ -75,6 +75,7 @@ from ..core.contract import (
     OomKill,
     OutputCallback,
     OutputEvent,
+    PortSocket,
     Priority,
     ProcessHandle,
     ProcessOutput,

@@ -42,6 +42,7 @@ from ..core.contract import (
     OomKill,
     OutputCallback,
     OutputEvent,
+    PortSocket,
     Priority,
     ProcessHandle,
     ReclaimRequest,
@@ -328,6 +329,11 @@ class Sandbox:
         """A TCP connection to 127.0.0.1:`port` inside the sandbox (a server it runs), though the
         sandbox has no network: yours to use and close. Nothing listening is a SandboxError."""
         return self._backend.connect_port(self.id, port, timeout)
+
+    def port_sockets(self, port: int) -> list[PortSocket]:
+        """The TCP sockets on local `port` inside the sandbox that its processes hold, and which
+        programs hold them (SandboxBackend.port_sockets)."""
+        return self._backend.port_sockets(self.id, port)
 
     def snapshot(self, exclude: list[str] | None = None) -> SnapshotInfo:
         """pack_diff: capture the writable upper (processes frozen meanwhile) as a new layer on top of

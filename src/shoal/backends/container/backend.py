@@ -39,6 +39,7 @@ from ...core.contract import (
     NetworkPolicy,
     NetworkRequest,
     OutputCallback,
+    PortSocket,
     ReclaimRequest,
     ReclaimResult,
     SandboxInfo,
@@ -784,6 +785,15 @@ class ContainerBackend(LocalBackend):
         if meta.get("idle_ttl"):
             self.touch(sandbox_id)
         return connect_in_netns(sandbox_id, meta["init_pid"], meta.get("init_start"), port, timeout)
+
+    def port_sockets(self, sandbox_id: str, port: int) -> list[PortSocket]:
+        """The sockets on `port` in the sandbox's netns and their holders (portsockets.py)."""
+        from .portsockets import port_sockets
+
+        meta = self._live_meta(sandbox_id)
+        if meta.get("network") == "host":  # its tables are the host's: nothing there is the sandbox's alone
+            raise InvalidArgument(f"sandbox {sandbox_id} uses the host network (a build sandbox)")
+        return port_sockets(meta["init_pid"], self.cgroups.procs(sandbox_id), self.upper_dir(sandbox_id), port)
 
     def watch_dir(self, sandbox_id: str, path: str, recursive: bool = False) -> WatchHandle:
         """inotify on the sandbox's own view of `path` (watch.py); caps in `self.watch_limits`."""

@@ -3,6 +3,7 @@ bodies and replies; error bodies come back as the same exception classes (`from_
 that cannot be reached is a retryable `SandboxError`."""
 from __future__ import annotations
 
+import builtins
 import json
 import os
 import socket
@@ -37,6 +38,7 @@ from ...core.contract import (
     NetworkPolicy,
     NetworkRequest,
     OutputCallback,
+    PortSocket,
     ProcessHandle,
     ProcessInfo,
     ProcessOutput,
@@ -372,6 +374,10 @@ class HttpBackend(SandboxBackend):
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         path = f"{API_PREFIX}/sandboxes/{quote(sandbox_id, safe='')}/ports/{port}/connect?timeout={timeout:g}"
         return open_tunnel(self._urls[self._current], path, headers, self._tls, timeout + 30)
+
+    def port_sockets(self, sandbox_id: str, port: int) -> builtins.list[PortSocket]:  # `list` is a method here
+        check_port(port)
+        return [PortSocket.model_validate(x) for x in self.json("GET", self._sb(sandbox_id) + f"/ports/{port}/sockets")]
 
     def get_network(self, sandbox_id: str) -> NetworkPolicy:
         return NetworkPolicy.model_validate(self.json("GET", self._sb(sandbox_id) + "/network"))

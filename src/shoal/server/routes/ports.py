@@ -4,6 +4,8 @@
 ways over the one HTTP/1.1 exchange: the request body (chunked, sent as the client writes) goes to the
 sandbox's port, and what the port sends comes back as the response body; either side's end closes it.
 Only the sandbox's tenant (or the admin) may open one; the HTTP backend's `connect_port` is its client.
+`GET /v1/sandboxes/{id}/ports/{port}/sockets` is `SandboxBackend.port_sockets`: who holds that port
+inside the sandbox (a grader's question before it trusts the server there).
 
 Bounds, since a tenant (or the agent behind it) is hostile: at most MAX_TUNNELS open per sandbox and
 MAX_TENANT_TUNNELS per tenant; the connect itself (which blocks a thread until the port accepts or the
@@ -21,7 +23,7 @@ import anyio
 from fastapi import APIRouter, Depends, Query, Response
 from starlette.types import Receive, Scope, Send
 
-from ...core.contract import API_PREFIX, PORT_CONNECT_TIMEOUT, check_port
+from ...core.contract import API_PREFIX, PORT_CONNECT_TIMEOUT, PortSocket, check_port
 from ...core.errors import QuotaExceeded
 from ..auth import Caller, caller
 
@@ -131,3 +133,10 @@ async def connect(sandbox_id: str, port: int, timeout: float = Query(PORT_CONNEC
     finally:
         _release([c.t.name], _connecting)
     return Tunnel(keys, sock)
+
+
+@router.get("/ports/{port}/sockets")
+def port_sockets(sandbox_id: str, port: int, c: Caller = Depends(caller)) -> list[PortSocket]:
+    """The sockets on `port` inside the sandbox that its processes hold, with their holders."""
+    check_port(port)
+    return c.d.backend.port_sockets(c.sandbox(sandbox_id), port)

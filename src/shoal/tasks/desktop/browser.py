@@ -8,7 +8,13 @@ as shoald's port tunnel): no veth, no published port, so another sandbox has no 
 Over that stream: `GET /json/list` (the page targets), then a WebSocket to the chosen page and
 one `Runtime.evaluate`. The WebSocket client is the minimum RFC 6455 needs (masked text frames
 out, unfragmented or fragmented text frames in, pings answered); the page is the agent's, so
-every size and count read from the wire is bounded."""
+every size and count read from the wire is bounded.
+
+The page is named exactly (`page_key`): a check grades the target whose URL is the task's page
+(scheme, host and path; query and fragment ignored), never a data:, javascript:, blob: or about:
+target the agent opened beside it; and the server on the port is the browser layer's Chromium
+(`verify_chromium`, asked of the backend before and after each read), not a stand-in the agent
+started after killing it (docs/desktop.md, "Grader hardening")."""
 from __future__ import annotations
 
 import base64
@@ -18,15 +24,33 @@ import socket
 import struct
 import time
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from ...core.errors import SandboxError, ShoalError
 
 DEVTOOLS_PORT = 9222
+CHROMIUM_EXE = "/usr/lib/chromium/chromium"  # Debian's chromium: what its processes' /proc/<pid>/exe names
 MAX_BODY = 4 << 20  # a target list or an evaluate answer larger than this is refused
+
+
+PAGE_SCHEMES = ("file", "http", "https")  # a graded page is one of these; data:, javascript:, blob:, about: never
 
 
 class BrowserUnavailable(SandboxError):
     """The DevTools endpoint did not answer as expected (no browser, no page, a malformed answer)."""
+
+
+def page_key(url: str) -> tuple[str, str, str] | None:
+    """(scheme, host, path) of a page URL, the identity a check compares; None for a URL that is
+    not a file/http/https page (data:, javascript:, blob:, about:, chrome:, view-source: ...)."""
+    try:
+        u = urlsplit(url.strip())
+    except ValueError:
+        return None
+    scheme = u.scheme.lower()
+    if scheme not in PAGE_SCHEMES or not u.path.startswith("/"):
+        return None
+    return scheme, u.netloc.lower(), unquote(u.path)
 
 
 def _recv_exact(s: socket.socket, n: int) -> bytes:
@@ -51,6 +75,27 @@ def _read_head(s: socket.socket) -> tuple[str, bytes]:
             raise BrowserUnavailable("DevTools answered with an oversized header")
     head, _, rest = buf.partition(b"\r\n\r\n")
     return head.decode("latin-1"), rest
+
+
+def verify_chromium(sb: Any, port: int = DEVTOOLS_PORT) -> None:
+    """Raise BrowserUnavailable unless every socket on `port` inside the sandbox that a process holds
+    (the listener, and the connections it accepted) is held only by the image's own Chromium binary,
+    and one of them listens. The backend answers from the host (`port_sockets`), so nothing the agent
+    runs in the sandbox takes part in the answer."""
+    try:
+        socks = sb.port_sockets(port)
+    except ShoalError as e:
+        raise BrowserUnavailable(f"cannot tell who serves the sandbox's port {port}: {e}") from None
+    if not any(s.state == "listen" for s in socks):
+        raise BrowserUnavailable(f"nothing listens on the sandbox's port {port}")
+    for s in socks:
+        if not s.pids:
+            raise BrowserUnavailable(f"a socket on port {port} is held by no process of the sandbox")
+        for exe, own in zip(s.exes, s.exes_from_image, strict=True):
+            if exe != CHROMIUM_EXE or not own:
+                raise BrowserUnavailable(f"port {port} is served by {exe[:200]!r}"
+                                         f"{'' if own else ' (a program written in the sandbox)'}, "
+                                         "not the browser layer's Chromium")
 
 
 def _connect(sb: Any, port: int, timeout: float) -> socket.socket:
@@ -146,13 +191,20 @@ def _ws_messages(s: socket.socket, pending: bytearray, deadline: float):
     raise BrowserUnavailable("DevTools did not answer in time")
 
 
-def evaluate(sb: Any, expression: str, url_contains: str = "", port: int = DEVTOOLS_PORT,
-             timeout: float = 10.0) -> Any:
-    """The value of a JavaScript expression in the first page target whose URL contains
-    `url_contains` (JSON-serialisable values come back by value)."""
-    pages = [t for t in targets(sb, port, timeout) if url_contains in str(t.get("url", ""))]
+def evaluate(sb: Any, expression: str, url: str, port: int = DEVTOOLS_PORT, timeout: float = 10.0) -> Any:
+    """The value of a JavaScript expression in the first page target whose URL is `url` (compared
+    by `page_key`); JSON-serialisable values come back by value."""
+    want = page_key(url)
+    if want is None:
+        raise BrowserUnavailable(f"{url[:200]!r} is not a file/http/https page URL")
+    verify_chromium(sb, port)
+    return _evaluate(sb, expression, want, url, port, timeout)
+
+
+def _evaluate(sb: Any, expression: str, want: tuple[str, str, str], url: str, port: int, timeout: float) -> Any:
+    pages = [t for t in targets(sb, port, timeout) if page_key(str(t.get("url", ""))) == want]
     if not pages:
-        raise BrowserUnavailable(f"no browser page whose URL contains {url_contains!r}")
+        raise BrowserUnavailable(f"no browser page at {url[:200]!r}")
     ws_url = str(pages[0].get("webSocketDebuggerUrl", ""))
     path = ws_url.split(f":{port}", 1)[-1] if ws_url.startswith("ws://") else ""
     if not path.startswith("/devtools/page/"):
@@ -179,6 +231,9 @@ def evaluate(sb: Any, expression: str, url_contains: str = "", port: int = DEVTO
             result = msg.get("result", {})
             if result.get("exceptionDetails"):
                 raise BrowserUnavailable(f"the expression threw: {str(result['exceptionDetails'])[:300]}")
+            # again, our connection still open: the socket that answered it is Chromium's too (a
+            # stand-in swapped in after the first look holds that accepted socket)
+            verify_chromium(sb, port)
             return result.get("result", {}).get("value")
         raise BrowserUnavailable("DevTools did not answer")  # unreachable: the generator raises
     except OSError as e:
@@ -187,10 +242,10 @@ def evaluate(sb: Any, expression: str, url_contains: str = "", port: int = DEVTO
         s.close()
 
 
-def dom_property(sb: Any, selector: str, prop: str = "textContent", url_contains: str = "",
-                 port: int = DEVTOOLS_PORT, timeout: float = 10.0) -> str | None:
+def dom_property(sb: Any, selector: str, prop: str, url: str, port: int = DEVTOOLS_PORT,
+                 timeout: float = 10.0) -> str | None:
     """String(element[prop]) of the first element matching a CSS selector, or None if none matches."""
     expr = (f"(() => {{ const e = document.querySelector({json.dumps(selector)}); "
             f"return e === null ? null : String(e[{json.dumps(prop)}]); }})()")
-    v = evaluate(sb, expr, url_contains, port, timeout)
+    v = evaluate(sb, expr, url, port, timeout)
     return None if v is None else str(v)

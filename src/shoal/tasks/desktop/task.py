@@ -23,10 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ...core.errors import InvalidArgument, ShoalError
 from ...sdk.sandbox import Sandbox
+from .browser import page_key
 
 Category = Literal["Diversity", "Coordination", "Robustness"]
 
@@ -84,7 +85,17 @@ class BrowserDom(_M):
     prop: str = "textContent"  # e.g. value, checked, textContent, href
     text: str = ""  # String(element[prop]) contains this
     equals: str | None = None  # ... or equals this exactly
-    url: str = ""  # the page target whose URL contains this (the first page when empty)
+    # the page graded: the target whose URL is this one (scheme, host, path; browser.page_key), so a
+    # data:/javascript: tab the agent opens beside it is never read
+    url: str
+
+    @field_validator("url")
+    @classmethod
+    def _page_url(cls, v: str) -> str:
+        if page_key(v) is None:
+            raise ValueError(f"url {v[:200]!r}: a browser_dom check names its page by a file://, http:// or "
+                             "https:// URL with a path")
+        return v
 
 
 Check = Annotated[FileContains | FileLacks | FileExists | WindowCheck | A11yText | SpreadsheetCell | CommandCheck
