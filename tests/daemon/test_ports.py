@@ -92,3 +92,37 @@ def test_a_port_that_never_accepts_holds_no_request_thread(daemon, base_image):
         finally:
             for s in held:
                 s.close()
+
+
+def test_who_holds_a_port_is_answered_from_the_host(daemon, base_image):
+    """`port_sockets` through shoald (a grader's question before it trusts a server in the sandbox):
+    the listener and its holder's program, whether that program is the image's own file or one
+    written in the sandbox, and only for the sandbox's tenant."""
+    from daemonctl import make_tenants
+
+    from shoal.core.contract import ExecRequest
+    from shoal.core.errors import InvalidArgument
+
+    url = daemon["url"]
+    keys = make_tenants(url, names=("ports-who-a", "ports-who-b"))
+    a, b = HttpBackend(url, keys["ports-who-a"]), HttpBackend(url, keys["ports-who-b"])
+    with created(a, base_image) as info:
+        assert a.port_sockets(info.id, 7002) == []
+        busybox = a.exec(info.id, ExecRequest(argv=["readlink", "-f", "/bin/nc"])).stdout.strip()
+        a.exec(info.id, ExecRequest(argv=["cp", busybox, "/tmp/bb"]))
+        own = a.start(info.id, StartRequest(argv=["nc", "-ll", "-p", "7002", "-e", "echo", "hi"]))
+        copied = a.start(info.id, StartRequest(argv=["/tmp/bb", "nc", "-ll", "-p", "7003", "-e", "echo", "hi"]))
+        deadline = time.monotonic() + 10
+        while not (a.port_sockets(info.id, 7002) and a.port_sockets(info.id, 7003)):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        [s] = a.port_sockets(info.id, 7002)
+        assert s.state == "listen" and len(s.pids) == 1 and s.exes == [busybox] and s.exes_from_image == [True], s
+        [s] = a.port_sockets(info.id, 7003)
+        assert s.exes == ["/tmp/bb"] and s.exes_from_image == [False], s  # written in the sandbox
+        with pytest.raises(SandboxNotFound):
+            b.port_sockets(info.id, 7002)
+        with pytest.raises(InvalidArgument):
+            a.port_sockets(info.id, 70000)
+        own.close()
+        copied.close()

@@ -97,7 +97,7 @@ def test_a_javascript_url_typed_into_the_omnibox_does_not_run(browser_sb):
     before = _wait_status(sb, "hello shoal")
     sb.desktop.activate("Checker page")
     sb.desktop.key("ctrl+l")
-    sb.desktop.type("javascript:document.getElementById('status').textContent='forged by js'")
+    sb.desktop.type("javascript:void(document.getElementById('status').textContent='forged by js')")
     sb.desktop.key("enter")
     time.sleep(2)
     sb.desktop.key("escape")
@@ -175,7 +175,7 @@ while True:
     c.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
               b"Sec-WebSocket-Accept: " + acc + b"\r\n\r\n")
     c.recv(65536)
-    msg = json.dumps({"id": 1, "result": {"result": {"type": "string", "value": "hello shoal"}}}).encode()
+    msg = json.dumps({"id": 1, "result": {"result": {"type": "string", "value": "forged"}}}).encode()
     c.sendall(bytes([0x81, len(msg)]) + msg)
     c.recv(10)
     c.close()
@@ -204,7 +204,7 @@ def _serve_fake(sb, argv: list[str], env: dict[str, str] | None = None):
 
 def test_a_stand_in_devtools_server_is_not_trusted(browser_sb):
     """Attack (c), last in the module (it kills the browser): the agent kills Chromium and serves its
-    own /json/list and WebSocket on 9222 answering every evaluate with the expected text. The checker
+    own /json/list and WebSocket on 9222 answering every evaluate with the text a check wants. The checker
     asks the backend, from the host, who holds the port: not the browser layer's Chromium binary (a
     Python server, or a copy of Python put at Chromium's own path), so the check fails."""
     sb = browser_sb
@@ -212,8 +212,9 @@ def test_a_stand_in_devtools_server_is_not_trusted(browser_sb):
     assert any(s.state == "listen" for s in real)
     assert all(e == CHROMIUM_EXE for s in real for e in s.exes) and all(all(s.exes_from_image) for s in real), real
     verify_chromium(sb)
-    want = BrowserDom(type="browser_dom", selector="#status", equals="hello shoal", url=URL)
-    assert check(sb, want)
+    assert check(sb, BrowserDom(type="browser_dom", selector="#name", prop="id", equals="name", url=URL))
+    want = BrowserDom(type="browser_dom", selector="#status", equals="forged", url=URL)
+    assert not check(sb, want)  # the real page never says it
     _kill_chromium(sb)
     deadline = time.monotonic() + 10
     while sb.port_sockets(DEVTOOLS_PORT) and time.monotonic() < deadline:
@@ -221,9 +222,9 @@ def test_a_stand_in_devtools_server_is_not_trusted(browser_sb):
     assert not check(sb, want)  # nothing serves the port
     proc = _serve_fake(sb, ["python3"])
     try:
+        assert not check(sb, want)  # the stand-in answers "forged" to every evaluate
         with pytest.raises(BrowserUnavailable, match="python3.*not the browser layer's Chromium"):
             verify_chromium(sb)
-        assert not check(sb, want)
     finally:
         proc.kill()
     deadline = time.monotonic() + 10
@@ -236,8 +237,8 @@ def test_a_stand_in_devtools_server_is_not_trusted(browser_sb):
     try:
         socks = sb.port_sockets(DEVTOOLS_PORT)
         assert [e for s in socks for e in s.exes] == [CHROMIUM_EXE] and not socks[0].exes_from_image[0], socks
+        assert not check(sb, want)
         with pytest.raises(BrowserUnavailable, match="written in the sandbox"):
             verify_chromium(sb)
-        assert not check(sb, want)
     finally:
         proc.kill()
