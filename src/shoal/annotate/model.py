@@ -240,9 +240,18 @@ class OpenAIModel(ModelBackend):
             body["stop_token_ids"] = list(stop_ids)
         if seed is not None:
             body["seed"] = seed
+        for choice in self._stream_choices("/v1/completions", body):
+            lp = choice.get("logprobs") or {}
+            for j, piece in enumerate(lp.get("tokens") or []):
+                tops = (lp.get("top_logprobs") or [None] * (j + 1))[j]
+                yield TokenInfo(self._id(piece), float(lp["token_logprobs"][j]), self._tops(tops)[:k])
+
+    def _stream_choices(self, path: str, body: dict) -> Iterator[dict]:
+        """POST a streaming request and yield each server-sent event's first choice; a stream that
+        ends before `[DONE]` or a finish reason is the server going away, not a finished answer."""
         done = False
         try:
-            with self._http.stream("POST", f"{self.base_url}/v1/completions", json=body) as r:
+            with self._http.stream("POST", f"{self.base_url}{path}", json=body) as r:
                 if r.status_code != 200:
                     raise LLMUnavailable(f"the model server at {self.base_url} answered {r.status_code}: "
                                          f"{r.read().decode(errors='replace')[:300]}")
@@ -254,10 +263,7 @@ class OpenAIModel(ModelBackend):
                         done = True
                         break
                     choice = json.loads(data)["choices"][0]
-                    lp = choice.get("logprobs") or {}
-                    for j, piece in enumerate(lp.get("tokens") or []):
-                        tops = (lp.get("top_logprobs") or [None] * (j + 1))[j]
-                        yield TokenInfo(self._id(piece), float(lp["token_logprobs"][j]), self._tops(tops)[:k])
+                    yield choice
                     if choice.get("finish_reason"):
                         done = True
         except self._httpx.HTTPError as e:
@@ -324,28 +330,7 @@ class OpenAIChatModel(OpenAIModel):
             body["stop_token_ids"] = list(stop_ids)
         if seed is not None:
             body["seed"] = seed
-        done = False
-        try:
-            with self._http.stream("POST", f"{self.base_url}/v1/chat/completions", json=body) as r:
-                if r.status_code != 200:
-                    raise LLMUnavailable(f"the model server at {self.base_url} answered {r.status_code}: "
-                                         f"{r.read().decode(errors='replace')[:300]}")
-                for line in r.iter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        done = True
-                        break
-                    choice = json.loads(data)["choices"][0]
-                    for t in (choice.get("logprobs") or {}).get("content") or []:
-                        tops = [Candidate(self._id(c["token"]), float(c["logprob"]))
-                                for c in t.get("top_logprobs") or []]
-                        yield TokenInfo(self._id(t["token"]), float(t["logprob"]),
-                                        sorted(tops, key=lambda c: -c.logprob)[:k])
-                    if choice.get("finish_reason"):
-                        done = True
-        except self._httpx.HTTPError as e:
-            raise self._fail(e) from None
-        if not done:
-            raise LLMUnavailable(f"the model server at {self.base_url} ended the stream early (it went away?)")
+        for choice in self._stream_choices("/v1/chat/completions", body):
+            for t in (choice.get("logprobs") or {}).get("content") or []:
+                tops = [Candidate(self._id(c["token"]), float(c["logprob"])) for c in t.get("top_logprobs") or []]
+                yield TokenInfo(self._id(t["token"]), float(t["logprob"]), sorted(tops, key=lambda c: -c.logprob)[:k])

@@ -73,13 +73,17 @@ class ChatEndpointPolicy(Policy):
                 **self.extra_body}
 
     async def complete(self, request: dict) -> dict:
+        return parse_completion(await self.post_chat(request))
+
+    async def post_chat(self, body: dict) -> dict:
+        """POST to `/chat/completions` with the bounded retries; the 200 answer's JSON."""
         delay, last = self.backoff_s, ""
         for attempt in range(self.retries + 1):
             self.attempts += 1
             try:
-                r = await self._client.post(f"{self.url}/chat/completions", json=request)
+                r = await self._client.post(f"{self.url}/chat/completions", json=body)
                 if r.status_code == 200:
-                    return parse_completion(r.json())
+                    return r.json()
                 last = f"HTTP {r.status_code}: {r.text[:300]}"
                 if r.status_code not in self.RETRY_STATUS:
                     raise LLMUnavailable(f"{self.url} refused the request: {last}")

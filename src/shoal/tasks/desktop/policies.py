@@ -205,27 +205,7 @@ class VisionPolicy(ChatEndpointPolicy):
         step = int(request.get("step", 0))
         if request.get("local") == "first-screenshot":
             return turn("", [tool_call(step, "screenshot")])
-        body = _expand(request)
-        delay, last = self.backoff_s, ""
-        import asyncio
-
-        import httpx
-
-        for attempt in range(self.retries + 1):
-            self.attempts += 1
-            try:
-                r = await self._client.post(f"{self.url}/chat/completions", json=body)
-                if r.status_code == 200:
-                    return self._turn(r.json(), len(request["messages"]))
-                last = f"HTTP {r.status_code}: {r.text[:300]}"
-                if r.status_code not in self.RETRY_STATUS:
-                    raise LLMUnavailable(f"{self.url} refused the request: {last}")
-            except httpx.HTTPError as e:
-                last = f"{type(e).__name__}: {e}"
-            if attempt < self.retries:
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.max_backoff_s)
-        raise LLMUnavailable(f"{self.url} failed {self.retries + 1} times; last: {last}")
+        return self._turn(await self.post_chat(_expand(request)), len(request["messages"]))
 
     def _turn(self, body: dict, n: int) -> dict:
         try:
