@@ -82,8 +82,13 @@ def port_sockets(init_pid: int, pids: list[int], upper: Path, port: int) -> list
                 continue
             if inode is not None and pid not in holders[inode]:
                 holders[inode].append(pid)
+    # a socket nobody held in the scan may have been closed meanwhile (a connection just ended): one
+    # no longer in the table is gone, not unheld; one still there is reported with no holders
+    still = _sockets_on(init_pid, port) if any(not h for h in holders.values()) else wanted
     out = []
     for inode, state in wanted.items():
+        if not holders[inode] and inode not in still:
+            continue
         exes: list[str] = []
         for pid in holders[inode]:
             try:
