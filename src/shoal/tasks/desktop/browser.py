@@ -82,10 +82,16 @@ def verify_chromium(sb: Any, port: int = DEVTOOLS_PORT) -> None:
     (the listener, and the connections it accepted) is held only by the image's own Chromium binary,
     and one of them listens. The backend answers from the host (`port_sockets`), so nothing the agent
     runs in the sandbox takes part in the answer."""
-    try:
-        socks = sb.port_sockets(port)
-    except ShoalError as e:
-        raise BrowserUnavailable(f"cannot tell who serves the sandbox's port {port}: {e}") from None
+    for attempt in range(3):
+        try:
+            socks = sb.port_sockets(port)
+        except ShoalError as e:
+            raise BrowserUnavailable(f"cannot tell who serves the sandbox's port {port}: {e}") from None
+        # a connection that just ended can be seen unheld for a moment: look again before refusing
+        if attempt < 2 and any(not s.pids and s.state != "listen" for s in socks):
+            time.sleep(0.05)
+            continue
+        break
     if not any(s.state == "listen" for s in socks):
         raise BrowserUnavailable(f"nothing listens on the sandbox's port {port}")
     for s in socks:
