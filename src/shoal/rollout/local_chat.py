@@ -25,7 +25,6 @@ import json
 from typing import Any
 
 from ..core.errors import InvalidArgument
-from .adapters import parse_tool_calls
 
 STRING_TOKENS = 24  # per string property of a constrained answer
 MAX_NEW = 256  # a free answer's cap, whatever max_tokens asks (CPU time)
@@ -140,6 +139,8 @@ def chat_completion(backend: Any, body: dict) -> dict:
         finish = "stop" if ids and ids[-1] == tok.eos_id else "length"
         gen = [i for i in ids if i != tok.eos_id]
         content = b"".join(tok.token_bytes(i) for i in gen).decode("utf-8", "replace")
+        from .adapters import parse_tool_calls  # here: adapters needs gymnasium (the rollout extra)
+
         for n, c in enumerate(parse_tool_calls(content)):
             if c["name"] != "__invalid__":
                 tool_calls.append({"id": f"call_{n}", "type": "function",
