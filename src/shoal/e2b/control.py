@@ -86,8 +86,8 @@ def router(front: Front) -> APIRouter:
         tenant = tenant_of(request)
         cap = front.limits.sandboxes
         if cap:  # creates in flight hold a slot too: a burst of concurrent creates cannot pass the cap
-            room = cap - sum(1 for b in front.boxes.all() if b.tenant == tenant)
-            if room <= 0 or not front.creating.take(tenant, room):
+            live = lambda: sum(1 for b in front.boxes.all() if b.tenant == tenant)  # noqa: E731
+            if not front.creating.take_room(tenant, cap, live):
                 raise ApiError(429, f"this API key's tenant has {cap} sandboxes (the front's limit): kill some first")
         try:
             return _create(request, tenant, body)

@@ -3,7 +3,7 @@ keys, the sandbox index, templates, and the typed error the REST side answers wi
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -61,6 +61,17 @@ class StreamSlots:
         with self._lock:
             n = self._open.get(tenant, 0)
             if limit and n >= limit:
+                return False
+            self._open[tenant] = n + 1
+            return True
+
+    def take_room(self, tenant: str, cap: int, live: Callable[[], int]) -> bool:
+        """A slot while `live()` (the tenant's sandboxes now) plus the slots in flight stay under `cap`.
+        Counted under the lock: a create or fork registers its sandbox before it gives its slot back,
+        so two racing calls can never both see the room of one."""
+        with self._lock:
+            n = self._open.get(tenant, 0)
+            if n + live() >= cap:
                 return False
             self._open[tenant] = n + 1
             return True

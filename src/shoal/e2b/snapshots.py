@@ -194,8 +194,10 @@ def router(front: Front) -> APIRouter:
         cap = front.limits.sandboxes
         held = 0  # the children's places, held while the fork is in flight (as creates hold theirs)
         if cap:  # the children count against the tenant's sandboxes like creates do
-            room = cap - sum(1 for b in front.boxes.all() if b.tenant == box.tenant)
-            while held < count and front.creating.take(box.tenant, room):
+            def live() -> int:
+                return sum(1 for b in front.boxes.all() if b.tenant == box.tenant)
+
+            while held < count and front.creating.take_room(box.tenant, cap, live):
                 held += 1
             if held < count:
                 for _ in range(held):
