@@ -449,8 +449,9 @@ def test_a_fork_bomb_is_contained(host, base_image):
     try:
         r = sh(host, info.id, "bomb() { bomb | bomb & }; bomb; sleep 2; echo done", timeout=4)
         assert "can't fork" in r.stderr or r.timed_out
-    except SandboxNotFound as e:  # under ptrace the Sentry may run out of host threads first
-        assert "process limit" in str(e)
+    except SandboxNotFound as e:  # under ptrace the Sentry may run out of host threads, or of its
+        # memory cgroup (the Sentry's own memory is charged there too): either ends only this sandbox
+        assert "process limit" in str(e) or "ran out of memory" in str(e)
     other = create(host, base_image)  # the host is fine
     try:
         assert run(host, other.id, "echo", "fine").stdout == "fine\n"
