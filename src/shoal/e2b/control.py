@@ -69,18 +69,7 @@ def listed_json(box: Box, domain: str | None = None) -> dict[str, Any]:
 def router(front: Front) -> APIRouter:
     r = APIRouter()
 
-    def tenant_of(request: Request) -> str:
-        tenant = front.keys.tenant(request.headers.get("x-api-key"))
-        if tenant is None:
-            raise ApiError(401, "Invalid API key: pass a key from `shoal e2b key create` in X-API-KEY")
-        return tenant
-
-    def owned(request: Request, sandbox_id: str) -> Box:
-        tenant = tenant_of(request)
-        box = front.boxes.get(sandbox_id)
-        if box is None or box.tenant != tenant:
-            raise ApiError(404, f"sandbox {sandbox_id!r} not found")
-        return box
+    tenant_of, owned = front.tenant_of, front.owned
 
     def create(request: Request, body: dict = Body(...)) -> Response:
         tenant = tenant_of(request)

@@ -14,7 +14,10 @@ from .state import Boxes, Keys
 from .templates import DEFAULT_TEMPLATES, HOME, USER
 
 if TYPE_CHECKING:
+    from fastapi import Request
+
     from .snapshots import SnapshotIndex
+    from .state import Box
 
 
 class ApiError(Exception):
@@ -114,6 +117,21 @@ class Front:
     # so long-lived streams never starve the request handlers' thread pool
     stream_pool: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(max_workers=256, thread_name_prefix="e2b-stream"))
+
+    def tenant_of(self, request: Request) -> str:
+        """The tenant of the request's X-API-KEY (401 without a known key): one check for every router."""
+        tenant = self.keys.tenant(request.headers.get("x-api-key"))
+        if tenant is None:
+            raise ApiError(401, "Invalid API key: pass a key from `shoal e2b key create` in X-API-KEY")
+        return tenant
+
+    def owned(self, request: Request, sandbox_id: str) -> Box:
+        """The caller's own live sandbox; another tenant's answers 404, as a missing one does."""
+        tenant = self.tenant_of(request)
+        box = self.boxes.get(sandbox_id)
+        if box is None or box.tenant != tenant:
+            raise ApiError(404, f"sandbox {sandbox_id!r} not found")
+        return box
 
     def close(self) -> None:
         for box in self.boxes.all():

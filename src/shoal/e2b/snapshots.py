@@ -108,11 +108,7 @@ def router(front: Front) -> APIRouter:
 
     r = APIRouter()
 
-    def tenant_of(request: Request) -> str:
-        tenant = front.keys.tenant(request.headers.get("x-api-key"))
-        if tenant is None:
-            raise ApiError(401, "Invalid API key: pass a key from `shoal e2b key create` in X-API-KEY")
-        return tenant
+    tenant_of, owned = front.tenant_of, front.owned
 
     def forget_image(s: Snap | None) -> None:
         """The backend's image of a snapshot the index forgot (else each create+delete would keep a
@@ -125,13 +121,6 @@ def router(front: Front) -> APIRouter:
             remove(f"snapshots/{s.id}:latest")
         except (ShoalError, LookupError):
             pass  # gone already
-
-    def owned(request: Request, sandbox_id: str) -> Box:
-        tenant = tenant_of(request)
-        box = front.boxes.get(sandbox_id)
-        if box is None or box.tenant != tenant:
-            raise ApiError(404, f"sandbox {sandbox_id!r} not found")
-        return box
 
     @r.post("/sandboxes/{sandbox_id}/snapshots")
     def create_snapshot(request: Request, sandbox_id: str, body: dict = Body(default_factory=dict)) -> Response:
