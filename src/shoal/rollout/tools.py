@@ -59,6 +59,17 @@ def clip(text: str, limit: int = OBS_MAX_CHARS) -> str:
     return f"{text[:half]}\n[... {len(text) - limit} characters cut ...]\n{text[-half:]}"
 
 
+def parse_arguments(arguments: str | dict) -> dict | Observation:
+    """A tool call's arguments as a dict, or the error Observation the policy sees for bad JSON."""
+    try:
+        args = json.loads(arguments) if isinstance(arguments, str) else dict(arguments or {})
+        if not isinstance(args, dict):
+            raise ValueError("arguments must be a JSON object")
+    except ValueError as e:
+        return Observation(f"error: tool arguments are not valid JSON ({e})", error=True)
+    return args
+
+
 class ToolBox:
     """Coding tools on a repository (implements `rollout.task.Tools`)."""
 
@@ -71,12 +82,9 @@ class ToolBox:
         return path if path.startswith("/") else f"{self.repo_dir}/{path}"
 
     def run(self, name: str, arguments: str | dict) -> Observation:
-        try:
-            args = json.loads(arguments) if isinstance(arguments, str) else dict(arguments or {})
-            if not isinstance(args, dict):
-                raise ValueError("arguments must be a JSON object")
-        except ValueError as e:
-            return Observation(f"error: tool arguments are not valid JSON ({e})", error=True)
+        args = parse_arguments(arguments)
+        if isinstance(args, Observation):
+            return args
         fn = getattr(self, f"_{name}", None) if name in TOOL_NAMES else None
         if fn is None:
             return Observation(f"error: unknown tool {name!r}; tools: {', '.join(TOOL_NAMES)}", error=True)

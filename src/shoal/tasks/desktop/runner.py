@@ -248,14 +248,11 @@ class DesktopTools:
         return new
 
     def run(self, name: str, arguments: str | dict) -> Any:
-        from ...rollout.tools import Observation
+        from ...rollout.tools import Observation, parse_arguments
 
-        try:
-            args = json.loads(arguments) if isinstance(arguments, str) else dict(arguments or {})
-            if not isinstance(args, dict):
-                raise ValueError("arguments must be a JSON object")
-        except ValueError as e:
-            return Observation(f"error: tool arguments are not valid JSON ({e})", error=True)
+        args = parse_arguments(arguments)
+        if isinstance(args, Observation):
+            return args
         try:
             if name == "submit":
                 return Observation("submitted", submitted=True)
