@@ -28,6 +28,30 @@ def prefetch_path(root: Path, digest: str) -> Path:
     return Path(root) / "lazy" / f"{digest.split(':', 1)[1]}.prefetch.json"
 
 
+ABSENT_FRESH_S = 300.0
+
+
+def absent_path(root: Path, digest: str) -> Path:
+    return Path(root) / "lazy" / f"{digest.split(':', 1)[1]}.prefetch.absent"
+
+
+def mark_absent(root: Path, digest: str) -> None:
+    """The origin said just now that it has no published list for the layer (a lazy pull asked):
+    the daemon need not ask it again while it opens the layer (a lookup per layer at mount time
+    competed with the mounts' first chunks for the origin)."""
+    p = absent_path(root, digest)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_bytes(b"")
+
+
+def absent_recently(root: Path, digest: str, max_age_s: float = ABSENT_FRESH_S) -> bool:
+    """Whether a lazy pull found no published list for the layer less than `max_age_s` ago."""
+    try:
+        return time.time() - absent_path(root, digest).stat().st_mtime < max_age_s
+    except OSError:
+        return False
+
+
 def startup_path(root: Path, digest: str) -> Path:
     """The marker `mark_startup` leaves: the first command of a sandbox using the layer has finished."""
     return Path(root) / "lazy" / f"{digest.split(':', 1)[1]}.startup"

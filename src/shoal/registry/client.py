@@ -107,7 +107,7 @@ class RegistryClient:
         self.stats: Counter[str] = Counter()  # e.g. "GET blob", "PATCH upload", "bytes sent"
         self.multi_range: bool | None = None  # whether it answers multi-range GETs (None: not tried yet)
         # the lazy loader's Range GETs on plain kept-alive connections (shoal.registry.fastget)
-        self._fast = FastRangeGet(self.base, registry, timeout, verify) if fastget.ENABLED else None
+        self._fast = FastRangeGet(self.base, registry, timeout, verify) if fastget.enabled() else None
 
     def close(self) -> None:
         self._http.close()

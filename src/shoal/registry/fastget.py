@@ -21,7 +21,11 @@ from urllib.parse import urlsplit
 
 from ..core.errors import OriginUnavailable
 
-ENABLED = os.environ.get("SHOAL_REGISTRY_FAST_GET", "1") != "0"
+
+def enabled() -> bool:
+    """SHOAL_REGISTRY_FAST_GET=0 turns it off (A/B). Read per client: a lazy daemon forked by the
+    zygote has imported this module under the zygote's environment, not its requester's."""
+    return os.environ.get("SHOAL_REGISTRY_FAST_GET", "1") != "0"
 _STALE = (http.client.RemoteDisconnected, http.client.BadStatusLine, ConnectionResetError, BrokenPipeError)
 
 
