@@ -3,7 +3,6 @@ pivot_root walks every task on the host). The host's root file system then stays
 mount namespace, covered by the sandbox's overlay. These tests try to reach it from inside."""
 from __future__ import annotations
 
-import os
 import secrets
 import subprocess
 from pathlib import Path
