@@ -197,9 +197,14 @@ def test_summarize_end_of_fill_and_python_goal(d):
     assert "create_p50_ms" not in s["end"]  # no creates after the fill: no latency made up
     assert "end" not in d.summarize([run(1000, 8.0), run(1200, 4.0, end=False)])
 
-    def sides(shoal, docker):
-        return {k: {"summary": {"n_held": {"median": v}}} for k, v in (("shoal", shoal), ("docker", docker)) if v}
+    def sides(shoal, docker, shoal_stop="free memory 9.9% < 10%", docker_stop="create p99 1003 ms > 1000 ms"):
+        return {k: {"summary": {"n_held": {"median": v}}, "runs": [{"stop": why}]}
+                for k, v, why in (("shoal", shoal, shoal_stop), ("docker", docker, docker_stop)) if v}
 
     assert d.python_held_goal(sides(3100, 700)) == "≥ 3,000: met; ≥ 3× Docker: 4.4× (met)"
     assert d.python_held_goal(sides(1500, 600)) == "≥ 3,000: not met, 1,500 short; ≥ 3× Docker: 2.5× (not met)"
+    assert d.python_held_goal(sides(1500, 600, "--fill-budget-s 450 reached")).endswith(
+        "(a floor: Shoal's fills ended at their cap, not at the stop rule)")
+    assert "both sides' fills were capped" in d.python_held_goal(sides(600, 378, "--max 600 reached",
+                                                                      "--docker-fill-budget-s 150 reached"))
     assert "not measured" in d.python_held_goal(sides(1500, None))
