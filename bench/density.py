@@ -1148,6 +1148,20 @@ class Fill:
         self.pace_wait_s += time.perf_counter() - t0
         return mi
 
+    def settle_merge(self) -> list[dict]:
+        """--settle-s: after the fill, the sandboxes' memory every 10 s while ksmd (or nothing) goes on
+        merging them: [{t, cgroup anon MiB per sandbox, MemAvailable GiB}]."""
+        n = len(self.handles)
+        out = []
+        t0 = time.perf_counter()
+        while True:
+            cg = memcg_totals(self.side.cgroup) if self.side.cgroup else None
+            out.append({"t": round(time.perf_counter() - t0, 1), "cg_anon_mib_per_sb": round(cg["anon"] / n / MiB, 3)
+                        if cg else None, "mem_available_gib": round(meminfo()["MemAvailable"] / (1 << 30), 2)})
+            if time.perf_counter() - t0 >= self.args.settle_s:
+                return out
+            time.sleep(10)
+
     def drain_pipeline(self) -> None:
         if self.pipe is None:
             return
@@ -1336,6 +1350,7 @@ class Fill:
         drain_s = time.perf_counter() - t_drain
         if self.handles and (not steps or steps[-1]["n"] != len(self.handles)):
             steps.append(self.measure(base, c0, r0))
+        settle = self.settle_merge() if self.handles and self.args.settle_s else None
         # the host once the fill is over and the last sandboxes went through the idle pipeline (all paused,
         # reclaimed or merged): what holding N idle sandboxes costs
         end = self.measure(base, len(self.create_s), len(self.ready_s)) if self.handles and self.args.idle_pipeline \
@@ -1349,7 +1364,7 @@ class Fill:
                         "pace_wait_s": round(self.pace_wait_s, 1), "drain_s": round(drain_s, 1)}
         return {"n_held": len(self.handles), "stop": stop, "fill_s": fill_s, "steps": steps,
                 "paused_during_fill": self.paused_upto, "batch_reclaims": self.batch_reclaims,
-                "idle_pipeline": pipeline, "end": end, "guard_wait_s": round(self.guard_wait_s, 1),
+                "idle_pipeline": pipeline, "end": end, "settle": settle, "guard_wait_s": round(self.guard_wait_s, 1),
                 "errors": self.errors[:20], "cache_files": {k: str(v) for k, v in base["cache_files"].items()},
                 "base_free_frac": base["meminfo"]["MemAvailable"] / base["meminfo"]["MemTotal"]}
 
@@ -1756,6 +1771,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="pause (and with --reclaim, reclaim) each sandbox --pipeline-idle-s after it is ready, in "
                          "--idle-workers background threads, while the fill goes on (shoald's idle policy, per "
                          "sandbox); the fill waits for them below --min-available-gib + --pace-gib")
+    ap.add_argument("--settle-s", type=float, default=0.0,
+                    help="--idle-pipeline: after the fill, watch the sandboxes' memory this long (ksmd merging the "
+                         "last ones) before the end-of-fill measurement")
     ap.add_argument("--pipeline-idle-s", type=float, default=1.0, help="idle time before the pipeline pauses one")
     ap.add_argument("--idle-workers", type=int, default=1, help="threads pausing / reclaiming (--idle-pipeline)")
     ap.add_argument("--pace-gib", type=float, default=1.5,
