@@ -1743,6 +1743,25 @@ def doc_tables(j: dict, kind: str) -> str:
     return "\n".join(out)
 
 
+def merge_runs(files: list[dict]) -> dict:
+    """The runs of several result files as one: each file's runs of a profile, in order (a run holds the
+    sides it filled), summarized again; the files' meta entries kept side by side."""
+    runs: dict[str, list[dict]] = {}
+    meta: dict[str, list] = {}
+    with_paused = False
+    for j in files:
+        for kind in ("shell", "python"):
+            sides = j.get("profiles", {}).get(kind, {}).get("sides", {})
+            n = max((len(v["runs"]) for v in sides.values()), default=0)
+            runs.setdefault(kind, []).extend({side: v["runs"][i] for side, v in sides.items() if i < len(v["runs"])}
+                                             for i in range(n))
+        with_paused = with_paused or "python-paused" in j.get("profiles", {})
+        for k, v in j.get("meta", {}).items():
+            meta.setdefault(k, []).extend(v if isinstance(v, list) else [v])
+    runs = {k: v for k, v in runs.items() if v}
+    return {"profiles": collect(runs, with_paused), "meta": meta, "bench": "density"}
+
+
 def host_facts() -> dict:
     mi = meminfo()
     return {"kernel": platform.release(), "cpus": os.cpu_count(), "mem_total_gib": mi["MemTotal"] / 2**30,
@@ -1809,12 +1828,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fresh", action="store_true", help="do not keep other profiles from an existing --out")
     ap.add_argument("--quick", action="store_true", help="smoke: shell profile, 8 sandboxes, 1 run")
     ap.add_argument("--render-only", action="store_true", help="redraw the PNG from --out")
+    ap.add_argument("--merge", nargs="+", metavar="JSON", help="write --out from these result files' runs")
     ap.add_argument("--doc-tables", metavar="PROFILE", help="print docs/density.md's tables for PROFILE from --out")
     a = ap.parse_args(argv)
     out = Path(a.out or (QUICK_OUT if a.quick else DEFAULT_OUT))
     png = out.with_suffix(".png")
     if a.doc_tables:
         print(doc_tables(json.loads(out.read_text()), a.doc_tables))
+        return 0
+    if a.merge:  # several invocations' runs into one file (each invocation <= 10 min on a shared host)
+        res = merge_runs([json.loads(Path(f).read_text()) for f in a.merge])
+        out.write_text(json.dumps(res, indent=1, default=str) + "\n")
+        render(res, png)
+        console.print(f"wrote {out} and {png} from {len(a.merge)} files")
         return 0
     if a.render_only:
         render(json.loads(out.read_text()), png)
