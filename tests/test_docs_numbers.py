@@ -270,8 +270,22 @@ def density_goal_rows(j: dict) -> list[list[str]]:
     ratio_row = ["Shoal vs Docker idle python sandboxes held", "≥ 3×",
                  f"{held('python')['median']:,} vs {docker_python['median']:,} (both fills capped)",
                  "not measured: neither side reached a stop rule of its own in one run"]
-    if (REPO / "bench/results/density-python-dense.json").exists():  # the dense python fills, both sides
-        python_row, ratio_row = dense_python_rows(load("bench/results/density-python-dense.json"))
+    dense_path = REPO / "bench/results/density-python-dense.json"
+    dense_j = load("bench/results/density-python-dense.json") if dense_path.exists() else None
+    if dense_j and "docker" in dense_j["profiles"]["python"]["sides"]:  # the dense python fills, both sides
+        python_row, ratio_row = dense_python_rows(dense_j)
+    elif dense_j:  # ksm=True, paused in batches as it fills; Shoal only
+        dense = dense_j["profiles"]["python"]["sides"]["shoal"]["runs"]
+        r = dense[-1]
+        rate = r["n_held"] / r["fill_s"]
+        own = r["steps"][-1].get("attributed_per_sb", {}).get("memory", 0) / (1 << 20)
+        python_row = ["idle python sandboxes held, paused + merged (ksm=True, aslr=False)", "≥ 3,000",
+                      f"{r['n_held']:,} held, {r['paused_during_fill']:,} paused during the fill ({len(dense)} "
+                      f"run; {r['stop']}); {own:.2f} MiB each in its own accounting",
+                      f"not reached, {3000 - r['n_held']:,} short: the run's time budget. At its rate "
+                      f"({rate:.1f} sandboxes/s on 2 shared cores) a fill to 3,000 takes "
+                      f"{3000 / rate / 60:.0f} min, and at {own:.1f} MiB each (ksmd had not merged them within "
+                      f"the run) 3,000 need {3000 * own / 1024:.0f} GiB (both extrapolated, not measured)"]
     return [
         shell_row,
         python_row,
