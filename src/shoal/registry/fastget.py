@@ -37,7 +37,9 @@ class _DeadlineReader(io.RawIOBase):
     timeout alone bounds one recv, so an origin that drip-feeds a byte at a time would never end."""
 
     def __init__(self, sock: socket.socket, deadline: float):
-        self.sock, self.deadline = sock, deadline
+        # through a socket file of its own: the connection may close its socket object while this
+        # response is read (Connection: close), and the file keeps the descriptor open until closed
+        self.sock, self.raw, self.deadline = sock, sock.makefile("rb", buffering=0), deadline
 
     def readable(self) -> bool:
         return True
@@ -47,7 +49,12 @@ class _DeadlineReader(io.RawIOBase):
         if left <= 0:
             raise TimeoutError("the request's deadline passed")
         self.sock.settimeout(left)
-        return self.sock.recv_into(b)
+        return self.raw.readinto(b) or 0
+
+    def close(self) -> None:
+        if not self.closed:
+            self.raw.close()
+        super().close()
 
 
 class _DeadlineResponse(http.client.HTTPResponse):
