@@ -51,6 +51,7 @@ import errno
 import json
 import os
 import platform
+import queue
 import random
 import resource
 import shutil
@@ -76,6 +77,7 @@ RESULTS = Path(__file__).parent / "results"
 DEFAULT_OUT = RESULTS / "density.json"
 QUICK_OUT = Path(tempfile.gettempdir()) / "density-quick.json"  # a smoke run never overwrites the results
 MiB = 2**20
+ZRAM_DEV: list[Any] = []  # the run's zram device (--zram-mb), read at every step
 PROFILES = ("shell", "python", "python-paused")
 DOCKER_CGROUP = "shoal-density-docker"
 LIMITS_MB, LIMITS_CPU, LIMITS_PIDS = 512, 1.0, 512
@@ -361,6 +363,14 @@ def summarize(runs: list[dict]) -> dict:
     out["by_step"] = rows
     if rows:
         out["last_common"] = rows[-1]
+    ends = [r.get("end") for r in runs]
+    if ends and all(ends):  # --idle-pipeline: each run's host once all its sandboxes were paused (merged, reclaimed)
+        end: dict[str, Any] = {"n": spread([e["n"] for e in ends])}  # type: ignore[index]
+        for name, get in STEP_METRICS.items():
+            vals = [v for v in (get(e) for e in ends if e) if v is not None]
+            if len(vals) == len(ends):
+                end[name] = spread(vals)
+        out["end"] = end
     return out
 
 
@@ -464,6 +474,21 @@ def fd_count(pid: int | str = "self") -> int:
         return len(os.listdir(f"/proc/{pid}/fd"))
     except OSError:
         return 0
+
+
+def ksmd_cpu_s() -> float | None:
+    """CPU seconds ksmd (the kernel's same-page merging thread) has used since boot."""
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() != "ksmd":
+                continue
+            fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+        except (OSError, ValueError, IndexError):
+            continue
+    return None
 
 
 def memcg_dir(name: str) -> Path:
@@ -726,6 +751,10 @@ class Side:
     def mounts_inside(self, h: Any) -> int | None:
         return None
 
+    def paused_count(self, hs: list[Any]) -> int | None:
+        """How many of these sandboxes are paused now (asked of the side, not counted by the bench)."""
+        return None
+
     def cache_files(self) -> dict[str, Path]:
         """label -> path whose page cache the page-cache check reads."""
         return {}
@@ -749,7 +778,7 @@ class ShoalSide(Side):
     name = "shoal"
 
     def __init__(self, root: Path, profile: str, py_root: Path, ksm: bool, session_procs: int = 0,
-                 max_sandboxes: int = 0):
+                 max_sandboxes: int = 0, ksm_pages_to_scan: int = 0):
         from shoal import Host
         from shoal.backends.container.cgroups import cgroup_parent
         from shoal.core.contract import CreateRequest
@@ -775,6 +804,11 @@ class ShoalSide(Side):
         # the backend's own cap (4,096 by default) is a setting, not a limit of the host: a fill asked to go
         # further raises it for the run (bench/fill_create.py --max-sandboxes does the same)
         be.max_sandboxes = max(be.max_sandboxes, max_sandboxes)  # type: ignore[attr-defined]
+        if ksm and ksm_pages_to_scan:  # written by the backend when its first ksm sandbox starts
+            import dataclasses
+
+            kh = be.ksm_host  # type: ignore[attr-defined]
+            kh.config = dataclasses.replace(kh.config, pages_to_scan=ksm_pages_to_scan)
         self.holders = [SessionHolder(self.host.settings.root) for _ in range(session_procs)]
         self._next_holder = 0
 
@@ -871,6 +905,11 @@ class ShoalSide(Side):
         h["sb"].commands.run(["true"], check=True)
         return {"total": time.perf_counter() - t0}
 
+    def paused_count(self, hs: list[Any]) -> int | None:
+        from shoal.core.contract import SandboxState
+
+        return sum(1 for h in hs if h["sb"].info().state == SandboxState.PAUSED)
+
     def reclaim(self, h: Any, target: float) -> dict:
         """Push `target` of a paused sandbox's anonymous memory to compressed swap (sb.reclaim, where the
         build has it; it needs swap, e.g. Shoal's zram, configured on the host)."""
@@ -913,19 +952,17 @@ class ShoalSide(Side):
         return double_cache_probe(pair[1], name) if pair else None
 
     def kill_all(self, hs: list[Any]) -> None:
-        def one(h: Any) -> None:
+        def close(h: Any) -> None:
             try:
                 if h.get("session") is not None:
                     h["session"].close()
             except Exception:
                 pass
-            try:
-                h["sb"].kill()
-            except Exception:
-                pass
 
         with ThreadPoolExecutor(8) as ex:
-            list(ex.map(one, hs))
+            list(ex.map(close, hs))
+        # all signalled, then waited for at once (Host.kill_many), not one kill after another
+        self.host.kill_many([h["sb"].id for h in hs])
         for holder in self.holders:
             holder.call("drop")
 
@@ -1009,6 +1046,11 @@ class DockerSide(Side):
         t2 = time.perf_counter()
         return {"total": t2 - t0, "unpause": t1 - t0, "exec": t2 - t1}
 
+    def paused_count(self, hs: list[Any]) -> int | None:
+        ids = {h["id"] for h in hs}
+        r = self._docker("ps", "-q", "--no-trunc", "--filter", "status=paused", check=False, timeout=600)
+        return sum(1 for line in r.stdout.split() if line in ids)
+
     def mounts_inside(self, h: Any) -> int | None:
         r = self._docker("exec", h["id"], "sh", "-c", "cat /proc/self/mountinfo | wc -l", check=False)
         return int(r.stdout.strip()) if r.returncode == 0 and r.stdout.strip().isdigit() else None
@@ -1045,6 +1087,90 @@ class Fill:
         self.paused_upto = 0  # handles[:paused_upto] were paused (and reclaimed, with --reclaim) during the fill
         self.batch_reclaims: list[dict] = []
         self.guard_wait_s = 0.0
+        # --idle-pipeline: each sandbox is paused (and reclaimed) by a worker once it has been ready for
+        # --pipeline-idle-s, as shoald's idle policy treats each sandbox on its own clock, instead of
+        # stopping the fill for a batch every --pause-every sandboxes
+        self.pipe: queue.Queue | None = queue.Queue() if args.idle_pipeline else None
+        self.pipe_reclaims: list[dict] = []
+        self.pipe_done = 0
+        self.pipe_cpu_s = 0.0  # the idle workers' own CPU (pause + reclaim calls, the kernel's compression in)
+        self.pace_wait_s = 0.0
+        self.probe_lock = threading.Lock()
+        self.pipe_threads = [threading.Thread(target=self._idle_worker, daemon=True)
+                             for _ in range(args.idle_workers if self.pipe is not None else 0)]
+        for t in self.pipe_threads:
+            t.start()
+
+    def _idle_worker(self) -> None:
+        assert self.pipe is not None
+        fn = getattr(self.side, "reclaim", None) if self.args.reclaim else None
+        while True:
+            item = self.pipe.get()
+            if item is None:
+                self.pipe.task_done()
+                return
+            h, t_ready = item
+            try:
+                time.sleep(max(0.0, t_ready + self.args.pipeline_idle_s - time.perf_counter()))
+                c0 = time.thread_time()
+                with self.probe_lock:  # not while a step's exec probe is on it (an exec on it as it freezes)
+                    self.side.pause(h)
+                    h["idle_paused"] = True  # a probe that resumes it (an exec at a step) pauses it again
+                    if fn is not None:
+                        self.pipe_reclaims.append(fn(h, self.args.reclaim_target))
+                self.pipe_cpu_s += time.thread_time() - c0
+                self.pipe_done += 1
+            except Exception as e:
+                self.errors.append(f"idle pipeline: {type(e).__name__}: {str(e)[:200]}")
+            finally:
+                self.pipe.task_done()
+
+    def pipe_backlog(self) -> int:
+        """Sandboxes ready but not yet paused (and reclaimed) by the idle pipeline."""
+        return self.pipe.unfinished_tasks if self.pipe is not None else 0
+
+    def pace(self, mi: dict[str, int]) -> dict[str, int]:
+        """--idle-pipeline: below --min-available-gib + --pace-gib of MemAvailable, let the pipeline (its
+        backlog still holds their full memory) or ksmd (with --ksm: the sandboxes it has not merged yet)
+        catch up before the next create, up to --guard-wait-s."""
+        a = self.args
+        floor = int((a.min_available_gib + a.pace_gib) * (1 << 30))
+        if self.pipe is None or mi["MemAvailable"] >= floor:
+            return mi
+        merging = a.ksm and self.side.name == "shoal"
+        t0 = time.perf_counter()
+        while (mi["MemAvailable"] < floor and (self.pipe_backlog() > 0 or merging)
+               and time.perf_counter() - t0 < a.guard_wait_s):
+            time.sleep(0.2)
+            mi = meminfo()
+        self.pace_wait_s += time.perf_counter() - t0
+        return mi
+
+    def settle_merge(self) -> list[dict]:
+        """--settle-s: after the fill, the sandboxes' memory every 10 s while ksmd (or nothing) goes on
+        merging them: [{t, cgroup anon MiB per sandbox, MemAvailable GiB}]."""
+        n = len(self.handles)
+        out = []
+        t0 = time.perf_counter()
+        while True:
+            cg = memcg_totals(self.side.cgroup) if self.side.cgroup else None
+            out.append({"t": round(time.perf_counter() - t0, 1), "cg_anon_mib_per_sb": round(cg["anon"] / n / MiB, 3)
+                        if cg else None, "mem_available_gib": round(meminfo()["MemAvailable"] / (1 << 30), 2)})
+            if time.perf_counter() - t0 >= self.args.settle_s:
+                return out
+            time.sleep(10)
+
+    def drain_pipeline(self) -> None:
+        if self.pipe is None:
+            return
+        self.settle()
+        self.pipe.join()
+        for _ in self.pipe_threads:
+            self.pipe.put(None)
+        for t in self.pipe_threads:
+            t.join(30)
+        self.pipe = None
+        self.paused_upto = len(self.handles)
 
     def pause_batch(self) -> None:
         """--pause-every: pause (and with --reclaim, reclaim) the sandboxes made since the last batch, as
@@ -1070,7 +1196,10 @@ class Fill:
 
     def _ready(self, h: Any, t_created: float) -> None:
         self.side.ready(h)
-        self.ready_s.append(time.perf_counter() - t_created)
+        t = time.perf_counter()
+        self.ready_s.append(t - t_created)
+        if self.pipe is not None:
+            self.pipe.put((h, t))
 
     def settle(self) -> None:
         for f in self.pending:
@@ -1111,7 +1240,10 @@ class Fill:
         ex = []
         for h in sample:
             try:
-                ex.append(self.side.exec_true(h))
+                with self.probe_lock:
+                    ex.append(self.side.exec_true(h))
+                    if h.get("idle_paused"):  # --idle-pipeline had paused it: the exec resumed it
+                        self.side.pause(h)
             except Exception as e:
                 self.errors.append(f"exec: {type(e).__name__}: {str(e)[:200]}")
         step["exec_ms"] = lat_stats(ex)
@@ -1128,6 +1260,15 @@ class Fill:
                  "inotify": inotify_instances(), "client_fds": max(per_proc),  # each process has its own limit
                  "client_nofile": resource.getrlimit(resource.RLIMIT_NOFILE)[0], "maps": maps}
         step["limits"] = limit_usage(read_sysctls(), usage)
+        if ZRAM_DEV:  # --zram-mb: what the run's zram device holds, and the RAM it takes for it
+            step["zram"] = ZRAM_DEV[0].stats()
+        ksm_sys = Path("/sys/kernel/mm/ksm")
+        if self.args.ksm and ksm_sys.is_dir():  # host-wide ksmd totals (pages_sharing: page copies saved)
+            step["ksm"] = {k: int((ksm_sys / k).read_text()) for k in ("pages_shared", "pages_sharing",
+                                                                       "pages_unshared", "full_scans")}
+            cpu = ksmd_cpu_s()
+            if cpu is not None and base.get("ksmd_cpu_s") is not None:
+                step["ksm"]["ksmd_cpu_s"] = round(cpu - base["ksmd_cpu_s"], 1)  # since the fill began
         step["files_per_sb"] = (usage["files"] - base["files"]) / n
         step["inotify_per_sb"] = (usage["inotify"] - base["inotify"]) / n
         return step
@@ -1146,7 +1287,8 @@ class Fill:
                 "threads": nr_threads(), "processes": nr_processes(), "mounts": host_mounts(),
                 "helpers": helper_usage(side.helper_match), "inotify": inotify_instances(),
                 "files": int(Path("/proc/sys/fs/file-nr").read_text().split()[0]),
-                "client_fds": sum(fd_count(p) for p in side.client_pids()), "cache_files": side.cache_files()}
+                "client_fds": sum(fd_count(p) for p in side.client_pids()), "cache_files": side.cache_files(),
+                "ksmd_cpu_s": ksmd_cpu_s()}
         steps_at = fill_steps(self.max_n)
         steps: list[dict] = []
         stop = None
@@ -1172,9 +1314,9 @@ class Fill:
                 if a.pause_every and n - self.paused_upto >= a.pause_every:
                     self.pause_batch()
                 limits: dict[str, dict] = {}
-                mi = meminfo()
+                mi = self.pace(meminfo())
                 guard = int(a.min_available_gib * (1 << 30))
-                if guard and a.guard_wait_s and mi["MemAvailable"] < guard:
+                if guard and a.guard_wait_s and mi["MemAvailable"] < guard and self.pipe is None:
                     # ksmd (or reclaim) may still be catching up with the last sandboxes: give it a moment
                     self.pause_batch()
                     t_wait = time.perf_counter()
@@ -1201,12 +1343,26 @@ class Fill:
                 if stop is None and budget and time.perf_counter() - t_start > budget:
                     stop = f"{flag} {budget:g} reached"  # keeps one invocation <= 10 min
         fill_s = time.perf_counter() - t_start
+        t_drain = time.perf_counter()
+        self.drain_pipeline()  # the last sandboxes through their idle period, pause and reclaim
+        drain_s = time.perf_counter() - t_drain
         if self.handles and (not steps or steps[-1]["n"] != len(self.handles)):
             steps.append(self.measure(base, c0, r0))
+        settle = self.settle_merge() if self.handles and self.args.settle_s else None
+        # the host once the fill is over and the last sandboxes went through the idle pipeline (all paused,
+        # reclaimed or merged): what holding N idle sandboxes costs
+        end = self.measure(base, len(self.create_s), len(self.ready_s)) if self.handles and self.args.idle_pipeline \
+            else None
         self.settle()
+        pipeline = None
+        if self.args.idle_pipeline:
+            pipeline = {"paused": self.pipe_done, "paused_now": side.paused_count(self.handles),
+                        "reclaimed": len(self.pipe_reclaims), "idle_s": a.pipeline_idle_s,
+                        "workers": a.idle_workers, "cpu_s": round(self.pipe_cpu_s, 1),
+                        "pace_wait_s": round(self.pace_wait_s, 1), "drain_s": round(drain_s, 1)}
         return {"n_held": len(self.handles), "stop": stop, "fill_s": fill_s, "steps": steps,
                 "paused_during_fill": self.paused_upto, "batch_reclaims": self.batch_reclaims,
-                "guard_wait_s": round(self.guard_wait_s, 1),
+                "idle_pipeline": pipeline, "end": end, "settle": settle, "guard_wait_s": round(self.guard_wait_s, 1),
                 "errors": self.errors[:20], "cache_files": {k: str(v) for k, v in base["cache_files"].items()},
                 "base_free_frac": base["meminfo"]["MemAvailable"] / base["meminfo"]["MemTotal"]}
 
@@ -1260,6 +1416,7 @@ class Fill:
                 results = list(ex.map(lambda h: fn(h, target), handles))
         except Exception as e:  # no swap configured, no API on this build: skip, say so
             return {"skipped": f"{type(e).__name__}: {str(e)[:300]}"}
+        results = self.pipe_reclaims + results  # --idle-pipeline reclaimed most of them during the fill
         n = max(1, len(results))
         mi = meminfo()
         return {"target": target, "sandboxes": len(results), "wall_s": time.perf_counter() - t0,
@@ -1280,15 +1437,18 @@ def run_kind(kind: str, args: argparse.Namespace, with_paused: bool) -> list[dic
     """--runs runs of a profile: each run fills Shoal, then Docker (the order rotated by run), measures,
     tears down. One private dockerd (and one import of the image) serves all runs of the profile."""
     shoal = ShoalSide(Path(args.root), kind, Path(args.py_root), args.ksm, args.session_procs,
-                      (args.max if kind == "shell" else args.py_max) + 8)
+                      (args.max if kind == "shell" else args.py_max) + 8, args.ksm_pages_to_scan)
     docker: DockerSide | None = None
     runs: list[dict] = []
-    probe = shoal.double_cache_probe()
+    with_shoal = "shoal" in args.sides.split(",")  # --sides docker: the Shoal side only prepares the image
+    probe = shoal.double_cache_probe() if with_shoal else None
     try:
         if args.docker:
             docker = DockerSide(shoal, kind)
         for run_idx in range(args.runs):
-            sides: list[tuple[str, Side, int]] = [("shoal", shoal, args.max if kind == "shell" else args.py_max)]
+            sides: list[tuple[str, Side, int]] = []
+            if with_shoal:
+                sides.append(("shoal", shoal, args.max if kind == "shell" else args.py_max))
             if docker is not None:
                 sides.append(("docker", docker, args.docker_max if kind == "shell" else args.docker_py_max))
             if run_idx % 2 == 1:
@@ -1309,7 +1469,8 @@ def run_kind(kind: str, args: argparse.Namespace, with_paused: bool) -> list[dic
                 console.print(f"[bold]{kind} / {name}[/bold]: held {r['n_held']} ({r['stop']}), fill "
                               f"{r['fill_s']:.0f} s, kill {r_kill:.1f} s")
                 time.sleep(2)
-            out["shoal"]["double_cache_probe"] = probe
+            if "shoal" in out:
+                out["shoal"]["double_cache_probe"] = probe
             runs.append(out)
     finally:
         shoal.down()
@@ -1428,6 +1589,22 @@ def _stops(runs: list[dict]) -> str:
     return "; ".join(seen)
 
 
+def python_held_goal(sides: dict) -> str:
+    """The python row's goal cell: >= 3,000 held, and >= 3x Docker's count under the same stop rule."""
+    held = {k: v["summary"]["n_held"]["median"] for k, v in sides.items()}
+    if "docker" not in held or "shoal" not in held:
+        return "≥ 3,000 paused + reclaimed, ≥ 3× Docker: not measured (no Docker fill in this file)"
+    # a fill that ended at its own cap (--max, a time budget) did not reach the stop rule: its count is a floor
+    capped = {k for k, v in sides.items() if all(("--max" in str(r.get("stop")) or "budget" in str(r.get("stop")))
+                                                  for r in v.get("runs", []))}
+    if capped == {"shoal", "docker"}:
+        return "≥ 3,000 paused + reclaimed, ≥ 3× Docker: not measured (both sides' fills were capped)"
+    s, d = held["shoal"], held["docker"]
+    floor = " (a floor: Shoal's fills ended at their cap, not at the stop rule)" if "shoal" in capped else ""
+    return (f"≥ 3,000: {'met' if s >= 3000 else f'not met, {3000 - s:,.0f} short'}; ≥ 3× Docker: "
+            f"{s / d:.1f}× ({'met' if s / d >= 3 else 'not met'}){floor}")
+
+
 def readme_rows(j: dict) -> list[list[str]]:
     """README's density table (tests/test_docs_numbers.py, key `density`): figure | Shoal | Docker | goal."""
     rows: list[list[str]] = []
@@ -1460,7 +1637,7 @@ def readme_rows(j: dict) -> list[list[str]]:
             goal = (f"≥ 20,000: not reached ({top:,.0f} was this run's cap)" if capped
                     else f"≥ 20,000: not reached (stopped at {top:,.0f} by a limit: see the stop rule)")
         else:
-            goal = "≥ 3,000 paused + reclaimed, ≥ 3× Docker: not measured (both sides' fills were capped)"
+            goal = python_held_goal(sides)
         rows.append([f"{kind}: idle sandboxes held ({runs} run{'s' if runs > 1 else ''}; stop rule)", *held, goal])
         rows.append([f"{kind}: host memory per idle sandbox (MemTotal − MemAvailable, delta / N)",
                      *both("mem_used_mib", ".2f", " MiB"), ""])
@@ -1564,6 +1741,25 @@ def doc_tables(j: dict, kind: str) -> str:
     return "\n".join(out)
 
 
+def merge_runs(files: list[dict]) -> dict:
+    """The runs of several result files as one: each file's runs of a profile, in order (a run holds the
+    sides it filled), summarized again; the files' meta entries kept side by side."""
+    runs: dict[str, list[dict]] = {}
+    meta: dict[str, list] = {}
+    with_paused = False
+    for j in files:
+        for kind in ("shell", "python"):
+            sides = j.get("profiles", {}).get(kind, {}).get("sides", {})
+            n = max((len(v["runs"]) for v in sides.values()), default=0)
+            runs.setdefault(kind, []).extend({side: v["runs"][i] for side, v in sides.items() if i < len(v["runs"])}
+                                             for i in range(n))
+        with_paused = with_paused or "python-paused" in j.get("profiles", {})
+        for k, v in j.get("meta", {}).items():
+            meta.setdefault(k, []).extend(v if isinstance(v, list) else [v])
+    runs = {k: v for k, v in runs.items() if v}
+    return {"profiles": collect(runs, with_paused), "meta": meta, "bench": "density"}
+
+
 def host_facts() -> dict:
     mi = meminfo()
     return {"kernel": platform.release(), "cpus": os.cpu_count(), "mem_total_gib": mi["MemTotal"] / 2**30,
@@ -1577,6 +1773,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max", type=int, default=2000, help="shell: most Shoal sandboxes")
     ap.add_argument("--py-max", type=int, default=600, help="python: most Shoal sandboxes")
     ap.add_argument("--docker", action="store_true", help="also fill with Docker containers")
+    ap.add_argument("--sides", default="shoal,docker",
+                    help="which sides fill (comma list of shoal, docker; docker needs --docker): e.g. `--sides "
+                         "docker --docker --append-runs` adds Docker runs to a file's Shoal runs")
     ap.add_argument("--docker-max", type=int, default=1000, help="shell: most Docker containers")
     ap.add_argument("--docker-py-max", type=int, default=400, help="python: most Docker containers")
     ap.add_argument("--runs", type=int, default=1)
@@ -1585,6 +1784,23 @@ def main(argv: list[str] | None = None) -> int:
                     help="also stop when MemAvailable falls below this (a shared host's guard; 0: off)")
     ap.add_argument("--pause-every", type=int, default=0,
                     help="python-paused: pause (and with --reclaim, reclaim) every this many sandboxes during the fill")
+    ap.add_argument("--idle-pipeline", action="store_true",
+                    help="pause (and with --reclaim, reclaim) each sandbox --pipeline-idle-s after it is ready, in "
+                         "--idle-workers background threads, while the fill goes on (shoald's idle policy, per "
+                         "sandbox); the fill waits for them below --min-available-gib + --pace-gib")
+    ap.add_argument("--settle-s", type=float, default=0.0,
+                    help="--idle-pipeline: after the fill, watch the sandboxes' memory this long (ksmd merging the "
+                         "last ones) before the end-of-fill measurement")
+    ap.add_argument("--pipeline-idle-s", type=float, default=1.0, help="idle time before the pipeline pauses one")
+    ap.add_argument("--idle-workers", type=int, default=1, help="threads pausing / reclaiming (--idle-pipeline)")
+    ap.add_argument("--pace-gib", type=float, default=1.5,
+                    help="--idle-pipeline: MemAvailable margin above --min-available-gib where the fill waits")
+    ap.add_argument("--zram-mb", type=int, default=0,
+                    help="with --reclaim: set up a zram swap device of this size for the run (top priority, "
+                         "a private state file), torn down after")
+    ap.add_argument("--zram-algorithm", default="lzo-rle", help="its compressor")
+    ap.add_argument("--ksm-pages-to-scan", type=int, default=0,
+                    help="with --ksm: ksmd's pages per wake-up for the run (0: Shoal's [ksm] default); restored after")
     ap.add_argument("--guard-wait-s", type=float, default=0.0,
                     help="when --min-available-gib is reached, wait up to this long for ksmd/reclaim before stopping")
     ap.add_argument("--session-procs", type=int, default=0,
@@ -1610,12 +1826,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fresh", action="store_true", help="do not keep other profiles from an existing --out")
     ap.add_argument("--quick", action="store_true", help="smoke: shell profile, 8 sandboxes, 1 run")
     ap.add_argument("--render-only", action="store_true", help="redraw the PNG from --out")
+    ap.add_argument("--merge", nargs="+", metavar="JSON", help="write --out from these result files' runs")
     ap.add_argument("--doc-tables", metavar="PROFILE", help="print docs/density.md's tables for PROFILE from --out")
     a = ap.parse_args(argv)
     out = Path(a.out or (QUICK_OUT if a.quick else DEFAULT_OUT))
     png = out.with_suffix(".png")
     if a.doc_tables:
         print(doc_tables(json.loads(out.read_text()), a.doc_tables))
+        return 0
+    if a.merge:  # several invocations' runs into one file (each invocation <= 10 min on a shared host)
+        res = merge_runs([json.loads(Path(f).read_text()) for f in a.merge])
+        out.write_text(json.dumps(res, indent=1, default=str) + "\n")
+        render(res, png)
+        console.print(f"wrote {out} and {png} from {len(a.merge)} files")
         return 0
     if a.render_only:
         render(json.loads(out.read_text()), png)
@@ -1629,6 +1852,9 @@ def main(argv: list[str] | None = None) -> int:
         profiles, a.max, a.docker_max, a.runs, a.exec_sample = ["shell"], 8, 8, 1, 3
     if a.runs < 1 or a.max < 1 or a.py_max < 1:
         ap.error("--runs, --max, --py-max must be >= 1")
+    sides_bad = set(a.sides.split(",")) - {"shoal", "docker"}
+    if sides_bad or ("shoal" not in a.sides and not a.docker):
+        ap.error(f"--sides: choose from shoal, docker (docker needs --docker); got {a.sides!r}")
     if os.geteuid() != 0:
         ap.error("the bench creates sandboxes in-process: run it as root")
     kinds = []
@@ -1649,8 +1875,21 @@ def main(argv: list[str] | None = None) -> int:
                 console.print(f"[yellow]--tune-host: {k}: {e}[/yellow]")
     Path(a.root).mkdir(parents=True, exist_ok=True)
     runs_by_kind: dict[str, list[dict]] = {k: [] for k in kinds}
-    facts = host_facts()
+    facts: dict[str, Any] = host_facts()
+    zram_state = Path(tempfile.mkdtemp(prefix="shoal-density-zram-")) / "zram.json"
+    ksm_sysfs = Path("/sys/kernel/mm/ksm/pages_to_scan")
+    ksm_before = ksm_sysfs.read_text().strip() if a.ksm_pages_to_scan and ksm_sysfs.exists() else None
     try:
+        if a.zram_mb and a.reclaim:
+            from shoal.backends.container import zram
+
+            # the top swap priority: another user's device of equal priority would take every other page
+            dev = zram.setup(zram.ZramConfig(size_mb=a.zram_mb, algorithm=a.zram_algorithm, priority=32767),
+                             zram_state)
+            ZRAM_DEV.append(dev)
+            facts["zram"] = {"device": dev.path, "size_mb": dev.size_mb, "algorithm": dev.algorithm}
+        if a.ksm_pages_to_scan:
+            facts["ksm_pages_to_scan"] = {"run": a.ksm_pages_to_scan, "before": ksm_before}
         for kind in kinds:
             runs_by_kind[kind] = run_kind(kind, a, with_paused and kind == "python")
     finally:
@@ -1659,6 +1898,13 @@ def main(argv: list[str] | None = None) -> int:
                 write_sysctl(k, old)
             except OSError:
                 pass
+        if ksm_before is not None:  # ksmd's pace as it was (Shoal never stops ksmd: nor does the bench)
+            ksm_sysfs.write_text(ksm_before)
+        if a.zram_mb and a.reclaim:
+            from shoal.backends.container import zram
+
+            ZRAM_DEV.clear()
+            zram.teardown(zram_state)
     res: dict[str, Any] = {}
     if out.exists() and not a.fresh and not a.quick:
         try:

@@ -43,6 +43,8 @@ def main() -> None:
                     "first exec (its bytes are the 'agent' columns)")
     ap.add_argument("--env-b", action="append", default=[], help="VAR=VALUE: every sample also runs with this "
                     "environment (variant B, interleaved with A, the environment as given); medians of both")
+    ap.add_argument("--warm", action="store_true", help="warm-read samples instead (bench/lazy.py's warm row: "
+                    "all of /usr through the lazy mount, every chunk cached, against the local layer)")
     args = ap.parse_args()
     if args.readahead_kb:
         os.environ["SHOAL_LAZY_READAHEAD_KB"] = str(args.readahead_kb)
@@ -89,6 +91,9 @@ def main() -> None:
         if args.prefetch:
             for i, n in enumerate(names):
                 record(roots, reg, images[n], 900 + i)
+        if args.warm:
+            warm(args, roots, mreg, src, images, names)
+            return
         rows = []
         k = 0
         for _ in range(args.n):
@@ -137,6 +142,43 @@ def main() -> None:
         if link is not None:
             link.down()
         reg.close()
+
+
+def _with_env(pairs: list[str]):
+    saved = {v.split("=", 1)[0]: os.environ.get(v.split("=", 1)[0]) for v in pairs}
+    for v in pairs:
+        name, _, val = v.partition("=")
+        os.environ[name] = val
+    return saved
+
+
+def _restore(saved: dict) -> None:
+    for name, old in saved.items():
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+
+
+def warm(args, roots, reg, src, images: dict, names: list[str]) -> None:
+    """bench/lazy.py's warm sample, A and B interleaved: lazy warm / local, median of 3 reads each."""
+    ratios: dict[str, list[float]] = {"A": [], "B": []}
+    for _ in range(args.n):
+        for n in names:
+            for variant in (["A", "B"] if args.env_b else ["A"]):
+                saved = _with_env(args.env_b if variant == "B" else [])
+                try:
+                    w = lb.warm_sample(roots, reg, src, images[n])
+                finally:
+                    _restore(saved)
+                r = statistics.median(w["lazy_warm_mib_s"]) / statistics.median(w["local_mib_s"])
+                ratios[variant].append(r)
+                print(f"{n:6s} {variant} warm {[round(x) for x in w['lazy_warm_mib_s']]} local "
+                      f"{[round(x) for x in w['local_mib_s']]} MiB/s: ratio {r:.2f}; load {os.getloadavg()[0]:.1f}",
+                      flush=True)
+    for v, rs in ratios.items():
+        if rs:
+            print(f"MEDIAN {v} warm/local {statistics.median(rs):.2f} [{min(rs):.2f}-{max(rs):.2f}]")
 
 
 def summary(args, lz: list[dict], rows: list[dict], variant: str) -> None:

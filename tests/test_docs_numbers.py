@@ -267,8 +267,15 @@ def density_goal_rows(j: dict) -> list[list[str]]:
     python_row = ["idle python sandboxes held, paused + reclaimed", "≥ 3,000",
                   f"{held('python')['median']:,} held, paused ({py_runs} run{'s' if py_runs > 1 else ''}; the run's "
                   "cap)", "not measured at that size"]
-    if (REPO / "bench/results/density-python-dense.json").exists():  # ksm=True, paused in batches as it fills
-        dense = load("bench/results/density-python-dense.json")["profiles"]["python"]["sides"]["shoal"]["runs"]
+    ratio_row = ["Shoal vs Docker idle python sandboxes held", "≥ 3×",
+                 f"{held('python')['median']:,} vs {docker_python['median']:,} (both fills capped)",
+                 "not measured: neither side reached a stop rule of its own in one run"]
+    dense_path = REPO / "bench/results/density-python-dense.json"
+    dense_j = load("bench/results/density-python-dense.json") if dense_path.exists() else None
+    if dense_j and "docker" in dense_j["profiles"]["python"]["sides"]:  # the dense python fills, both sides
+        python_row, ratio_row = dense_python_rows(dense_j)
+    elif dense_j:  # ksm=True, paused in batches as it fills; Shoal only
+        dense = dense_j["profiles"]["python"]["sides"]["shoal"]["runs"]
         r = dense[-1]
         rate = r["n_held"] / r["fill_s"]
         own = r["steps"][-1].get("attributed_per_sb", {}).get("memory", 0) / (1 << 20)
@@ -300,10 +307,47 @@ def density_goal_rows(j: dict) -> list[list[str]]:
          f"{spread_cell(fill['empty_p50_ms'], '.1f')} ms){shell_fill_create()}",
          f"not met: {fill['ratio_full_vs_empty_p50'] - 2:.1f}× over at a fifth of the size; pivot_root's walk of "
          "every task and the 1-CPU quota's walk of every task group are still per create"],
-        ["Shoal vs Docker idle python sandboxes held", "≥ 3×",
-         f"{held('python')['median']:,} vs {docker_python['median']:,} (both fills capped)",
-         "not measured: neither side reached a stop rule of its own in one run"],
+        ratio_row,
     ]
+
+
+def dense_python_rows(j: dict) -> tuple[list[str], list[str]]:
+    """The goals table's python rows from bench/results/density-python-dense.json: Shoal's sandboxes
+    with ksm=True, aslr=False, each paused 1 s after it was ready (the idle pipeline); Docker's the same
+    image and process, `docker run -d`, to the same stop rule."""
+    sides = j["profiles"]["python"]["sides"]
+    sh, dk = sides["shoal"], sides["docker"]
+    n_sh, n_dk = sh["summary"]["n_held"], dk["summary"]["n_held"]
+
+    def runs_word(n: int) -> str:
+        return f"{n} run{'s' if n > 1 else ''}"
+
+    def stops(runs: list[dict]) -> str:
+        return "; ".join(dict.fromkeys(str(r["stop"]) for r in runs))
+
+    end = sh["summary"].get("end", {})
+    rate = statistics.median(r["n_held"] / r["fill_s"] for r in sh["runs"])
+    settled = [r["settle"][-1] for r in sh["runs"] if r.get("settle")]
+    settled_txt = (f"; {statistics.median(x['cg_anon_mib_per_sb'] for x in settled):.2f} MiB of cgroup anon each "
+                   f"once ksmd caught up ({runs_word(len(settled))})" if settled else "")
+    python_row = [
+        "idle python sandboxes held, paused + merged (ksm=True, aslr=False, each paused 1 s after it was ready)",
+        "≥ 3,000",
+        f"{spread_cell(n_sh, ',.0f')} ({runs_word(n_sh['n'])}; {stops(sh['runs'])}); "
+        f"{spread_cell(end['mem_used_mib'], '.2f')} MiB of host memory each at the end of the fill"
+        f"{settled_txt}",
+        f"not met, {3000 - n_sh['median']:,.0f} short at the median: the time budget that keeps one invocation "
+        f"under 10 min ended the fills at {rate:.1f} sandboxes/s on 2 shared cores (each starts an interpreter "
+        "that imports pytest); at the end-of-fill memory per sandbox, 3,000 would also have passed the 5 GiB "
+        "guard (docs/density.md)" if n_sh["median"] < 3000 else "met"]
+    ratio = n_sh["median"] / n_dk["median"]
+    ratio_row = [
+        "Shoal vs Docker idle python sandboxes held", "≥ 3×",
+        f"{ratio:.1f}×: {n_sh['median']:,.0f} vs {spread_cell(n_dk, ',.0f')} ({runs_word(n_dk['n'])}; "
+        f"{stops(dk['runs'])})",
+        ("met" if ratio >= 3 else f"not met by {3 - ratio:.1f}×") + ", a floor: Shoal's fills ended at their "
+        "time budget, Docker's at the stop rule"]
+    return python_row, ratio_row
 
 
 TABLES: dict[str, tuple[str, Callable[[dict], list[list[str]]]]] = {

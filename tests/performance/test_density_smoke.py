@@ -36,3 +36,20 @@ def test_density_quick(tmp_path, bench_root):
     # everything was killed: no live sandbox left under the bench root
     left = [p for p in (root / "sandboxes").iterdir()] if (root / "sandboxes").exists() else []
     assert left == []
+
+
+def test_density_idle_pipeline_pauses_each_sandbox(tmp_path, bench_root):
+    """--idle-pipeline (the dense python fills' mode): each sandbox is paused by a background worker
+    once it has been ready for --pipeline-idle-s, while the fill goes on; at the end of the fill every
+    one of them is paused, as the backend itself reports (info().state), not as the bench counted."""
+    out = tmp_path / "density.json"
+    r = subprocess.run([sys.executable, str(BENCH), "--quick", "--idle-pipeline", "--pipeline-idle-s", "0.2",
+                        "--root", str(bench_root), "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    run = json.loads(out.read_text())["profiles"]["shell"]["sides"]["shoal"]["runs"][0]
+    assert run["n_held"] == 8 and not run["errors"], run["errors"]
+    pipe = run["idle_pipeline"]
+    assert pipe["paused"] == 8 and pipe["paused_now"] == 8, pipe
+    assert pipe["reclaimed"] == 0  # no --reclaim: pausing only
+    # the exec probes of the last step resumed some; the step itself was measured with all 8 paused
+    assert run["paused_during_fill"] == 8

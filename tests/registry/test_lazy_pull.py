@@ -48,6 +48,9 @@ def test_lazy_pull_starts_a_sandbox_reading_only_what_it_touches(registry, lazy_
         first = time.perf_counter() - t
         assert r.exit_code == 0 and r.stdout == "hello, lazily\nlazy\n", r
         fetched = registry.blob_bytes(mark)
+        # the pull found no published list and noted it: the daemon did not ask again while mounting
+        asked = [p for _m, p, _c in registry.requests(mark) if "/manifests/shoal-prefetch-" in p]
+        assert not asked, asked
         reads = [e for e in registry.entries(mark) if e[0] == "GET" and "/blobs/" in e[1] and e[2] != 401]
         print(f"cold start -> first exec {first:.3f} s; {fetched} of {lazy_pushed['image_bytes']} bytes fetched "
               f"in {len(reads)} range GETs")

@@ -182,3 +182,29 @@ def test_project_limits(d):
     assert p["fs.mount-max (mounts in the host namespace)"]["fits"]
     assert not p["RLIMIT_NOFILE of the client process"]["fits"]  # 5 fds x 20,000 > 20,000
     assert p["fs.inotify.max_user_instances"]["fits"]
+
+
+def test_summarize_end_of_fill_and_python_goal(d):
+    """--idle-pipeline runs carry the host once every sandbox was paused (`end`): summarized over runs,
+    only where every run has it; the python goal cell compares the sides' median counts."""
+    def run(n_held, used, end=True):
+        step = {"n": n_held, "meminfo_per_sb": {"used": used * 2**20}, "create_ms": {"p50": 5.0}}
+        return {"n_held": n_held, "steps": [step], "end": dict(step, meminfo_per_sb={"used": used / 4 * 2**20},
+                                                                create_ms=None) if end else None}
+
+    s = d.summarize([run(1000, 8.0), run(1200, 4.0)])
+    assert s["end"]["n"]["median"] == 1100 and s["end"]["mem_used_mib"]["max"] == 2.0
+    assert "create_p50_ms" not in s["end"]  # no creates after the fill: no latency made up
+    assert "end" not in d.summarize([run(1000, 8.0), run(1200, 4.0, end=False)])
+
+    def sides(shoal, docker, shoal_stop="free memory 9.9% < 10%", docker_stop="create p99 1003 ms > 1000 ms"):
+        return {k: {"summary": {"n_held": {"median": v}}, "runs": [{"stop": why}]}
+                for k, v, why in (("shoal", shoal, shoal_stop), ("docker", docker, docker_stop)) if v}
+
+    assert d.python_held_goal(sides(3100, 700)) == "≥ 3,000: met; ≥ 3× Docker: 4.4× (met)"
+    assert d.python_held_goal(sides(1500, 600)) == "≥ 3,000: not met, 1,500 short; ≥ 3× Docker: 2.5× (not met)"
+    assert d.python_held_goal(sides(1500, 600, "--fill-budget-s 450 reached")).endswith(
+        "(a floor: Shoal's fills ended at their cap, not at the stop rule)")
+    assert "both sides' fills were capped" in d.python_held_goal(sides(600, 378, "--max 600 reached",
+                                                                      "--docker-fill-budget-s 150 reached"))
+    assert "not measured" in d.python_held_goal(sides(1500, None))

@@ -39,6 +39,17 @@ def add_completions(app: FastAPI, backend: ModelBackend) -> Callable[[dict], Awa
                                  for j, t in enumerate(infos)],
                 "text_offset": []}
 
+    async def paced(gen: Any) -> AsyncIterator[TokenInfo]:
+        """The backend's tokens, each made off the event loop, slowed by the admin delay."""
+        it = iter(gen)
+        while (t := await asyncio.to_thread(next, it, None)) is not None:
+            if state["token_delay_s"]:
+                await asyncio.sleep(state["token_delay_s"])
+            yield t
+
+    def sse(event: dict, done: bool = False) -> bytes:
+        return f"data: {json.dumps(event)}\n\n".encode() + (b"data: [DONE]\n\n" if done else b"")
+
     @app.post("/admin/token_delay")
     async def token_delay(body: dict) -> dict:
         state["token_delay_s"] = float(body.get("seconds", 0))
@@ -78,23 +89,17 @@ def add_completions(app: FastAPI, backend: ModelBackend) -> Callable[[dict], Awa
                     "usage": {"prompt_tokens": len(ids), "completion_tokens": len(out)}}
 
         async def events() -> AsyncIterator[bytes]:
-            it = iter(gen)
             last = None
-            while True:
-                t = await asyncio.to_thread(next, it, None)
-                if t is None:
-                    break
+            async for t in paced(gen):
                 last = t
-                if state["token_delay_s"]:
-                    await asyncio.sleep(state["token_delay_s"])
                 chunk = {"id": rid, "object": "text_completion", "created": created, "model": backend.name,
                          "choices": [{"index": 0, "text": tok.token_bytes(t.id).decode(errors="replace"),
                                       "finish_reason": None, "logprobs": lp_block([t], as_ids)}]}
-                yield f"data: {json.dumps(chunk)}\n\n".encode()
+                yield sse(chunk)
             finish = "stop" if last is not None and (last.id in stops or last.id == tok.eos_id) else "length"
             end = {"id": rid, "object": "text_completion", "created": created, "model": backend.name,
                    "choices": [{"index": 0, "text": "", "finish_reason": finish, "logprobs": None}]}
-            yield f"data: {json.dumps(end)}\n\ndata: [DONE]\n\n".encode()
+            yield sse(end, done=True)
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
@@ -146,25 +151,19 @@ def add_completions(app: FastAPI, backend: ModelBackend) -> Callable[[dict], Awa
                     "usage": {"prompt_tokens": len(ids), "completion_tokens": len(out)}}
 
         async def events() -> AsyncIterator[bytes]:
-            it = iter(gen)
             last = None
             head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": backend.name}
             first = {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                           "finish_reason": None, "logprobs": None}]}
-            yield f"data: {json.dumps(first)}\n\n".encode()
-            while True:
-                t = await asyncio.to_thread(next, it, None)
-                if t is None:
-                    break
+            yield sse(first)
+            async for t in paced(gen):
                 last = t
-                if state["token_delay_s"]:
-                    await asyncio.sleep(state["token_delay_s"])
                 chunk = {**head, "choices": [{"index": 0, "finish_reason": None,
                                               "delta": {"content": tok.token_bytes(t.id).decode(errors="replace")},
                                               "logprobs": {"content": [content_lp(t)]} if want_lp else None}]}
-                yield f"data: {json.dumps(chunk)}\n\n".encode()
+                yield sse(chunk)
             end = {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": finish(last), "logprobs": None}]}
-            yield f"data: {json.dumps(end)}\n\ndata: [DONE]\n\n".encode()
+            yield sse(end, done=True)
 
         return StreamingResponse(events(), media_type="text/event-stream")
 

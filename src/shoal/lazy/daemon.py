@@ -119,7 +119,7 @@ class LayerFiles:
         """The prefetch list (found here, else asked from the origin; coalesced, `PREFETCH_WORKERS`
         reads at once); then, only when SHOAL_LAZY_COMPLETE=1, the rest of the layer at low priority
         (one read at a time); then, once every chunk is here, the layer's promotion to a local image."""
-        if not order:
+        if not order and not prefetch.absent_recently(self.root, digest):  # a pull just asked: none
             order = self._published_list(digest, layer, spec)
         if order:
             n = prefetch_chunks(layer, order, self.stop, workers=PREFETCH_WORKERS,

@@ -58,9 +58,12 @@ class FastPath:
         lib.lazy_fast_serve.restype = ctypes.c_ssize_t
         lib.lazy_fast_reads.argtypes = [p]
         lib.lazy_fast_reads.restype = ctypes.c_uint64
+        lib.lazy_fast_hints.argtypes = [p, ctypes.c_int]
         self.table = lib.lazy_fast_new(max_read)  # per server; never freed (see fastread.c)
         if not self.table:
             raise MemoryError("lazy fast path table")
+        # read-ahead hints on the chunk files (on by default; SHOAL_LAZY_FAST_HINTS=0: off, for A/B)
+        lib.lazy_fast_hints(self.table, 0 if os.environ.get("SHOAL_LAZY_FAST_HINTS") == "0" else 1)
 
     def node(self, ino: int, size: int, chunk_size: int) -> None:
         self.lib.lazy_fast_node(self.table, ino, size, chunk_size)

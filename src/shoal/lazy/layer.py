@@ -148,7 +148,9 @@ class LazyLayer:
             data = self.cache.pread_cached(self.index.chunks[numbers[0]], offset - start, end - offset)
             if data is not None and len(data) == end - offset:
                 return data
-        got = self.cache.get_many([(i, self.index.chunks[i]) for i in numbers], self.fetch_run, self.max_run)
+        # runs split by chunks cached in between: one multi-range request, not one round trip each
+        many = self.fetch_runs if MULTI_RANGE and self.origin.multi_range else None
+        got = self.cache.get_many([(i, self.index.chunks[i]) for i in numbers], self.fetch_run, self.max_run, many)
         parts: list[bytes | memoryview] = []
         for i in numbers:
             start, clen = self.index.span(i)

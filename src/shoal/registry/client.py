@@ -29,7 +29,9 @@ import httpx
 
 from ..core.errors import CorruptChunk, ImageNotFound, InvalidArgument, LayerNotFound, OriginUnavailable, RegistryError
 from ..lazy.origin import DEFAULT_TIMEOUT_S
+from . import fastget
 from .auth import Credentials, find_credentials, parse_challenge
+from .fastget import FastRangeGet
 from .media import ACCEPT_MANIFESTS
 from .uploads import UploadSessions
 
@@ -97,15 +99,20 @@ class RegistryClient:
         # how to reach it again (a lazy layer's origin spec records these; never the credentials)
         self.ca = str(Path(ca).absolute()) if ca else None
         self.insecure, self.plain_http = insecure, plain_http
-        self._http = httpx.Client(verify=_ssl_verify(ca, insecure), timeout=httpx.Timeout(timeout),
+        verify = _ssl_verify(ca, insecure)
+        self._http = httpx.Client(verify=verify, timeout=httpx.Timeout(timeout),
                                   follow_redirects=True, trust_env=False,
                                   headers={"User-Agent": "shoal-registry/1"})
         self._auth: dict[str, str] = {}  # repository ("" for /v2/) -> Authorization header value
         self.stats: Counter[str] = Counter()  # e.g. "GET blob", "PATCH upload", "bytes sent"
         self.multi_range: bool | None = None  # whether it answers multi-range GETs (None: not tried yet)
+        # the lazy loader's Range GETs on plain kept-alive connections (shoal.registry.fastget)
+        self._fast = FastRangeGet(self.base, registry, timeout, verify) if fastget.enabled() else None
 
     def close(self) -> None:
         self._http.close()
+        if self._fast is not None:
+            self._fast.drop()
 
     def __enter__(self) -> RegistryClient:
         return self
@@ -249,8 +256,18 @@ class RegistryClient:
         if length <= 0:
             return b""
         self.stats["GET blob range"] += 1
+        rng = f"bytes={offset}-{offset + length - 1}"
+        if self._fast is not None:  # the plain case on a kept-alive connection; else the full path below
+            got = self._fast.get(f"/v2/{repo}/blobs/{digest}", rng, self._auth.get(repo) or self._auth.get(""),
+                                 f"GET blob {digest[:19]} range")
+            if got is not None:
+                status, data = got
+                if status == 200:
+                    data = data[offset:offset + length]
+                self.stats["bytes received"] += len(data)
+                return data
         r = self.request("GET", f"/v2/{repo}/blobs/{digest}", repo=repo, what=f"GET blob {digest[:19]} range",
-                         ok=(200, 206), headers={"Range": f"bytes={offset}-{offset + length - 1}"},
+                         ok=(200, 206), headers={"Range": rng},
                          missing=LayerNotFound)
         data = r.content
         if r.status_code == 200:  # a registry (or a redirect target) that ignores Range

@@ -269,11 +269,12 @@ def _lazy_layer_meta(store: LayerStore, cl: RegistryClient, r: Reference, items:
                      indexes: dict, where: str) -> list[tuple[ChunkIndex, str]]:
     """The chunk index of each layer (in order), all fetched at once; beside each, its published
     prefetch list, kept in `<root>/lazy/` so the root's daemon (starting meanwhile) prefetches the
-    moment it opens the layer. No layer byte is fetched here. A missing list (none published) or a
-    failed list lookup is left to the daemon, which asks again; a bad index fails the pull."""
+    moment it opens the layer. No layer byte is fetched here. A missing list (none published) is
+    noted (`prefetch.mark_absent`: the daemon does not ask again for a while); a failed lookup is
+    left to the daemon, which asks again; a bad index fails the pull."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from ..core.errors import ShoalError
+    from ..core.errors import ImageNotFound, ShoalError
     from ..lazy import prefetch
     from .origin import RegistryOrigin
 
@@ -290,6 +291,8 @@ def _lazy_layer_meta(store: LayerStore, cl: RegistryClient, r: Reference, items:
             order = prefetch.parse(body)
             if order:
                 prefetch.save(store.settings.root, digest, order, startup=prefetch.parse_startup(body))
+        except ImageNotFound:  # none published (not a failure): the daemon need not ask again soon
+            prefetch.mark_absent(store.settings.root, digest)
         except (ShoalError, OSError):
             pass
 

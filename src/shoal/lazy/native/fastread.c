@@ -12,6 +12,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +36,7 @@ struct table {
     struct node *nodes[MAX_NODES];
     size_t reply_cap;
     uint64_t fast_reads; /* answered here (statistics) */
+    int hints;           /* posix_fadvise(WILLNEED) of a READ's chunk files and the next span's */
 };
 
 static __thread char *reply_buf;
@@ -42,9 +44,14 @@ static __thread size_t reply_buf_cap;
 
 struct table *lazy_fast_new(size_t max_read) {
     struct table *t = calloc(1, sizeof *t);
-    if (t) t->reply_cap = max_read;
+    if (t) {
+        t->reply_cap = max_read;
+        t->hints = 1;
+    }
     return t;
 }
+
+void lazy_fast_hints(struct table *t, int on) { t->hints = on; }
 
 /* Register node `ino` (a file of `size` bytes in chunks of `chunk_size`). Idempotent. */
 int lazy_fast_node(struct table *t, uint64_t ino, uint64_t size, uint64_t chunk_size) {
@@ -116,6 +123,24 @@ static int try_read(struct table *t, int dev, const char *req, size_t len) {
     }
     char *data = reply_buf + OUT_HDR;
     size_t got = 0;
+    if (size && last > first && t->hints) {
+        /* the chunk files of one READ are separate files: start all their disk reads now, so the
+         * preads below wait for one round of I/O instead of one per chunk (a cold page cache) */
+        for (uint64_t c = first; c <= last; c++) {
+            uint64_t cs = c * n->chunk_size;
+            uint64_t lo = c == first ? offset - cs : 0;
+            uint64_t hi = c == last ? offset + size - cs : n->chunk_size;
+            (void)posix_fadvise(__atomic_load_n(&n->fds[c], __ATOMIC_ACQUIRE), (off_t)lo, (off_t)(hi - lo),
+                                POSIX_FADV_WILLNEED);
+        }
+        /* a streaming read (the kernel's read-ahead sends spans of several chunks): the chunks of the
+         * next span too, so their I/O overlaps this reply and the reader's next request */
+        uint64_t span = last - first + 1;
+        for (uint64_t c = last + 1; c <= last + span && c < n->nchunks; c++) {
+            int fd = __atomic_load_n(&n->fds[c], __ATOMIC_ACQUIRE);
+            if (fd >= 0) (void)posix_fadvise(fd, 0, (off_t)n->chunk_size, POSIX_FADV_WILLNEED);
+        }
+    }
     for (uint64_t c = first; size && c <= last; c++) {
         uint64_t cstart = c * n->chunk_size;
         uint64_t lo = offset + got - cstart;

@@ -1,0 +1,110 @@
+"""Range GETs of blob bytes on kept-alive `http.client` connections (the lazy loader's miss path).
+
+Why not httpx for these: a lazy cold start without a prefetch list is a chain of ~60 small Range
+GETs one after another, and on the 2-core benchmark host httpx spends ~1 ms of client CPU per
+request against ~0.3 ms for `http.client` (docs/lazy-loading.md, round 5). Only the plain case goes
+here: a 200/206 answer with a Content-Length. Anything else (an auth challenge, a redirect, an error
+status, chunked encoding) is handed back (None) to `RegistryClient.request`, which runs the auth
+flows, follows redirects and turns statuses into typed errors as before; a timeout or a refused
+connection is `OriginUnavailable` at once (the same deadline per socket operation as httpx's).
+
+One connection per thread (the lazy daemon's FUSE workers each hold one; `http.client` connections
+are not thread-safe). A kept-alive connection the server closed meanwhile is retried once on a new
+one; a fresh connection's failure is reported."""
+from __future__ import annotations
+
+import http.client
+import os
+import ssl
+import threading
+from urllib.parse import urlsplit
+
+from ..core.errors import OriginUnavailable
+
+
+def enabled() -> bool:
+    """SHOAL_REGISTRY_FAST_GET=0 turns it off (A/B). Read per client: a lazy daemon forked by the
+    zygote has imported this module under the zygote's environment, not its requester's."""
+    return os.environ.get("SHOAL_REGISTRY_FAST_GET", "1") != "0"
+_STALE = (http.client.RemoteDisconnected, http.client.BadStatusLine, ConnectionResetError, BrokenPipeError)
+
+
+class FastRangeGet:
+    """GET `path` with a Range header on this thread's connection to `base` ("http[s]://host[:port]")."""
+
+    def __init__(self, base: str, registry: str, timeout: float, verify: ssl.SSLContext | bool,
+                 user_agent: str = "shoal-registry/1"):
+        u = urlsplit(base)
+        self.https = u.scheme == "https"
+        self.host = u.hostname or ""
+        self.port = u.port or (443 if self.https else 80)
+        self.host_header = u.netloc
+        self.registry, self.timeout, self.user_agent = registry, timeout, user_agent
+        self._ctx: ssl.SSLContext | None = None
+        if self.https:
+            if isinstance(verify, ssl.SSLContext):
+                self._ctx = verify
+            elif verify:
+                self._ctx = ssl.create_default_context()
+            else:
+                self._ctx = ssl._create_unverified_context()  # the caller asked for --insecure
+        self._local = threading.local()
+        self.requests = 0  # answered here (tests)
+        self.connects = 0  # connections opened (tests: kept alive between requests)
+
+    def _conn(self, fresh: bool) -> tuple[http.client.HTTPConnection, bool]:
+        """(connection, reused): this thread's kept-alive connection, or a new one."""
+        c = getattr(self._local, "conn", None)
+        if c is not None and not fresh:
+            return c, True
+        if c is not None:
+            c.close()
+        if self.https:
+            c = http.client.HTTPSConnection(self.host, self.port, timeout=self.timeout, context=self._ctx)
+        else:
+            c = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+        self._local.conn = c
+        self.connects += 1
+        return c, False
+
+    def drop(self) -> None:
+        c = getattr(self._local, "conn", None)
+        if c is not None:
+            c.close()
+            self._local.conn = None
+
+    def get(self, path: str, range_header: str, auth: str | None, what: str) -> tuple[int, bytes] | None:
+        """(status, body) of a 200/206 answer; None for any other answer (the caller's slow path)."""
+        headers = {"Host": self.host_header, "User-Agent": self.user_agent, "Range": range_header,
+                   "Accept-Encoding": "identity"}
+        if auth:
+            headers["Authorization"] = auth
+        for attempt in (0, 1):
+            conn, reused = self._conn(fresh=attempt > 0)
+            try:
+                conn.request("GET", path, headers=headers)
+                r = conn.getresponse()
+                if r.status not in (200, 206) or r.getheader("Content-Length") is None or r.chunked:
+                    self.drop()  # its body is not read: the connection is not reusable
+                    return None
+                body = r.read()
+                if r.will_close:
+                    self.drop()
+                self.requests += 1
+                return r.status, body
+            except TimeoutError:  # socket.timeout is TimeoutError
+                self.drop()
+                raise OriginUnavailable(f"registry {self.registry}: {what} timed out after {self.timeout:g} s") \
+                    from None
+            except _STALE as e:
+                self.drop()
+                if reused and attempt == 0:
+                    continue  # the server closed the idle connection: once more on a new one
+                raise OriginUnavailable(f"registry {self.registry}: {what} failed ({type(e).__name__})") from None
+            except ssl.SSLCertVerificationError:
+                self.drop()
+                return None  # the slow path names the untrusted certificate
+            except (OSError, http.client.HTTPException) as e:
+                self.drop()
+                raise OriginUnavailable(f"registry {self.registry}: {what} failed ({type(e).__name__})") from None
+        return None
