@@ -365,6 +365,15 @@ class Host(SandboxBackend):
     def port_sockets(self, sandbox_id: str, port: int) -> list[PortSocket]:
         return self._route(sandbox_id).port_sockets(sandbox_id, port)
 
+    def guard_port(self, sandbox_id: str, port: int) -> None:
+        self._route(sandbox_id).guard_port(sandbox_id, port)
+
+    def port_guarded(self, sandbox_id: str, port: int) -> bool:
+        return self._route(sandbox_id).port_guarded(sandbox_id, port)
+
+    def written_under(self, sandbox_id: str, paths: list[str], limit: int = 20) -> list[str]:
+        return self._route(sandbox_id).written_under(sandbox_id, paths, limit)
+
     def set_network(self, sandbox_id: str, req: NetworkRequest) -> NetworkPolicy:
         return self._route(sandbox_id).set_network(sandbox_id, req)
 

@@ -748,6 +748,23 @@ class SandboxBackend(abc.ABC):
         in the sandbox. Backends that cannot see into a sandbox's processes raise NotSupported."""
         raise NotSupported(f"the {self.name} backend cannot tell who holds a port inside a sandbox")
 
+    def guard_port(self, sandbox_id: str, port: int) -> None:
+        """From now on only `connect_port` (the host side) reaches 127.0.0.1:`port` in the sandbox: a
+        connection from a process in the sandbox is reset (a grader's server, e.g. Chromium's DevTools,
+        that agent code must not speak to). Idempotent. Backends that cannot raise NotSupported."""
+        raise NotSupported(f"the {self.name} backend cannot guard a port inside a sandbox")
+
+    def port_guarded(self, sandbox_id: str, port: int) -> bool:
+        """Whether `guard_port(port)` is in force in the sandbox (a grader fails closed without it)."""
+        raise NotSupported(f"the {self.name} backend cannot guard a port inside a sandbox")
+
+    def written_under(self, sandbox_id: str, paths: list[str], limit: int = 20) -> list[str]:
+        """Paths at or below each of `paths` (absolute; a last component ending in `*` matches every name
+        with that prefix) that the sandbox itself wrote, replaced or removed, i.e. that are no longer its
+        image's: at most `limit`. A grader asks this before trusting a program in the sandbox (the
+        agent is root there). Backends that cannot tell raise NotSupported."""
+        raise NotSupported(f"the {self.name} backend cannot tell what a sandbox wrote")
+
     # ---------------------------------------------------------------- file watching
     def watch_dir(self, sandbox_id: str, path: str, recursive: bool = False) -> WatchHandle:
         """Watch a directory inside the sandbox (and, `recursive`, every directory below it): typed

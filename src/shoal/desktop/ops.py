@@ -11,8 +11,8 @@ import time
 from pydantic import BaseModel
 
 from ..core.contract import ExecRequest, ExecResult, SandboxBackend
-from ..core.errors import CommandTimeout, DesktopUnavailable, FileOpError, InvalidArgument, SandboxError
-from . import FB_PATH, HELPER, STATE_DIR
+from ..core.errors import CommandTimeout, DesktopUnavailable, FileOpError, InvalidArgument, NotSupported, SandboxError
+from . import DEVTOOLS_PORT, FB_PATH, HELPER, HELPER_ARGV, STATE_DIR
 from .actions import ActionResult, DesktopAction, xdotool_argv
 from .screen import xwd_to_png
 
@@ -54,14 +54,14 @@ def _run(backend: SandboxBackend, sid: str, argv: list[str], timeout: float = 20
 
 
 def _helper(backend: SandboxBackend, sid: str, *args: str, timeout: float = 20.0) -> str:
-    r = _run(backend, sid, [HELPER, *args], timeout, output_cap=16 << 20)
+    r = _run(backend, sid, [*HELPER_ARGV, *args], timeout, output_cap=16 << 20)
     if r.timed_out:
         raise CommandTimeout(f"shoal-desktop {args[0]} timed out after {timeout} s in {sid}", r)
     if r.exit_code == 3:
         raise DesktopUnavailable(f"sandbox {sid} has no running desktop: {r.stderr.strip()[-300:]}")
     if r.exit_code == 4:
         raise InvalidArgument(r.stderr.strip()[-500:])
-    if r.exit_code == 127:
+    if r.exit_code == 127 or (r.exit_code == 2 and "can't open file" in r.stderr):
         raise DesktopUnavailable(f"sandbox {sid} is not a desktop sandbox (no {HELPER}; create it from "
                                  f"desktop:bookworm)")
     if r.exit_code != 0:
@@ -76,6 +76,7 @@ def _parse_size(text: str) -> tuple[int, int]:
 
 def start(backend: SandboxBackend, sid: str) -> tuple[int, int]:
     """Start the desktop (X server, session bus, window manager) if it is not running; its size."""
+    _guard_devtools(backend, sid)  # before any app starts: agent code never speaks to the browser's DevTools
     size = _parse_size(_helper(backend, sid, "start"))
     with _lock:
         _sizes[(backend.address, sid)] = size
@@ -156,7 +157,17 @@ def launch(backend: SandboxBackend, sid: str, app: str, args: list[str] | None =
     """Start an installed app (its toolkit layer's launcher entry) detached; its pid in the sandbox."""
     if not app or not app.replace("-", "").replace("_", "").isalnum():
         raise InvalidArgument(f"app names are short words (editor, spreadsheet, files, browser), got {app!r}")
+    _guard_devtools(backend, sid)
     return int(_helper(backend, sid, "launch", app, *(args or [])).strip())
+
+
+def _guard_devtools(backend: SandboxBackend, sid: str) -> None:
+    """Only the host reaches the browser's DevTools port (the grader's way to the DOM); a backend that
+    cannot guard it leaves it open, and a browser_dom check there fails closed (tasks/desktop/browser.py)."""
+    try:
+        backend.guard_port(sid, DEVTOOLS_PORT)
+    except NotSupported:
+        pass
 
 
 def activate(backend: SandboxBackend, sid: str, title: str) -> None:

@@ -44,13 +44,16 @@ VNC_PORTS = range(VNC_PORT, VNC_PORT + 10)  # one x11vnc per forward: the first 
 _STATE = "/tmp/.shoal-desktop"
 # VNC authentication uses the first 8 characters of a password (a DES key): 8 random ones
 _ALPHABET = string.ascii_letters + string.digits
+X11VNC = "/usr/bin/x11vnc"  # the desktop-vnc layer's program: run by this path, pinned only if it is that file
+SETSID = "/usr/bin/setsid"
 
 
 class VncServer:
     """An x11vnc that Shoal started: its port in the sandbox, password and pinned process."""
 
-    def __init__(self, port: int, password: str, pid: int, start: int):
+    def __init__(self, port: int, password: str, pid: int, start: int, argv: list[str] | None = None):
         self.port, self.password, self.pid, self.start = port, password, pid, start
+        self.argv = argv or []
 
     def __repr__(self) -> str:  # never the password
         return f"VncServer(port={self.port}, pid={self.pid})"
@@ -64,18 +67,30 @@ def _listening(sb: Sandbox, port: int) -> bool:
         return False
 
 
-def _pin(sb: Sandbox, port: int) -> tuple[int, int] | None:
+def _pin(sb: Sandbox, port: int, argv: list[str]) -> tuple[int, int] | None:
     """(host pid, start ticks) of the one process holding `port`'s listening sockets (IPv4 and IPv6
-    loopback), or None."""
-    holders = {(p, st) for s in sb.port_sockets(port) if s.state == "listen"
-               for p, st in zip(s.pids, s.starts, strict=False)}
-    return holders.pop() if len(holders) == 1 else None
+    loopback), or None. SandboxError when that process is not the layer's x11vnc running `argv`: its
+    program and every library it maps are the image's own files (not written in the sandbox: a
+    replaced x11vnc, an LD_PRELOAD'd library) and its command line is the one Shoal gave it (a replaced
+    `setsid` could start the real x11vnc without a password)."""
+    socks = [s for s in sb.port_sockets(port) if s.state == "listen"]
+    holders = {(p, st) for s in socks for p, st in zip(s.pids, s.starts, strict=False)}
+    if len(holders) != 1:
+        return None
+    for s in socks:
+        facts = zip(s.exes, s.exes_from_image, s.code_from_image, s.cmdlines, strict=False)
+        for exe, own, code, cmdline in facts:
+            if exe != X11VNC or not own or not code or cmdline != argv:
+                raise SandboxError(f"the sandbox's VNC port {port} is held by {exe[:200]!r}"
+                                   f"{'' if own and code else ' (code written in the sandbox)'}"
+                                   f"{'' if cmdline == argv else ' with another command line'}, "
+                                   "not the desktop-vnc layer's x11vnc as Shoal started it")
+    return holders.pop()
 
 
 def start_vnc(sb: Sandbox, timeout: float = 15.0) -> VncServer:
     """A new x11vnc serving the sandbox's display on its loopback, with a fresh password, pinned."""
-    r = sb.commands.run(["sh", "-c", "command -v x11vnc"], timeout=10)
-    if r.exit_code != 0:
+    if not sb.files.exists(X11VNC):
         raise DesktopUnavailable(f"sandbox {sb.id} has no x11vnc: compose the desktop-vnc:1 layer "
                                  f"(desktop_layers(..., vnc=True))")
     sb.desktop.start()
@@ -86,17 +101,21 @@ def start_vnc(sb: Sandbox, timeout: float = 15.0) -> VncServer:
     pwfile = f"{_STATE}/vnc-{secrets.token_hex(8)}"
     sb.files.write(pwfile, password + "\n")
     # rm: x11vnc deletes the file once read; the password is never on a command line
-    argv = ["setsid", "-f", "x11vnc", "-display", ":0", "-localhost", "-rfbport", str(port), "-forever",
+    argv = [X11VNC, "-display", ":0", "-localhost", "-rfbport", str(port), "-forever",
             "-shared", "-passwdfile", f"rm:{pwfile}", "-quiet", "-o", f"{_STATE}/x11vnc-{port}.log"]
-    r = sb.commands.run(argv, timeout=10)
+    r = sb.commands.run([SETSID, "-f", *argv], timeout=10)
     if r.exit_code != 0:
         sb.commands.run(["rm", "-f", pwfile], timeout=10)
         raise SandboxError(f"x11vnc did not start in {sb.id}: {r.stderr.strip()[-300:]}")
     deadline = time.monotonic() + timeout
     while True:
-        pin = _pin(sb, port) if _listening(sb, port) else None
+        try:
+            pin = _pin(sb, port, argv) if _listening(sb, port) else None
+        except SandboxError:
+            sb.commands.run(["rm", "-f", pwfile], timeout=10)
+            raise
         if pin is not None:
-            return VncServer(port, password, *pin)
+            return VncServer(port, password, *pin, argv=argv)
         if time.monotonic() > deadline:
             sb.commands.run(["rm", "-f", pwfile], timeout=10)
             log = sb.commands.run(["sh", "-c", f"tail -c 1000 {_STATE}/x11vnc-{port}.log"], timeout=10)
@@ -111,9 +130,9 @@ def verify_server(sb: Sandbox, server: VncServer) -> None:
         raise SandboxError(f"nothing listens on the sandbox's VNC port {server.port}")
     for s in socks:
         if s.state == "listen" or s.pids:  # an accepted socket held by nobody is one just closed
-            if s.pids != [server.pid] or s.starts != [server.start]:
+            if s.pids != [server.pid] or s.starts != [server.start] or not all(s.code_from_image):
                 raise SandboxError(f"the sandbox's VNC port {server.port} is held by pids {s.pids}, "
-                                   f"not the x11vnc Shoal started (pid {server.pid})")
+                                   f"not the x11vnc Shoal started (pid {server.pid}) as the layer ships it")
 
 
 def _pipe(a: socket.socket, b: socket.socket) -> None:

@@ -298,6 +298,15 @@ class FleetBackend(SandboxBackend):
     def port_sockets(self, sandbox_id: str, port: int) -> list[PortSocket]:
         return self._on(sandbox_id, lambda c: c.port_sockets(sandbox_id, port))
 
+    def guard_port(self, sandbox_id: str, port: int) -> None:
+        self._on(sandbox_id, lambda c: c.guard_port(sandbox_id, port))
+
+    def port_guarded(self, sandbox_id: str, port: int) -> bool:
+        return self._on(sandbox_id, lambda c: c.port_guarded(sandbox_id, port))
+
+    def written_under(self, sandbox_id: str, paths: list[str], limit: int = 20) -> list[str]:
+        return self._on(sandbox_id, lambda c: c.written_under(sandbox_id, paths, limit))
+
     def watch_dir(self, sandbox_id: str, path: str, recursive: bool = False) -> WatchHandle:
         return self._on(sandbox_id, lambda c: c.watch_dir(sandbox_id, path, recursive))
 

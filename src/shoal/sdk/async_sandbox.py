@@ -499,6 +499,17 @@ class AsyncSandbox:
         """
         return await _t(self._sync.port_sockets, port=port)
 
+    async def guard_port(self, port: int) -> None:
+        """Only `connect_port` reaches `port` from now on; the sandbox's own processes are refused."""
+        await _t(self._sync.guard_port, port=port)
+
+    async def port_guarded(self, port: int) -> bool:
+        return await _t(self._sync.port_guarded, port=port)
+
+    async def written_under(self, paths: list[str], limit: int = 20) -> list[str]:
+        """Paths at or below `paths` that the sandbox wrote, replaced or removed (no longer its image's)."""
+        return await _t(self._sync.written_under, paths=paths, limit=limit)
+
     async def snapshot(self, exclude: list[str] | None = None) -> SnapshotInfo:
         """pack_diff: capture the writable upper (processes frozen meanwhile) as a new layer on top of
         this sandbox's stack. Restore with `Sandbox.create(from_snapshot=snap)` or `fork()`.

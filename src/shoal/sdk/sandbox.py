@@ -335,6 +335,17 @@ class Sandbox:
         programs hold them (SandboxBackend.port_sockets)."""
         return self._backend.port_sockets(self.id, port)
 
+    def guard_port(self, port: int) -> None:
+        """Only `connect_port` reaches `port` from now on; the sandbox's own processes are refused."""
+        self._backend.guard_port(self.id, port)
+
+    def port_guarded(self, port: int) -> bool:
+        return self._backend.port_guarded(self.id, port)
+
+    def written_under(self, paths: list[str], limit: int = 20) -> list[str]:
+        """Paths at or below `paths` that the sandbox wrote, replaced or removed (no longer its image's)."""
+        return self._backend.written_under(self.id, paths, limit)
+
     def snapshot(self, exclude: list[str] | None = None) -> SnapshotInfo:
         """pack_diff: capture the writable upper (processes frozen meanwhile) as a new layer on top of
         this sandbox's stack. Restore with `Sandbox.create(from_snapshot=snap)` or `fork()`.

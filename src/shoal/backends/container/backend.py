@@ -802,6 +802,32 @@ class ContainerBackend(LocalBackend):
             raise InvalidArgument(f"sandbox {sandbox_id} uses the host network (a build sandbox)")
         return port_sockets(meta["init_pid"], self.cgroups.procs(sandbox_id), self.upper_dir(sandbox_id), port)
 
+    def guard_port(self, sandbox_id: str, port: int) -> None:
+        """An nftables rule in the sandbox's netns resets connections without the host's mark (portguard.py)."""
+        from .portguard import guard
+
+        meta = self._guardable(sandbox_id)
+        guard(sandbox_id, meta["init_pid"], meta.get("init_start"), port)
+
+    def port_guarded(self, sandbox_id: str, port: int) -> bool:
+        from .portguard import guarded
+
+        meta = self._guardable(sandbox_id)
+        return guarded(sandbox_id, meta["init_pid"], meta.get("init_start"), port)
+
+    def _guardable(self, sandbox_id: str) -> dict:
+        meta = self._live_meta(sandbox_id)
+        if meta.get("network") == "host":  # its netns is the host's: never filtered from here
+            raise InvalidArgument(f"sandbox {sandbox_id} uses the host network (a build sandbox)")
+        return meta
+
+    def written_under(self, sandbox_id: str, paths: list[str], limit: int = 20) -> list[str]:
+        """Entries of the sandbox's writable upper at or below `paths` (upperscan.py)."""
+        from .upperscan import written_under
+
+        self._live_meta(sandbox_id)
+        return written_under(self.upper_dir(sandbox_id), paths, limit)
+
     def watch_dir(self, sandbox_id: str, path: str, recursive: bool = False) -> WatchHandle:
         """inotify on the sandbox's own view of `path` (watch.py); caps in `self.watch_limits`."""
         from .watch import ContainerWatch, WatchLimits

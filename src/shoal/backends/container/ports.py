@@ -16,6 +16,7 @@ import threading
 from ...core.contract import check_port
 from ...core.errors import PortClosed, SandboxError, SandboxNotFound
 from ..pids import starttime
+from .portguard import MARK
 
 CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -42,6 +43,9 @@ def connect_in_netns(sandbox_id: str, pid: int, start: int | None, port: int, ti
                 return
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             try:
+                # the host's mark: a guarded port (portguard.py) resets connections without it, and the
+                # sandbox cannot set it (SO_MARK needs CAP_NET_ADMIN or CAP_NET_RAW, both dropped there)
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, MARK)
                 s.settimeout(timeout)
                 s.connect(("127.0.0.1", port))
                 s.settimeout(None)

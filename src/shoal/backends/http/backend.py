@@ -379,6 +379,18 @@ class HttpBackend(SandboxBackend):
         check_port(port)
         return [PortSocket.model_validate(x) for x in self.json("GET", self._sb(sandbox_id) + f"/ports/{port}/sockets")]
 
+    def guard_port(self, sandbox_id: str, port: int) -> None:
+        check_port(port)
+        self.json("POST", self._sb(sandbox_id) + f"/ports/{port}/guard")
+
+    def port_guarded(self, sandbox_id: str, port: int) -> bool:
+        check_port(port)
+        return bool(self.json("GET", self._sb(sandbox_id) + f"/ports/{port}/guard")["guarded"])
+
+    def written_under(self, sandbox_id: str, paths: builtins.list[str], limit: int = 20) -> builtins.list[str]:
+        return [str(p) for p in self.json("POST", self._sb(sandbox_id) + "/written",
+                                          json={"paths": paths, "limit": limit})]
+
     def get_network(self, sandbox_id: str) -> NetworkPolicy:
         return NetworkPolicy.model_validate(self.json("GET", self._sb(sandbox_id) + "/network"))
 

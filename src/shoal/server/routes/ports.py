@@ -21,6 +21,7 @@ import threading
 
 import anyio
 from fastapi import APIRouter, Depends, Query, Response
+from pydantic import BaseModel, Field
 from starlette.types import Receive, Scope, Send
 
 from ...core.contract import API_PREFIX, PORT_CONNECT_TIMEOUT, PortSocket, check_port
@@ -140,3 +141,28 @@ def port_sockets(sandbox_id: str, port: int, c: Caller = Depends(caller)) -> lis
     """The sockets on `port` inside the sandbox that its processes hold, with their holders."""
     check_port(port)
     return c.d.backend.port_sockets(c.sandbox(sandbox_id), port)
+
+
+@router.post("/ports/{port}/guard")
+def guard_port(sandbox_id: str, port: int, c: Caller = Depends(caller)) -> dict:
+    """Only the host side (connect_port) reaches `port` in the sandbox from now on."""
+    check_port(port)
+    c.d.backend.guard_port(c.sandbox(sandbox_id), port)
+    return {"guarded": True}
+
+
+@router.get("/ports/{port}/guard")
+def port_guarded(sandbox_id: str, port: int, c: Caller = Depends(caller)) -> dict:
+    check_port(port)
+    return {"guarded": c.d.backend.port_guarded(c.sandbox(sandbox_id), port)}
+
+
+class WrittenRequest(BaseModel):
+    paths: list[str] = Field(max_length=64)
+    limit: int = Field(20, ge=1, le=1000)
+
+
+@router.post("/written")
+def written_under(sandbox_id: str, req: WrittenRequest, c: Caller = Depends(caller)) -> list[str]:
+    """What the sandbox wrote at or below `paths` (SandboxBackend.written_under)."""
+    return c.d.backend.written_under(c.sandbox(sandbox_id), req.paths, req.limit)

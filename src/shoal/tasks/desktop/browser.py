@@ -31,8 +31,8 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from ...core.errors import SandboxError, ShoalError
+from ...desktop import DEVTOOLS_PORT
 
-DEVTOOLS_PORT = 9222
 CHROMIUM_EXE = "/usr/lib/chromium/chromium"  # Debian's chromium: what its processes' /proc/<pid>/exe names
 MAX_BODY = 4 << 20  # a target list or an evaluate answer larger than this is refused
 
@@ -156,6 +156,19 @@ def flags_problem(argv: list[str]) -> str | None:
     return None
 
 
+def verify_guarded(sb: Any, port: int = DEVTOOLS_PORT) -> None:
+    """Raise BrowserUnavailable unless the backend says only the host reaches `port` in the sandbox
+    (`guard_port`, installed when the desktop started): otherwise agent code could have spoken
+    DevTools itself and written the DOM this check reads."""
+    try:
+        ok = sb.port_guarded(port)
+    except ShoalError as e:
+        raise BrowserUnavailable(f"cannot tell whether the sandbox's port {port} is the grader's alone: {e}") from None
+    if not ok:
+        raise BrowserUnavailable(f"the sandbox's port {port} is not guarded: processes in the sandbox could "
+                                 "speak DevTools to the browser, so its DOM is not graded")
+
+
 def _connect(sb: Any, port: int, timeout: float) -> socket.socket:
     try:
         s = sb.connect_port(port, timeout=timeout)
@@ -262,6 +275,7 @@ def evaluate(sb: Any, expression: str, url: str, port: int = DEVTOOLS_PORT, time
     want = page_key(url)
     if want is None:
         raise BrowserUnavailable(f"{url[:200]!r} is not a file/http/https page URL")
+    verify_guarded(sb, port)
     verify_chromium(sb, port)
     return _evaluate(sb, expression, want, url, port, timeout, page_sha256)
 

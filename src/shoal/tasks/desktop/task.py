@@ -20,13 +20,14 @@ import csv
 import hashlib
 import io
 import json
+import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ...core.errors import InvalidArgument, ShoalError
+from ...core.errors import InvalidArgument, SandboxError, ShoalError
 from ...sdk.sandbox import Sandbox
 from .browser import page_key
 
@@ -204,40 +205,89 @@ def _texts(node, out: list[str]) -> list[str]:
     return out
 
 
-def check(sb: Sandbox, c: Any) -> bool:
-    """Run one programmatic check against the sandbox's state now."""
+# What a check that runs a program inside the sandbox (the desktop helper, python3, ssconvert, a shell
+# command) trusts to be the image's: the programs and libraries, the dynamic loader's configuration
+# and Python's site configuration. The agent is root in the sandbox; anything it wrote there could
+# answer what the check wants, so such a check is not fulfilled (it fails closed and says why).
+TRUSTED_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc/ld.so.preload",
+                 "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/python3*")
+
+
+class GraderTampered(SandboxError):
+    """A check would run a program the sandbox itself wrote or replaced (or a loader hook it added)."""
+
+
+def tampered(sb: Sandbox) -> list[str]:
+    """The paths under TRUSTED_PATHS that the sandbox wrote (asked of the backend, from the host)."""
+    return sb.written_under(list(TRUSTED_PATHS))
+
+
+def _untampered(sb: Sandbox) -> None:
+    found = tampered(sb)
+    if found:
+        raise GraderTampered("the sandbox wrote programs or loader configuration a check would run: "
+                             + ", ".join(found[:5]) + (" ..." if len(found) > 5 else ""))
+
+
+def _run_check(sb: Sandbox, c: Any) -> bool:
+    if isinstance(c, WindowCheck):
+        return any(c.title.lower() in w.title.lower() and (w.focused or not c.focused)
+                   for w in sb.desktop.windows())
+    if isinstance(c, A11yText):
+        return any(c.contains in t for t in _texts(sb.desktop.accessibility_tree(depth=30, max_nodes=20000), []))
+    if isinstance(c, SpreadsheetCell):
+        # a fresh HOME (no user plugins or settings of the agent's) and an empty environment
+        home = f"/tmp/.shoal-check-{secrets.token_hex(8)}"
+        sb.commands.run(["/usr/bin/mkdir", "-m", "700", home], timeout=20, check=True)
+        try:
+            out = f"{home}/cells.csv"
+            r = sb.commands.run(["/usr/bin/env", "-i", f"HOME={home}", "PATH=/usr/bin:/bin", "/usr/bin/ssconvert",
+                                 "--export-type=Gnumeric_stf:stf_csv", c.path, out], timeout=60)
+            if r.exit_code != 0:
+                return False
+            rows = list(csv.reader(io.StringIO(sb.files.read(out))))
+        finally:
+            sb.commands.run(["/usr/bin/rm", "-rf", home], timeout=20)
+        i, j = _cell_index(c.cell)
+        return i < len(rows) and j < len(rows[i]) and rows[i][j].strip() == c.value
+    if isinstance(c, CommandCheck):
+        r = sb.commands.run(c.cmd, timeout=60)
+        return r.exit_code == 0 and c.stdout_contains in r.stdout
+    raise InvalidArgument(f"unknown check {c!r}")
+
+
+def check_result(sb: Sandbox, c: Any) -> tuple[bool, str | None]:
+    """One programmatic check against the sandbox's state now: (fulfilled, why not when known).
+    A check that runs a program inside the sandbox first asks the backend whether the sandbox wrote
+    anything under TRUSTED_PATHS, and again after it ran (a replacement made meanwhile counts too)."""
     try:
         if isinstance(c, FileContains | FileLacks):
             text = sb.files.read(c.path) if sb.files.exists(c.path) else None
             if isinstance(c, FileLacks):
-                return text is not None and c.text not in text
-            return text is not None and c.text in text
+                return text is not None and c.text not in text, None
+            return text is not None and c.text in text, None
         if isinstance(c, FileExists):
-            return sb.files.exists(c.path)
-        if isinstance(c, WindowCheck):
-            return any(c.title.lower() in w.title.lower() and (w.focused or not c.focused)
-                       for w in sb.desktop.windows())
-        if isinstance(c, A11yText):
-            return any(c.contains in t for t in _texts(sb.desktop.accessibility_tree(depth=30, max_nodes=20000), []))
-        if isinstance(c, SpreadsheetCell):
-            out = "/tmp/.shoal-check.csv"
-            r = sb.commands.run(["ssconvert", "--export-type=Gnumeric_stf:stf_csv", c.path, out], timeout=60)
-            if r.exit_code != 0:
-                return False
-            rows = list(csv.reader(io.StringIO(sb.files.read(out))))
-            i, j = _cell_index(c.cell)
-            return i < len(rows) and j < len(rows[i]) and rows[i][j].strip() == c.value
-        if isinstance(c, CommandCheck):
-            r = sb.commands.run(c.cmd, timeout=60)
-            return r.exit_code == 0 and c.stdout_contains in r.stdout
+            return sb.files.exists(c.path), None
         if isinstance(c, BrowserDom):
             from .browser import dom_property
 
             v = dom_property(sb, c.selector, c.prop, c.url, page_sha256=c.page_sha256)
-            return v is not None and (v == c.equals if c.equals is not None else c.text in v)
-    except ShoalError:
-        return False
+            return v is not None and (v == c.equals if c.equals is not None else c.text in v), None
+        if isinstance(c, WindowCheck | A11yText | SpreadsheetCell | CommandCheck):
+            _untampered(sb)
+            ok = _run_check(sb, c)
+            _untampered(sb)
+            return ok, None
+    except GraderTampered as e:
+        return False, f"tamper: {e}"
+    except ShoalError as e:
+        return False, f"{type(e).__name__}: {str(e)[:300]}"
     raise InvalidArgument(f"unknown check {c!r}")
+
+
+def check(sb: Sandbox, c: Any) -> bool:
+    """Run one programmatic check against the sandbox's state now (`check_result` without the why)."""
+    return check_result(sb, c)[0]
 
 
 Judge = Any  # callable(task, subgoal, evidence) -> bool: an LLM judge for rubric-only subgoals
