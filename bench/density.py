@@ -1034,6 +1034,8 @@ class DockerSide(Side):
 
     def exec_true(self, h: Any) -> float:
         t0 = time.perf_counter()
+        if h.get("idle_paused"):  # `docker exec` refuses a paused container: unpause first (counted, as
+            self._docker("unpause", h["id"])  # Shoal's exec on a paused sandbox counts its resume)
         self._docker("exec", h["id"], "true")
         return time.perf_counter() - t0
 
