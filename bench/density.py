@@ -952,19 +952,17 @@ class ShoalSide(Side):
         return double_cache_probe(pair[1], name) if pair else None
 
     def kill_all(self, hs: list[Any]) -> None:
-        def one(h: Any) -> None:
+        def close(h: Any) -> None:
             try:
                 if h.get("session") is not None:
                     h["session"].close()
             except Exception:
                 pass
-            try:
-                h["sb"].kill()
-            except Exception:
-                pass
 
         with ThreadPoolExecutor(8) as ex:
-            list(ex.map(one, hs))
+            list(ex.map(close, hs))
+        # all signalled, then waited for at once (Host.kill_many), not one kill after another
+        self.host.kill_many([h["sb"].id for h in hs])
         for holder in self.holders:
             holder.call("drop")
 

@@ -43,6 +43,7 @@ def main() -> None:
                     "first exec (its bytes are the 'agent' columns)")
     ap.add_argument("--env-b", action="append", default=[], help="VAR=VALUE: every sample also runs with this "
                     "environment (variant B, interleaved with A, the environment as given); medians of both")
+    ap.add_argument("--env-c", action="append", default=[], help="VAR=VALUE: a third variant (C), like --env-b")
     ap.add_argument("--warm", action="store_true", help="warm-read samples instead (bench/lazy.py's warm row: "
                     "all of /usr through the lazy mount, every chunk cached, against the local layer)")
     args = ap.parse_args()
@@ -98,12 +99,8 @@ def main() -> None:
         k = 0
         for _ in range(args.n):
             for n in names:
-                for variant in (["A", "B"] if args.env_b else ["A"]):
-                    saved = {v.split("=", 1)[0]: os.environ.get(v.split("=", 1)[0]) for v in args.env_b}
-                    if variant == "B":
-                        for v in args.env_b:
-                            name, _, val = v.partition("=")
-                            os.environ[name] = val
+                for variant, env in variants(args):
+                    saved = _with_env(env)
                     try:
                         mark = mreg.mark()
                         s = lb.lazy_sample(roots, mreg, images[n], k, None if args.no_agent else args.sequence)
@@ -122,19 +119,15 @@ def main() -> None:
                               f"agent {s['agent_frac']:.1%}  GETs {gets}  seq {s['sequence_s']:.2f} s", flush=True)
                         s["variant"] = variant
                     finally:
-                        for name, old in saved.items():
-                            if old is None:
-                                os.environ.pop(name, None)
-                            else:
-                                os.environ[name] = old
+                        _restore(saved)
                 if args.full:
                     f = lb.full_sample(roots, mreg, images[n], k)
                     k += 1
                     rows.append({"full": f["first_exec_s"]})
                     print(f"{n:6s} full pull+start {f['first_exec_s']:.3f} s", flush=True)
-        for variant in (["A", "B"] if args.env_b else ["A"]):
+        for variant, env in variants(args):
             summary(args, [r for r in rows if "first_exec_s" in r and r.get("variant") == variant], rows,
-                    variant + (f" ({' '.join(args.env_b)})" if variant == "B" else ""))
+                    variant + (f" ({' '.join(env)})" if env else ""))
     finally:
         roots.close()
         if sreg is not None:
@@ -142,6 +135,11 @@ def main() -> None:
         if link is not None:
             link.down()
         reg.close()
+
+
+def variants(args) -> list[tuple[str, list[str]]]:
+    """(name, environment) of each variant: A (as given), B (--env-b), C (--env-c), interleaved."""
+    return [("A", [])] + ([("B", args.env_b)] if args.env_b else []) + ([("C", args.env_c)] if args.env_c else [])
 
 
 def _with_env(pairs: list[str]):

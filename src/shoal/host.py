@@ -261,6 +261,29 @@ class Host(SandboxBackend):
     def kill(self, sandbox_id: str) -> None:
         self._route(sandbox_id).kill(sandbox_id)
 
+    def kill_many(self, sandbox_ids: list[str]) -> list[str]:
+        """Kill many sandboxes; a backend that can end them together does (the container backend:
+        all signalled first, then waited for at once). Returns the ids that were already gone."""
+        groups: dict[str, list[str]] = {}
+        gone: list[str] = []
+        for sid in sandbox_ids:
+            try:
+                groups.setdefault(self._route(sid).name, []).append(sid)
+            except SandboxNotFound:
+                gone.append(sid)
+        for name, ids in groups.items():
+            be = self.backend(name)
+            many = getattr(be, "kill_many", None)
+            if many is not None:
+                gone += many(ids)
+                continue
+            for sid in ids:
+                try:
+                    be.kill(sid)
+                except SandboxNotFound:
+                    gone.append(sid)
+        return gone
+
     def pause(self, sandbox_id: str) -> None:
         self._route(sandbox_id).pause(sandbox_id)
 

@@ -40,14 +40,8 @@ class FastRangeGet:
         self.port = u.port or (443 if self.https else 80)
         self.host_header = u.netloc
         self.registry, self.timeout, self.user_agent = registry, timeout, user_agent
-        self._ctx: ssl.SSLContext | None = None
-        if self.https:
-            if isinstance(verify, ssl.SSLContext):
-                self._ctx = verify
-            elif verify:
-                self._ctx = ssl.create_default_context()
-            else:
-                self._ctx = ssl._create_unverified_context()  # the caller asked for --insecure
+        self._verify = verify
+        self._ctx: ssl.SSLContext | None = verify if isinstance(verify, ssl.SSLContext) else None
         self._local = threading.local()
         self.requests = 0  # answered here (tests)
         self.connects = 0  # connections opened (tests: kept alive between requests)
@@ -60,6 +54,8 @@ class FastRangeGet:
         if c is not None:
             c.close()
         if self.https:
+            if self._ctx is None:  # made on first use: loading the system's CAs takes milliseconds
+                self._ctx = ssl.create_default_context() if self._verify else ssl._create_unverified_context()
             c = http.client.HTTPSConnection(self.host, self.port, timeout=self.timeout, context=self._ctx)
         else:
             c = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)

@@ -494,6 +494,13 @@ class ContainerBackend(LocalBackend):
             self._meta.pop(sandbox_id, None)
         self._cleanup(sandbox_id, reason=reason)
 
+    def kill_many(self, sandbox_ids: list[str], reason: str = "killed") -> list[str]:
+        """End many sandboxes together (all signalled first, then waited for at once); returns the
+        ids that were already gone. killmany.py says why."""
+        from .killmany import kill_many
+
+        return kill_many(self, sandbox_ids, reason)
+
     def _cleanup(self, sandbox_id: str, reason: str | None = None) -> None:
         """Release everything a sandbox holds on the host; safe to call twice."""
         d = self.settings.sandboxes_dir / sandbox_id

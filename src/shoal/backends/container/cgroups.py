@@ -6,15 +6,18 @@ Each sandbox gets `shoal-<root tag>/<id>` in every hierarchy; the supervisor rem
 """
 from __future__ import annotations
 
+import atexit
 import errno
 import hashlib
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...core.contract import Limits
 from ...core.errors import BackendUnavailable, SandboxError
+from .quotapool import PREFIX as POOL_PREFIX
+from .quotapool import QuotaPool
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -49,6 +52,8 @@ class CgroupDriver:
     version: int
     mounts: dict[str, Path]  # controller -> hierarchy root (v2: all the same path)
     parent: str = "shoal"
+    # v1: cpu cgroups with the quota written ahead, off the create path (quotapool.py)
+    quota_pool: QuotaPool | None = field(default=None, repr=False)
 
     @classmethod
     def detect(cls, parent: str = "shoal") -> CgroupDriver:
@@ -108,14 +113,23 @@ class CgroupDriver:
         else:
             for m in set(self.mounts.values()):
                 (m / self.parent).mkdir(exist_ok=True)
+            cpu_parent = self.mounts["cpu"] / self.parent
+            QuotaPool.sweep_stale(cpu_parent)
+            if self.quota_pool is None:
+                self.quota_pool = QuotaPool(cpu_parent, "cpu.cfs_quota_us")
+                atexit.register(self.quota_pool.close)
 
     def create(self, sandbox_id: str, limits: Limits) -> list[Path]:
         dirs = self.dirs(sandbox_id)
+        quota = cpu_quota_us(limits.cpu)
+        cpu_dir = self._dir("cpu", sandbox_id)
         try:
             for d in dirs:
-                d.mkdir()
+                if d == cpu_dir and quota is not None and self.quota_pool and self.quota_pool.take(quota, d):
+                    quota = None  # written ahead: the pool's cgroup carries it
+                else:
+                    d.mkdir()
             mem = limits.memory_mb * 1024 * 1024
-            quota = cpu_quota_us(limits.cpu)
             if self.version == 2:
                 d = dirs[0]
                 _write(d / "memory.max", str(mem))
@@ -178,7 +192,7 @@ class CgroupDriver:
         for m in set(self.mounts.values()):
             p = m / self.parent
             if p.is_dir():
-                out.update(x.name for x in p.iterdir() if x.is_dir())
+                out.update(x.name for x in p.iterdir() if x.is_dir() and not x.name.startswith(POOL_PREFIX))
         return out
 
     # ------------------------------------------------------------------ freezer and stats
