@@ -321,7 +321,7 @@ def dense_python_rows(j: dict) -> tuple[list[str], list[str]]:
     dk = sorted(sides["docker"]["runs"], key=lambda r: -r["n_held"])
 
     def per_run(runs: list[dict]) -> str:
-        return ", ".join(f"{r['n_held']:,}: {str(r['stop']).split(';')[0][:48]}" for r in runs)
+        return ", ".join(f"{r['n_held']:,}: {str(r['stop']).split(';')[0].split(' (')[0]}" for r in runs)
 
     best, dbest = sh[0], dk[0]
     settle = best.get("settle") or []
