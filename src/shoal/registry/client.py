@@ -259,7 +259,7 @@ class RegistryClient:
         rng = f"bytes={offset}-{offset + length - 1}"
         if self._fast is not None:  # the plain case on a kept-alive connection; else the full path below
             got = self._fast.get(f"/v2/{repo}/blobs/{digest}", rng, self._auth.get(repo) or self._auth.get(""),
-                                 f"GET blob {digest[:19]} range")
+                                 f"GET blob {digest[:19]} range", length, offset)
             if got is not None:
                 status, data = got
                 if status == 200:
@@ -267,12 +267,17 @@ class RegistryClient:
                 self.stats["bytes received"] += len(data)
                 return data
         r = self.request("GET", f"/v2/{repo}/blobs/{digest}", repo=repo, what=f"GET blob {digest[:19]} range",
-                         ok=(200, 206), headers={"Range": rng},
+                         ok=(200, 206), headers={"Range": rng}, stream=True,
                          missing=LayerNotFound)
-        data = r.content
-        if r.status_code == 200:  # a registry (or a redirect target) that ignores Range
+        deadline = time.monotonic() + self.timeout  # the body's (the auth flow's round trips had their own)
+        try:
+            # a registry (or a redirect target) that ignores Range answers 200: the blob's first bytes
+            keep = length if r.status_code == 206 else offset + length
+            data = self._read_capped(r, digest, keep, deadline, exact=r.status_code == 206)
+        finally:
+            r.close()
+        if r.status_code == 200:
             data = data[offset:offset + length]
-        self.stats["bytes received"] += len(data)
         return data
 
     def read_blob_ranges(self, repo: str, digest: str, ranges: list[tuple[int, int]]) -> list[bytes]:
@@ -294,7 +299,9 @@ class RegistryClient:
                 log.info("registry %s: no multi-range reads (HTTP %d, %s)", self.registry, r.status_code, ctype)
                 r.close()
                 return [self.read_blob(repo, digest, o, n) for o, n in ranges]
-            body = b"".join(self._iter(r, digest))
+            # the parts' bytes and their heads (a few hundred bytes each), within the timeout
+            cap = sum(n for _, n in ranges) + 1024 * len(ranges) + 4096
+            body = self._read_capped(r, digest, cap, time.monotonic() + self.timeout, exact=True)
         finally:
             r.close()
         self.multi_range = True
@@ -328,9 +335,27 @@ class RegistryClient:
             raise CorruptChunk(f"blob {digest} from {self.registry}/{repo} does not match its digest: refused")
         return data
 
-    def _iter(self, r: httpx.Response, digest: str) -> Iterator[bytes]:
+    def _read_capped(self, r: httpx.Response, digest: str, cap: int, deadline: float, exact: bool) -> bytes:
+        """At most `cap` bytes of a streamed answer, all by `deadline` (httpx's timeout bounds each read
+        only: an origin that drip-feeds would never end). `exact`: more than `cap` is the origin's error
+        (OriginUnavailable); else the rest is left unread."""
+        buf = bytearray()
+        for block in self._iter(r, digest, chunk=None):  # each block as it arrives: the deadline is checked
+            buf += block
+            if len(buf) > cap:
+                if exact:
+                    raise OriginUnavailable(f"registry {self.registry}: blob {digest[:19]} answered more than the "
+                                            f"{cap} bytes asked for: refused")
+                del buf[cap:]
+                break
+            if time.monotonic() > deadline:
+                raise OriginUnavailable(f"registry {self.registry}: reading blob {digest[:19]} timed out after "
+                                        f"{self.timeout:g} s")
+        return bytes(buf)
+
+    def _iter(self, r: httpx.Response, digest: str, chunk: int | None = _READ) -> Iterator[bytes]:
         try:
-            for block in r.iter_bytes(_READ):
+            for block in r.iter_bytes(chunk):
                 self.stats["bytes received"] += len(block)
                 yield block
         except httpx.TimeoutException:

@@ -14,9 +14,13 @@ one; a fresh connection's failure is reported."""
 from __future__ import annotations
 
 import http.client
+import io
 import os
+import socket
 import ssl
 import threading
+import time
+from functools import partial
 from urllib.parse import urlsplit
 
 from ..core.errors import OriginUnavailable
@@ -26,6 +30,40 @@ def enabled() -> bool:
     """SHOAL_REGISTRY_FAST_GET=0 turns it off (A/B). Read per client: a lazy daemon forked by the
     zygote has imported this module under the zygote's environment, not its requester's."""
     return os.environ.get("SHOAL_REGISTRY_FAST_GET", "1") != "0"
+
+
+class _DeadlineReader(io.RawIOBase):
+    """A response's socket reads, each given only what is left of the request's deadline: the socket
+    timeout alone bounds one recv, so an origin that drip-feeds a byte at a time would never end."""
+
+    def __init__(self, sock: socket.socket, deadline: float):
+        # through a socket file of its own: the connection may close its socket object while this
+        # response is read (Connection: close), and the file keeps the descriptor open until closed
+        self.sock, self.raw, self.deadline = sock, sock.makefile("rb", buffering=0), deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: memoryview) -> int:  # type: ignore[override]  # RawIOBase's buffer type
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request's deadline passed")
+        self.sock.settimeout(left)
+        return self.raw.readinto(b) or 0
+
+    def close(self) -> None:
+        if not self.closed:
+            self.raw.close()
+        super().close()
+
+
+class _DeadlineResponse(http.client.HTTPResponse):
+    def __init__(self, sock: socket.socket, *args: object, deadline: float, **kw: object):
+        super().__init__(sock, *args, **kw)  # type: ignore[arg-type]  # http.client's own keywords
+        self.fp.close()  # the plain makefile(): its reads would wait a full timeout each
+        self.fp = io.BufferedReader(_DeadlineReader(sock, deadline))
+
+
 _STALE = (http.client.RemoteDisconnected, http.client.BadStatusLine, ConnectionResetError, BrokenPipeError)
 
 
@@ -69,21 +107,37 @@ class FastRangeGet:
             c.close()
             self._local.conn = None
 
-    def get(self, path: str, range_header: str, auth: str | None, what: str) -> tuple[int, bytes] | None:
-        """(status, body) of a 200/206 answer; None for any other answer (the caller's slow path)."""
+    def get(self, path: str, range_header: str, auth: str | None, what: str, want: int,
+            offset: int = 0) -> tuple[int, bytes] | None:
+        """(status, body) of a 200/206 answer; None for any other answer (the caller's slow path).
+        The whole request (status line, headers, body) ends within the timeout; a 206 body longer
+        than `want` bytes (the range asked for) is refused unread, and of a 200 (a whole blob: Range
+        ignored) only the first `offset + want` bytes are read."""
         headers = {"Host": self.host_header, "User-Agent": self.user_agent, "Range": range_header,
                    "Accept-Encoding": "identity"}
         if auth:
             headers["Authorization"] = auth
         for attempt in (0, 1):
             conn, reused = self._conn(fresh=attempt > 0)
+            conn.response_class = partial(_DeadlineResponse,  # type: ignore[assignment]  # a factory will do
+                                          deadline=time.monotonic() + self.timeout)
             try:
+                if conn.sock is not None:
+                    conn.sock.settimeout(self.timeout)  # the last response's reads shortened it
                 conn.request("GET", path, headers=headers)
                 r = conn.getresponse()
-                if r.status not in (200, 206) or r.getheader("Content-Length") is None or r.chunked:
+                if r.status not in (200, 206) or r.length is None or r.chunked:
                     self.drop()  # its body is not read: the connection is not reusable
                     return None
-                body = r.read()
+                if r.status == 206 and r.length > want:
+                    self.drop()
+                    raise OriginUnavailable(f"registry {self.registry}: {what} answered {r.length} bytes "
+                                            f"for a range of {want}: refused")
+                if r.status == 200 and r.length > offset + want:
+                    body = r.read(offset + want)
+                    self.drop()  # the rest of the blob is not read
+                else:
+                    body = r.read()
                 if r.will_close:
                     self.drop()
                 self.requests += 1
