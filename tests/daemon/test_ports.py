@@ -120,6 +120,13 @@ def test_who_holds_a_port_is_answered_from_the_host(daemon, base_image):
             time.sleep(0.05)
         [s] = a.port_sockets(info.id, 7002)
         assert s.state == "listen" and len(s.pids) == 1 and s.exes == [busybox] and s.exes_from_image == [True], s
+        # how it was started, read from the host: argv, start time (with the pid, one process instance)
+        assert s.cmdlines == [["nc", "-ll", "-p", "7002", "-e", "echo", "hi"]] and s.code_from_image == [True], s
+        assert len(s.starts) == 1 and s.starts[0] > 0, s
+        # and a file's ctime, which the sandbox cannot set back (graders compare it with a load time)
+        t = time.time()
+        entry = a.stat_file(info.id, "/opt/x/nc")
+        assert entry.ctime is not None and t - 60 < entry.ctime <= t + 1, entry
         [s] = a.port_sockets(info.id, 7003)
         assert s.exes == ["/opt/x/nc"] and s.exes_from_image == [False], s  # written in the sandbox
         with pytest.raises(SandboxNotFound):

@@ -2,16 +2,19 @@
 DevTools port over the contract's `connect_port`; that port is reachable neither from another
 sandbox (even one allowed to send to this sandbox's address) nor from the host's network. The
 grader-forging attacks of docs/desktop.md ("Grader hardening") each fail: a forged page beside the
-real one, a javascript: URL typed into the omnibox, and a stand-in DevTools server on the port."""
+real one, a javascript: URL typed into the omnibox, script typed into the DevTools console, the
+page file edited (and put back), Chromium restarted with another flag, an extension or LD_PRELOAD,
+and a stand-in DevTools server on the port."""
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import socket
 import time
 
 import pytest
 
-from shoal.envs.desktop import DESKTOP_IMAGE, desktop_layers, ensure_desktop
+from shoal.envs.desktop import APPS, DESKTOP_IMAGE, desktop_layers, ensure_desktop
 from shoal.envs.sandboxes import open_sandbox
 from shoal.tasks.desktop.browser import (
     CHROMIUM_EXE,
@@ -155,6 +158,140 @@ def test_devtools_is_reachable_only_through_the_checker(host, browser_sb):
     finally:
         other.kill()
     assert dom_property(sb, "#name", "id", URL) == "name"
+
+
+def test_the_devtools_window_does_not_open(browser_sb):
+    """Attack (d): the agent opens Chromium's DevTools (ctrl+shift+j) and types script into its console
+    to rewrite the graded page. The managed policy blocks devtools:// (the window), while the remote
+    debugging port the checker uses stays open."""
+    sb = browser_sb
+    before = _dom(sb, "#status")
+    sb.desktop.activate("Checker page")
+    sb.desktop.key("ctrl+shift+j")
+    time.sleep(2)
+    sb.desktop.type("document.getElementById('status').textContent='forged by console'")
+    sb.desktop.key("enter")
+    time.sleep(1)
+    sb.desktop.key("escape")
+    assert dom_property(sb, "#status", "textContent", URL) == before != "forged by console"
+    assert not any("devtools" in t["url"] for t in targets(sb))
+
+
+def _reload(sb, t0: float | None) -> None:
+    """F5 on the page, and wait until the checker reads a document loaded after `t0` (its time
+    origin; None: whenever it reads one again). The forged tabs of an earlier test share the
+    window: the task's tab is brought to the front first (DevTools' /json/activate)."""
+    [tab] = [t for t in targets(sb) if t["url"] == URL]
+    with sb.connect_port(DEVTOOLS_PORT) as c:
+        c.sendall(f"GET /json/activate/{tab['id']} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+        assert c.recv(4096).startswith(b"HTTP/1.1 200"), "DevTools did not activate the tab"
+    sb.desktop.activate("Checker page")
+    sb.desktop.key("F5")
+    deadline = time.monotonic() + 20
+    while True:
+        try:  # refused while the file is newer than the document shown
+            if evaluate(sb, "performance.timeOrigin", URL) != t0 and evaluate(sb, "document.readyState", URL) \
+                    == "complete":
+                return
+        except BrowserUnavailable:
+            pass
+        assert time.monotonic() < deadline, "the page did not reload"
+        time.sleep(0.3)
+
+
+def test_an_edited_page_file_is_not_graded(browser_sb):
+    """Attack (e): the agent edits the task's page file to show what a check wants and reloads it
+    (then, to hide it, puts the file back). A check grades a file:// page only as the task's setup
+    wrote it (page_sha256) and only while the file is unchanged since Chromium loaded it (its ctime,
+    read from the host, against the document's time origin)."""
+    sb = browser_sb
+    digest = hashlib.sha256(PAGE.encode()).hexdigest()
+    want = BrowserDom(type="browser_dom", selector="#status", equals="forged", url=URL, page_sha256=digest)
+    real = BrowserDom(type="browser_dom", selector="#name", prop="id", equals="name", url=URL, page_sha256=digest)
+    assert check(sb, real) and not check(sb, want)
+    t0 = evaluate(sb, "performance.timeOrigin", URL)
+    sb.files.write("/root/page.html", PAGE.replace(">waiting<", ">forged<"))
+    _reload(sb, t0)
+    assert _dom(sb, "#status") == "forged"  # the browser shows the forged file...
+    assert not check(sb, want)  # ...which is not the task's page
+    with pytest.raises(BrowserUnavailable, match="not the task's page"):
+        dom_property(sb, "#status", "textContent", URL, page_sha256=digest)
+    sb.files.write("/root/page.html", PAGE)  # put back, the forged document still shown
+    assert not check(sb, want)
+    with pytest.raises(BrowserUnavailable, match="changed after the browser loaded it"):
+        dom_property(sb, "#status", "textContent", URL, page_sha256=digest)
+    # an editable page (a task that edits it on purpose): graded as the file now is, after a reload
+    assert not check(sb, BrowserDom(type="browser_dom", selector="#name", prop="id", equals="name", url=URL,
+                                    page_editable=True))
+    _reload(sb, None)
+    assert check(sb, real) and not check(sb, want)
+    assert _dom(sb, "#status") == "waiting"
+
+
+def _wait_listen(sb, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while not any(s.state == "listen" for s in sb.port_sockets(DEVTOOLS_PORT)):
+        assert time.monotonic() < deadline, "Chromium did not listen"
+        time.sleep(0.3)
+
+
+def _relaunch(sb, args: list[str], env: str = "", dialog: str = "") -> None:
+    """The agent kills Chromium and starts the layer's own binary again, its own way (and answers
+    the start-up `dialog`, if one shows)."""
+    _kill_chromium(sb)
+    deadline = time.monotonic() + 10
+    while sb.port_sockets(DEVTOOLS_PORT) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if env:  # by hand, as the layer's launcher does, with this environment
+        flags = " ".join(a for a in LAYER_ARGV if a.startswith("--"))
+        sb.commands.run(["sh", "-c", f"{env} setsid -f /usr/bin/env ACCESSIBILITY_ENABLED=1 /usr/bin/chromium "
+                                     f"{flags} {URL} >/dev/null 2>&1"], check=True)
+    else:  # the launch action, with the agent's arguments
+        sb.desktop.launch("browser", [*args, URL])
+    if dialog:
+        sb.desktop.wait_for_window(dialog, timeout=60)
+        sb.desktop.activate(dialog)
+        sb.desktop.key("enter")
+    _wait_listen(sb)
+    sb.desktop.wait_for_window("Checker page", timeout=60)
+
+
+LAYER_ARGV = APPS["browser"].argv
+
+
+def test_chromium_restarted_another_way_is_not_trusted(browser_sb):
+    """Attack (f): the agent restarts the layer's own Chromium binary with another flag (here
+    --remote-allow-origins=*, which lets a page script drive DevTools), with an extension of its own
+    dropped where Debian's wrapper loads extensions from, or with a library of its own in
+    LD_PRELOAD. The checker reads the browser process's command line and the files it maps as code
+    from the host: each is refused; the layer's own way of starting it is graded again."""
+    sb = browser_sb
+    real = BrowserDom(type="browser_dom", selector="#name", prop="id", equals="name", url=URL)
+    assert check(sb, real)
+    _relaunch(sb, ["--remote-allow-origins=*"])
+    assert not check(sb, real)
+    with pytest.raises(BrowserUnavailable, match="remote-allow-origins"):
+        verify_chromium(sb)
+    sb.commands.run(["mkdir", "-p", "/usr/share/chromium/extensions/x"], check=True)
+    sb.files.write("/usr/share/chromium/extensions/x/manifest.json",
+                   '{"manifest_version": 3, "name": "x", "version": "1", "content_scripts": [{"matches": '
+                   '["<all_urls>"], "js": ["forge.js"]}]}')
+    sb.files.write("/usr/share/chromium/extensions/x/forge.js",
+                   "document.getElementById('status').textContent = 'forged';")
+    # the policy refuses unpacked extensions (a dialog says so); the checker refuses the flag anyway
+    _relaunch(sb, [], dialog="Error Loading Extension")
+    assert not check(sb, real)
+    with pytest.raises(BrowserUnavailable, match="load-extension=/usr/share/chromium/extensions/x"):
+        verify_chromium(sb)
+    sb.commands.run(["rm", "-rf", "/usr/share/chromium/extensions/x"], check=True)
+    # a library of the agent's own (here a copy of libm) preloaded into the layer's Chromium
+    sb.commands.run(["cp", "/usr/lib/x86_64-linux-gnu/libm.so.6", "/tmp/forge.so"], check=True)
+    _relaunch(sb, [], env="LD_PRELOAD=/tmp/forge.so")
+    assert not check(sb, real)
+    with pytest.raises(BrowserUnavailable, match="code from a file written in the sandbox"):
+        verify_chromium(sb)
+    _relaunch(sb, [])
+    assert check(sb, real)
 
 
 FAKE_DEVTOOLS = r"""

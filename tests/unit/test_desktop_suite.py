@@ -3,6 +3,8 @@ is well formed (subgoals with programmatic checks, dependencies on earlier subgo
 that parse, apps it launches are its own), and `suite_problems` names what a short suite misses."""
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 
 from shoal.core.errors import InvalidArgument
@@ -60,7 +62,15 @@ def test_browser_dom_schema():
     ok = {"type": "browser_dom", "selector": "#status", "equals": "Done.", "url": "file:///root/site/page.html"}
     t = load_task({**base, "subgoals": [{"id": "a", "description": "a", "check": ok}]})
     assert isinstance(t.subgoals[0].check, BrowserDom) and t.subgoals[0].check.prop == "textContent"
-    for bad in ({**ok, "script": "alert(1)"}, {"type": "browser_dom"}, {**ok, "selector": 3}):
+    assert t.subgoals[0].check.page_sha256 is None  # no setup file at that path: nothing to pin
+    page = "<p id=status>Done.</p>"
+    t = load_task({**base, "setup": [{"type": "file", "path": "/root/site/page.html", "content": page}],
+                   "subgoals": [{"id": "a", "description": "a", "check": ok},
+                                {"id": "b", "description": "b", "check": {**ok, "page_editable": True}}]})
+    assert t.subgoals[0].check.page_sha256 == hashlib.sha256(page.encode()).hexdigest()
+    assert t.subgoals[1].check.page_sha256 is None
+    for bad in ({**ok, "script": "alert(1)"}, {"type": "browser_dom"}, {**ok, "selector": 3},
+                {**ok, "page_sha256": "not a digest"}):
         with pytest.raises(InvalidArgument):
             load_task({**base, "subgoals": [{"id": "a", "description": "a", "check": bad}]})
     # every check names the page it grades, by a page URL: never "the first tab", a substring, or a
@@ -96,10 +106,14 @@ def test_browser_checks_grade_a_page_the_task_writes(task):
     choose), and the oracle or the setup opens a page of the task."""
     from shoal.tasks.desktop.task import SetupFile
 
-    written = {f"file://{s.path}" for s in task.setup if isinstance(s, SetupFile)}
+    written = {f"file://{s.path}": hashlib.sha256(s.content.encode()).hexdigest() for s in task.setup
+               if isinstance(s, SetupFile)}
     for g in task.subgoals:
         if isinstance(g.check, BrowserDom):
             assert g.check.url in written, (g.id, g.check.url)
+            # graded only as the setup wrote it, unless the task is to edit the page (one task)
+            assert g.check.page_sha256 == (None if g.check.page_editable else written[g.check.url]), g.id
+            assert not g.check.page_editable or task.id == "coord-edit-web-page", g.id
 
 
 def test_devtools_frames_from_a_hostile_page_are_bounded():

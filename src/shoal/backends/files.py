@@ -190,7 +190,7 @@ class SandboxFiles:
             os.close(pfd)
         return FileEntry(name=PurePosixPath(path).name or "/", path=path, type=_type(st.st_mode), size=st.st_size,
                          mode=stat.S_IMODE(st.st_mode), mtime=st.st_mtime, uid=st.st_uid, gid=st.st_gid,
-                         xattrs=self._xattrs(path, st.st_mode))
+                         xattrs=self._xattrs(path, st.st_mode), ctime=st.st_ctime)
 
     def _xattrs(self, path: str, mode: int) -> dict[str, str] | None:
         """user.* xattrs of a regular file or directory (never read through a symlink, a FIFO or a device)."""

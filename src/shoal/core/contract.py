@@ -355,6 +355,9 @@ class FileEntry(BaseModel):
     xattrs: dict[str, str] | None = Field(None, description="the file's `user.*` extended attributes (name -> "
                                                             "value, UTF-8); null when it has none or the backend "
                                                             "cannot tell")
+    ctime: float | None = Field(None, description="the inode's last status change (seconds since the epoch): "
+                                "unlike mtime, nothing in the sandbox can set it back; null where the backend "
+                                "cannot tell (and in directory listings)")
 
 
 # ------------------------------------------------------------------------------------ snapshots
@@ -469,6 +472,13 @@ class PortSocket(BaseModel):
     exes: list[str] = Field(description="each holder's program, as a path inside the sandbox ('' when unknown)")
     exes_from_image: list[bool] = Field(description="each holder's program is a file of the sandbox's image "
                                                     "layers, not one written (or replaced) inside the sandbox")
+    cmdlines: list[list[str]] = Field(default_factory=list, description="each holder's argv, read from the host "
+                                      "(what a grader compares with the flags it started the server with)")
+    starts: list[int] = Field(default_factory=list, description="each holder's start time in clock ticks after "
+                              "boot: with its pid, names one process instance (a restarted server differs)")
+    code_from_image: list[bool] = Field(default_factory=list, description="every file each holder maps as code "
+                                        "(its program, its libraries) is a file of the image layers: no library "
+                                        "written in the sandbox (LD_PRELOAD, LD_LIBRARY_PATH, a replaced .so)")
 
 
 class WatchEvent(BaseModel):

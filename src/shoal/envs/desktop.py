@@ -46,7 +46,11 @@ BASE_PACKAGES = ("xvfb", "openbox", "xdotool", "wmctrl", "x11-xserver-utils", "d
 
 
 CHROMIUM_POLICY = "/etc/chromium/policies/managed/shoal.json"
-CHROMIUM_BLOCKLIST = ("javascript://*", "javascript:*", "data:*", "data://*")
+# devtools://*: the DevTools window (F12, ctrl+shift+j), whose console would run script in the graded
+# page; the remote debugging port the checker uses stays open (DeveloperToolsAvailability=2 would close it)
+CHROMIUM_BLOCKLIST = ("javascript://*", "javascript:*", "data:*", "data://*", "devtools://*")
+CHROMIUM_POLICY_JSON = json.dumps({"URLBlocklist": list(CHROMIUM_BLOCKLIST),
+                                   "ExtensionInstallBlocklist": ["*"]})  # no extension the agent wrote
 
 
 @dataclass(frozen=True)
@@ -74,9 +78,9 @@ APPS: dict[str, DesktopApp] = {a.name: a for a in (
                                           "--password-store=basic", "--remote-debugging-address=127.0.0.1",
                                           "--remote-debugging-port=9222", "--user-data-dir=/root/.chromium-shoal"),
                # a managed policy (the agent cannot lift it from the UI): no javascript: URL typed into the
-               # omnibox to rewrite the graded page, no data: page to forge one (docs/desktop.md, "Grader
-               # hardening")
-               files=((CHROMIUM_POLICY, json.dumps({"URLBlocklist": list(CHROMIUM_BLOCKLIST)})),)),
+               # omnibox to rewrite the graded page, no data: page to forge one, no DevTools window, no
+               # extensions (docs/desktop.md, "Grader hardening")
+               files=((CHROMIUM_POLICY, CHROMIUM_POLICY_JSON),)),
 )}
 VARIANT_IMAGE = "desktop-variant/icewm:1"
 VNC_IMAGE = "desktop-vnc:1"  # x11vnc, for a person watching (shoal.desktop.vnc); composed on request

@@ -95,6 +95,35 @@ def port_sockets(init_pid: int, pids: list[int], upper: Path, port: int) -> list
                 exes.append(os.readlink(f"/proc/{pid}/exe"))
             except OSError:
                 exes.append("")
+        procs = [_proc_facts(pid, upper) for pid in holders[inode]]
         out.append(PortSocket(state=state, pids=holders[inode], exes=exes,
-                              exes_from_image=[bool(e) and image_file(upper, e) for e in exes]))
+                              exes_from_image=[bool(e) and image_file(upper, e) for e in exes],
+                              cmdlines=[p[0] for p in procs], starts=[p[1] for p in procs],
+                              code_from_image=[p[2] for p in procs]))
     return out
+
+
+def _proc_facts(pid: int, upper: Path) -> tuple[list[str], int, bool]:
+    """A holder's argv, its start time (clock ticks after boot; 0 if it exited) and whether every file
+    it maps executable is the image layers' own. Read from the host: the kernel keeps the start time
+    and the mappings, the process cannot change them. (Not its environment: Chromium, for one, writes
+    its process title over that memory, so /proc/<pid>/environ no longer says what it started with.)"""
+    try:
+        argv = [a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]]
+    except OSError:
+        argv = []
+    try:
+        stat_line = Path(f"/proc/{pid}/stat").read_text()
+        start = int(stat_line.rsplit(")", 1)[1].split()[19])  # field 22, counted after the comm field
+    except (OSError, IndexError, ValueError):
+        start = 0
+    code: set[str] = set()
+    try:
+        for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+            f = line.split(None, 5)
+            if len(f) == 6 and "x" in f[1] and not f[5].startswith("["):  # [vdso], [vsyscall]: the kernel's
+                code.add(f[5])
+        own = all(image_file(upper, c) for c in code)
+    except OSError:
+        own = False  # unreadable: assume the worst
+    return argv, start, own

@@ -12,12 +12,16 @@ every size and count read from the wire is bounded.
 
 The page is named exactly (`page_key`): a check grades the target whose URL is the task's page
 (scheme, host and path; query and fragment ignored), never a data:, javascript:, blob: or about:
-target the agent opened beside it; and the server on the port is the browser layer's Chromium
-(`verify_chromium`, asked of the backend before and after each read), not a stand-in the agent
-started after killing it (docs/desktop.md, "Grader hardening")."""
+target the agent opened beside it; and the server on the port is the browser layer's Chromium,
+started the layer's way (`verify_chromium`, asked of the backend before and after each read: the
+image's binary, its flags, no library from outside the image), not a stand-in or a relaunch of the agent's. The
+read runs in an isolated world of the page; a file:// page is graded only while its file is
+unchanged since the load (and, pinned by the task, holds the task's bytes), and only while the
+layer's managed policy is in force (docs/desktop.md, "Grader hardening")."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import socket
@@ -102,6 +106,54 @@ def verify_chromium(sb: Any, port: int = DEVTOOLS_PORT) -> None:
                 raise BrowserUnavailable(f"port {port} is served by {exe[:200]!r}"
                                          f"{'' if own else ' (a program written in the sandbox)'}, "
                                          "not the browser layer's Chromium")
+        if len(s.cmdlines) != len(s.pids) or len(s.code_from_image) != len(s.pids):
+            raise BrowserUnavailable("the backend did not say how the browser on the port was started")
+        for argv, own_code in zip(s.cmdlines, s.code_from_image, strict=True):
+            if not own_code:
+                raise BrowserUnavailable("the browser on the port runs code from a file written in the sandbox "
+                                         "(LD_PRELOAD, LD_LIBRARY_PATH or a replaced library)")
+            if (bad := flags_problem(argv)) is not None:
+                raise BrowserUnavailable(f"the browser on the port was not started as the browser layer starts it: "
+                                         f"{bad}")
+
+
+def _layer_flags() -> tuple[frozenset[str], frozenset[str]]:
+    """(every flag the layer's Chromium may run with, the flags it must run with). The layer's own
+    launcher flags, and what Debian's /usr/bin/chromium wrapper adds from /etc/chromium.d (an empty
+    --load-extension: no extension directory in the image)."""
+    from ...envs.desktop import APPS
+
+    required = frozenset(a for a in APPS["browser"].argv if a.startswith("--"))
+    return required | DEBIAN_WRAPPER_FLAGS, required
+
+
+# what the image's /etc/chromium.d/* put in CHROMIUM_FLAGS (Debian bookworm's chromium); Chromium
+# shows its command line with an empty value as the bare flag
+DEBIAN_WRAPPER_FLAGS = frozenset({
+    "--show-component-extension-options", "--enable-gpu-rasterization", "--no-default-browser-check",
+    "--disable-pings", "--media-router=0", "--disable-dev-shm-usage", "--enable-remote-extensions",
+    "--load-extension", "--load-extension="})
+
+
+def flags_problem(argv: list[str]) -> str | None:
+    """None if a Chromium browser process's command line is the browser layer's (its program, only
+    the allowed flags with their exact values, every required one, and page URLs); else what is wrong.
+    Chromium rewrites its argv as one space-joined string: both forms are read."""
+    words = [w for a in argv for w in a.split(" ") if w]
+    if not words or words[0] != CHROMIUM_EXE:
+        return f"program {words[0][:200] if words else ''!r}"
+    allowed, required = _layer_flags()
+    seen: set[str] = set()
+    for w in words[1:]:
+        if w.startswith("-"):
+            if w not in allowed:
+                return f"flag {w[:200]!r}"
+            seen.add(w)
+        elif page_key(w) is None:
+            return f"argument {w[:200]!r} (not a page URL)"
+    if missing := sorted(required - seen):
+        return f"without {', '.join(missing)}"
+    return None
 
 
 def _connect(sb: Any, port: int, timeout: float) -> socket.socket:
@@ -197,17 +249,50 @@ def _ws_messages(s: socket.socket, pending: bytearray, deadline: float):
     raise BrowserUnavailable("DevTools did not answer in time")
 
 
-def evaluate(sb: Any, expression: str, url: str, port: int = DEVTOOLS_PORT, timeout: float = 10.0) -> Any:
+def evaluate(sb: Any, expression: str, url: str, port: int = DEVTOOLS_PORT, timeout: float = 10.0,
+             page_sha256: str | None = None) -> Any:
     """The value of a JavaScript expression in the first page target whose URL is `url` (compared
-    by `page_key`); JSON-serialisable values come back by value."""
+    by `page_key`), evaluated in an isolated world of its main frame (the page's own scripts cannot
+    redefine what it reads); JSON-serialisable values come back by value.
+
+    A file:// page is read only if its file has not changed since Chromium loaded the document (the
+    file's ctime, which nothing in the sandbox can set back, against the document's time origin),
+    and, with `page_sha256`, only if the file holds those bytes: a page file the agent edited,
+    reloaded and put back, or left edited, is not graded."""
     want = page_key(url)
     if want is None:
         raise BrowserUnavailable(f"{url[:200]!r} is not a file/http/https page URL")
     verify_chromium(sb, port)
-    return _evaluate(sb, expression, want, url, port, timeout)
+    return _evaluate(sb, expression, want, url, port, timeout, page_sha256)
 
 
-def _evaluate(sb: Any, expression: str, want: tuple[str, str, str], url: str, port: int, timeout: float) -> Any:
+def _call(s: socket.socket, pending: bytearray, msg_id: int, method: str, params: dict, deadline: float) -> dict:
+    """One DevTools command on the page's WebSocket; its `result` (events before it are skipped)."""
+    _ws_send(s, json.dumps({"id": msg_id, "method": method, "params": params}))
+    for raw in _ws_messages(s, pending, deadline):
+        try:
+            msg = json.loads(raw)
+        except ValueError:
+            raise BrowserUnavailable("DevTools sent a message that is not JSON") from None
+        if not isinstance(msg, dict) or msg.get("id") != msg_id:
+            continue  # an event, not our answer
+        if "error" in msg:
+            raise BrowserUnavailable(f"{method}: {str(msg['error'])[:300]}")
+        result = msg.get("result", {})
+        if not isinstance(result, dict):
+            raise BrowserUnavailable(f"{method}: a malformed answer")
+        return result
+    raise BrowserUnavailable("DevTools did not answer")  # unreachable: the generator raises
+
+
+def _value(result: dict) -> Any:
+    if result.get("exceptionDetails"):
+        raise BrowserUnavailable(f"the expression threw: {str(result['exceptionDetails'])[:300]}")
+    return result.get("result", {}).get("value")
+
+
+def _evaluate(sb: Any, expression: str, want: tuple[str, str, str], url: str, port: int, timeout: float,
+              page_sha256: str | None = None) -> Any:
     pages = [t for t in targets(sb, port, timeout) if page_key(str(t.get("url", ""))) == want]
     if not pages:
         raise BrowserUnavailable(f"no browser page at {url[:200]!r}")
@@ -223,35 +308,74 @@ def _evaluate(sb: Any, expression: str, want: tuple[str, str, str], url: str, po
         head, rest = _read_head(s)
         if not head.startswith("HTTP/1.1 101"):
             raise BrowserUnavailable(f"DevTools refused the WebSocket: {head.splitlines()[0]!r}")
-        _ws_send(s, json.dumps({"id": 1, "method": "Runtime.evaluate",
-                                "params": {"expression": expression, "returnByValue": True}}))
-        for raw in _ws_messages(s, bytearray(rest), time.monotonic() + timeout):
-            try:
-                msg = json.loads(raw)
-            except ValueError:
-                raise BrowserUnavailable("DevTools sent a message that is not JSON") from None
-            if not isinstance(msg, dict) or msg.get("id") != 1:
-                continue  # an event, not our answer
-            if "error" in msg:
-                raise BrowserUnavailable(f"Runtime.evaluate: {str(msg['error'])[:300]}")
-            result = msg.get("result", {})
-            if result.get("exceptionDetails"):
-                raise BrowserUnavailable(f"the expression threw: {str(result['exceptionDetails'])[:300]}")
-            # again, our connection still open: the socket that answered it is Chromium's too (a
-            # stand-in swapped in after the first look holds that accepted socket)
-            verify_chromium(sb, port)
-            return result.get("result", {}).get("value")
-        raise BrowserUnavailable("DevTools did not answer")  # unreachable: the generator raises
+        pending, deadline = bytearray(rest), time.monotonic() + timeout
+        frame = _call(s, pending, 1, "Page.getFrameTree", {}, deadline).get("frameTree", {}).get("frame", {})
+        if not isinstance(frame, dict) or page_key(str(frame.get("url", ""))) != want:
+            raise BrowserUnavailable(f"the page's main frame is not at {url[:200]!r}")
+        world = _call(s, pending, 2, "Page.createIsolatedWorld",
+                      {"frameId": frame.get("id"), "worldName": "shoal-checker"}, deadline)
+        ctx = world.get("executionContextId")
+        if not isinstance(ctx, int):
+            raise BrowserUnavailable("DevTools gave no isolated world")
+        value = _value(_call(s, pending, 3, "Runtime.evaluate",
+                             {"expression": expression, "returnByValue": True, "contextId": ctx}, deadline))
+        # after the read: the document that answered is the one whose files are checked
+        loaded = _value(_call(s, pending, 4, "Runtime.evaluate",
+                              {"expression": "performance.timeOrigin", "returnByValue": True, "contextId": ctx},
+                              deadline))
+        if not isinstance(loaded, int | float):
+            raise BrowserUnavailable("the page's load time is unknown")
+        _check_policy(sb, loaded / 1000)
+        if want[0] == "file":
+            _check_page_file(sb, want[2], loaded / 1000, page_sha256)
+        # again, our connection still open: the socket that answered it is Chromium's too (a
+        # stand-in swapped in after the first look holds that accepted socket)
+        verify_chromium(sb, port)
+        return value
     except OSError as e:
         raise BrowserUnavailable(f"DevTools WebSocket: {e}") from None
     finally:
         s.close()
 
 
+def _check_policy(sb: Any, loaded: float) -> None:
+    """The browser layer's managed policy (no javascript:/data: URLs, no DevTools window, no
+    extensions) is in force and was not lifted since the document loaded: its file holds the layer's
+    text and has not changed since then (Chromium rereads a changed policy at once, so a policy
+    deleted, used and put back is a change)."""
+    from ...envs.desktop import CHROMIUM_POLICY, CHROMIUM_POLICY_JSON
+
+    try:
+        entry = sb.files.stat(CHROMIUM_POLICY)
+        text = sb.files.read_bytes(CHROMIUM_POLICY, 65536)
+    except ShoalError as e:
+        raise BrowserUnavailable(f"the browser's managed policy: {e}") from None
+    if entry.type != "file" or text != (CHROMIUM_POLICY_JSON + "\n").encode():
+        raise BrowserUnavailable("the browser's managed policy is not the browser layer's")
+    if entry.ctime is None or entry.ctime > loaded:
+        raise BrowserUnavailable("the browser's managed policy changed after the page loaded")
+
+
+def _check_page_file(sb: Any, path: str, loaded: float, sha256: str | None) -> None:
+    """The page file, read from the host: a regular file not changed since `loaded` (seconds since the
+    epoch) and, given a digest, holding those bytes."""
+    try:
+        entry = sb.files.stat(path)
+        data = sb.files.read_bytes(path, MAX_BODY) if sha256 is not None else b""
+    except ShoalError as e:
+        raise BrowserUnavailable(f"the page file {path[:200]!r}: {e}") from None
+    if entry.type != "file" or entry.ctime is None:
+        raise BrowserUnavailable(f"the page file {path[:200]!r} is not a plain file whose change time is known")
+    if entry.ctime > loaded:
+        raise BrowserUnavailable(f"the page file {path[:200]!r} changed after the browser loaded it")
+    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
+        raise BrowserUnavailable(f"the page file {path[:200]!r} is not the task's page")
+
+
 def dom_property(sb: Any, selector: str, prop: str, url: str, port: int = DEVTOOLS_PORT,
-                 timeout: float = 10.0) -> str | None:
+                 timeout: float = 10.0, page_sha256: str | None = None) -> str | None:
     """String(element[prop]) of the first element matching a CSS selector, or None if none matches."""
     expr = (f"(() => {{ const e = document.querySelector({json.dumps(selector)}); "
             f"return e === null ? null : String(e[{json.dumps(prop)}]); }})()")
-    v = evaluate(sb, expr, url, port, timeout)
+    v = evaluate(sb, expr, url, port, timeout, page_sha256)
     return None if v is None else str(v)

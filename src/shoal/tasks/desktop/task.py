@@ -17,6 +17,7 @@ DesktopAction dicts, or {"launch": app, "args": [...]}) that fulfils every subgo
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 from dataclasses import dataclass, field
@@ -88,6 +89,11 @@ class BrowserDom(_M):
     # the page graded: the target whose URL is this one (scheme, host, path; browser.page_key), so a
     # data:/javascript: tab the agent opens beside it is never read
     url: str
+    # a file:// page is graded only as the task wrote it: the document Chromium shows must be the file
+    # unchanged since it loaded, and the file must hold these bytes (filled in from the task's setup
+    # file at that path); `page_editable` tasks (the agent edits the page on purpose) skip the digest
+    page_editable: bool = False
+    page_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
 
     @field_validator("url")
     @classmethod
@@ -150,6 +156,14 @@ class DesktopTask(_M):
             seen.add(g.id)
         if not self.subgoals:
             raise ValueError("a task needs at least one subgoal")
+        written = {f.path: hashlib.sha256(f.content.encode()).hexdigest() for f in self.setup
+                   if isinstance(f, SetupFile)}
+        for g in self.subgoals:
+            c = g.check
+            if isinstance(c, BrowserDom) and not c.page_editable and c.page_sha256 is None:
+                key = page_key(c.url)
+                if key is not None and key[0] == "file" and key[2] in written:
+                    c.page_sha256 = written[key[2]]
         return self
 
 
@@ -219,7 +233,7 @@ def check(sb: Sandbox, c: Any) -> bool:
         if isinstance(c, BrowserDom):
             from .browser import dom_property
 
-            v = dom_property(sb, c.selector, c.prop, c.url)
+            v = dom_property(sb, c.selector, c.prop, c.url, page_sha256=c.page_sha256)
             return v is not None and (v == c.equals if c.equals is not None else c.text in v)
     except ShoalError:
         return False
