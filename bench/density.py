@@ -1032,6 +1032,8 @@ class DockerSide(Side):
 
     def exec_true(self, h: Any) -> float:
         t0 = time.perf_counter()
+        if h.get("idle_paused"):  # `docker exec` refuses a paused container: unpause first (counted, as
+            self._docker("unpause", h["id"])  # Shoal's exec on a paused sandbox counts its resume)
         self._docker("exec", h["id"], "true")
         return time.perf_counter() - t0
 
@@ -1553,6 +1555,17 @@ def render(res: dict, png: Path) -> None:
                               f"(held {d['summary']['n_held']['median']:.0f})")
                 ax.fill_between(xs, [m["min"] for _, m in pts], [m["max"] for _, m in pts], color=colors[side],
                                 alpha=0.2)
+                for k, run in enumerate(d["runs"]):  # each run on its own, past the steps all runs reached
+                    get = STEP_METRICS[metric]
+                    own = [(st["n"], get(st)) for st in run.get("steps", []) if get(st) is not None
+                           and (col == 1 or st["n"] >= 100)]
+                    if own and own[-1][0] > xs[-1]:
+                        ax.plot([n for n, _ in own], [v for _, v in own], ":", color=colors[side], alpha=0.6,
+                                label=f"{who}: each run" if k == 0 else None)
+                    end = run.get("end")
+                    if col == 0 and end and get(end) is not None:  # all paused (and merged / reclaimed)
+                        ax.plot([end["n"]], [get(end)], "*", color=colors[side], markersize=11,
+                                label=f"{who}: end of fill, all paused" if k == 0 else None)
                 att = [(s["n"], s["attributed_mib"]["median"]) for s in steps if "attributed_mib" in s]
                 if col == 0 and att:  # the side's own accounting: cgroups + host-side helpers' PSS
                     ax.plot([n for n, _ in att], [v for _, v in att], "--", color=colors[side],

@@ -1,5 +1,5 @@
-/* Tries to reach the host's root file system from a sandbox whose root was switched by MS_MOVE +
- * chroot (shoal-init's switch_root). Prints NAME=VALUE lines; test_root_switch.py reads them.
+/* Tries to reach the host's root file system from inside a sandbox (after shoal-init's root switch).
+ * Prints NAME=VALUE lines; test_root_switch.py reads them.
  *   root_escape MARKER   MARKER: an absolute path that exists only on the host's root file system */
 #define _GNU_SOURCE
 #include <errno.h>

@@ -1,6 +1,6 @@
-"""The sandbox's root is switched by MS_MOVE + chroot, not pivot_root (docs/density-create.md:
-pivot_root walks every task on the host). The host's root file system then stays in the sandbox's
-mount namespace, covered by the sandbox's overlay. These tests try to reach it from inside."""
+"""The sandbox's root switch (pivot_root, then the old root detached; docs/density-create.md weighs an
+MS_MOVE + chroot instead) must leave nothing of the host's file system reachable from inside. These
+tests try, as root in the sandbox, to reach a marker file on the host's root file system."""
 from __future__ import annotations
 
 import secrets
@@ -45,7 +45,7 @@ def test_the_host_root_under_the_sandbox_root_is_unreachable(host, base_image, e
         r = _run(sb, "root_escape", str(host_marker))
         assert r["dotdot"] == "no", r
         # CAP_SYS_CHROOT is kept (Docker's default set), so the chroot itself works; the walk up stops
-        # at the overlay's root, which sits on the root of a mount with no parent
+        # at the overlay's root, the namespace's root
         assert r["chroot_escape_chroot"] == "ok", r
         assert r["chroot_escape"] == "no", r
         assert r["umount_root"] != "ok" and r["after_umount"] == "no", r

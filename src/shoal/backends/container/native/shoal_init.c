@@ -243,85 +243,6 @@ static void close_fds_except(const int *keep, int n) {
     syscall(SYS_close_range, lo, ~0U, 0);
 }
 
-/* mountinfo escapes space, tab, newline and backslash in paths as \ooo */
-static void unescape_mountinfo(char *s) {
-    char *o = s;
-    for (char *i = s; *i; i++) {
-        if (i[0] == '\\' && i[1] >= '0' && i[1] <= '3' && i[2] >= '0' && i[2] <= '7' && i[3] >= '0' && i[3] <= '7') {
-            *o++ = (char)((i[1] - '0') * 64 + (i[2] - '0') * 8 + (i[3] - '0'));
-            i += 3;
-        } else {
-            *o++ = *i;
-        }
-    }
-    *o = 0;
-}
-
-/* Detach every mount of the host's tree (the copy this namespace got) but `keep_id`, the new root, now
- * on "/": all are children of the namespace's root mount. A stack on one path goes top first, so a
- * few passes. Returns how many mounts are left besides the root mount and `keep_id`. */
-static int detach_host_tree(FILE *f, int root_id, int keep_id) {
-    for (int pass = 0; pass < 16; pass++) {
-        rewind(f);
-        char *line = NULL;
-        size_t cap = 0;
-        int left = 0;
-        while (getline(&line, &cap, f) > 0) {
-            int id, parent;
-            char mp[4096];
-            if (sscanf(line, "%d %d %*s %*s %4095s", &id, &parent, mp) != 3) continue;
-            if (parent != root_id || id == keep_id) continue;
-            left++;
-            unescape_mountinfo(mp);
-            if (umount2(mp, MNT_DETACH) < 0 && errno != EINVAL && errno != ENOENT) die("detach host mount %s", mp);
-            errno = 0;
-        }
-        free(line);
-        if (!left) return 0;
-    }
-    errno = 0;
-    return 1;
-}
-
-/* The new root replaces "/" by MS_MOVE + chroot, not pivot_root. pivot_root re-points every task on the
- * host whose root or cwd is the old root (chroot_fs_refs walks all of them under tasklist_lock): O(host
- * tasks), the largest O(N) step of a create at thousands of sandboxes (docs/density-create.md). Here:
- * move the overlay onto the root of the namespace's root mount (the host root's copy), detach every
- * other host mount, chroot into the overlay. What stays under it is the bare host root mount, covered:
- * ".." at the overlay's root stays there (its mountpoint is the root of a mount with no parent),
- * /proc/self/mountinfo lists no mount outside a process's root, and uncovering it needs umount or
- * mount calls (seccomp-denied, and CAP_SYS_ADMIN, which no sandboxed process keeps; no user namespace
- * either). tests/security/test_root_switch.py tries these. */
-static void switch_root(void) {
-    if (mount(".", "/", NULL, MS_MOVE, NULL) < 0) die("move the new root onto /");
-    /* the mounts on "/": the namespace's root mount and, on it, the overlay (the only overlay there) */
-    int ids[16], parents[16], overlay[16], n = 0;
-    /* opened once: detaching the host's /proc leaves this file readable */
-    FILE *f = fopen("/proc/self/mountinfo", "re");
-    if (!f) die("open mountinfo");
-    char *line = NULL;
-    size_t cap = 0;
-    while (getline(&line, &cap, f) > 0 && n < 16) {
-        char mp[16], type[64];
-        const char *dash = strstr(line, " - ");
-        if (!dash || sscanf(line, "%d %d %*s %*s %15s", &ids[n], &parents[n], mp) != 3 || strcmp(mp, "/")) continue;
-        if (sscanf(dash + 3, "%63s", type) != 1) continue;
-        overlay[n++] = !strcmp(type, "overlay");
-    }
-    free(line);
-    int root_id = -1, keep_id = -1;
-    for (int i = 0; i < n; i++)
-        for (int j = 0; j < n; j++)
-            if (overlay[i] && i != j && parents[i] == ids[j] && ids[i] > keep_id) { keep_id = ids[i]; root_id = ids[j]; }
-    errno = 0;
-    if (root_id < 0) die("find the new root on / in mountinfo");
-    int left = detach_host_tree(f, root_id, keep_id);
-    fclose(f);
-    if (left) die("host mounts left under the new root");
-    if (chroot(".") < 0) die("chroot");
-    if (chdir("/") < 0) die("chdir /");
-}
-
 static void setup_rootfs(void) {
     char path[4096], opts[8192];
 
@@ -419,7 +340,13 @@ static void setup_rootfs(void) {
         mount_or_die(NULL, "run/shoal-build/ca.crt", NULL, MS_BIND | MS_REMOUNT | MS_RDONLY, NULL);
     }
 
-    switch_root();
+    /* pivot_root(".", ".") stacks the old root under the new one; detaching it leaves no trace, in one
+     * umount (one RCU grace period). It walks every task on the host (chroot_fs_refs), O(host tasks);
+     * MS_MOVE + chroot avoids that walk but must then detach the host's mounts one by one (a grace
+     * period each), which cost more on this host (docs/density-create.md). */
+    if (syscall(SYS_pivot_root, ".", ".") < 0) die("pivot_root");
+    if (umount2(".", MNT_DETACH) < 0) die("detach old root");
+    if (chdir("/") < 0) die("chdir /");
     (void)path;
 }
 
