@@ -1,0 +1,55 @@
+"""More tries at the host's root file system from inside a sandbox (red-team review of the MS_MOVE +
+chroot root switch, test_root_switch.py has the first ones): the classic chroot escape from every
+mount of the sandbox, fds and /proc links of every process the sandbox sees, the mount, handle,
+namespace and debugging calls. Each must leave the host's root out of reach."""
+from __future__ import annotations
+
+import secrets
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from shoal import Sandbox
+
+HERE = Path(__file__).parent
+
+
+@pytest.fixture(scope="module")
+def escape_layer(host, tmp_path_factory):
+    d = tmp_path_factory.mktemp("root-escape-more")
+    (d / "usr/local/bin").mkdir(parents=True)
+    subprocess.run(["gcc", "-static", "-O1", "-o", str(d / "usr/local/bin/root_escape_more"),
+                    str(HERE / "root_escape_more.c")], check=True)
+    return host.store.build_from_dir(d, name="security-root-escape-more").digest
+
+
+@pytest.fixture
+def host_marker():
+    path = Path("/") / f".shoal-escape-{secrets.token_hex(4)}"
+    path.write_text("host")
+    try:
+        yield path
+    finally:
+        path.unlink()
+
+
+def test_no_way_up_to_the_host_root(host, base_image, escape_layer, host_marker):
+    with Sandbox.create(base_image, layers=[escape_layer], memory_mb=128, disk_mb=16, root=host.settings.root) as sb:
+        out = sb.commands.run(["root_escape_more", str(host_marker)], timeout=30).stdout
+        r = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+        assert r["marker_after"] == "no", out
+        for k in ("proc_self_root_dotdot", "proc1_root_marker"):
+            assert r[k] == "no", out
+        assert r["outside"] == "0", out
+        # init is not dumpable: no way into its root, cwd, program or fds
+        for k in ("proc1_root_open", "proc1_cwd_open", "proc1_exe_open", "proc1_fd3_open"):
+            assert r[k] != "ok", out
+        for via in ("tmp", "shm", "root"):
+            assert r[f"{via}_escape"] == "no" and r[f"{via}_fd_root"] == "no" and r[f"{via}_fd_proc"] == "no", out
+        for k in ("setns_mnt", "setns_self_mnt", "unshare_mnt", "unshare_user", "name_to_handle_at",
+                  "open_by_handle_at", "open_tree", "fsopen", "fspick", "mount_setattr", "statmount", "listmount",
+                  "open_tree_attr", "mount_bind", "mount_move", "umount_root", "pivot_root", "ptrace_init",
+                  "process_vm_readv", "pidfd_getfd", "io_uring_setup"):
+            assert r[k] != "ok", (k, out)
+
