@@ -61,3 +61,21 @@ def test_stale_pool_cgroups_are_swept_and_never_listed_as_sandboxes(host):
     finally:
         if stale.exists():
             stale.rmdir()
+
+
+def test_a_dead_process_pool_under_another_root_is_swept_at_start(host):
+    """A daemon stopped by a signal never runs its atexit, and a test root's parent is never used
+    again: every backend start sweeps the pools of dead processes under every Shoal parent."""
+    cg = host.backend("container").cgroups
+    if cg.version != 1:
+        pytest.skip("cgroup v1 only")
+    other = cg.mounts["cpu"] / "shoal-pooltest0"
+    stale = other / f"{PREFIX}{2 ** 22 + 7}-0"
+    stale.mkdir(parents=True)
+    try:
+        cg.prepare_parent()
+        assert not stale.exists()
+    finally:
+        if stale.exists():
+            stale.rmdir()
+        other.rmdir()

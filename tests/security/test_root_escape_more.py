@@ -53,3 +53,11 @@ def test_no_way_up_to_the_host_root(host, base_image, escape_layer, host_marker)
                   "process_vm_readv", "pidfd_getfd", "io_uring_setup"):
             assert r[k] != "ok", (k, out)
 
+
+def test_the_mount_table_names_no_host_path(host, base_image):
+    """Not only the mount points: no field of /proc/self/mountinfo (sources, options such as
+    overlayfs's lowerdir=) names a path of the host (Shoal's root, the layers' mount points)."""
+    with Sandbox.create(base_image, memory_mb=128, disk_mb=16, root=host.settings.root) as sb:
+        text = sb.commands.run("cat /proc/self/mountinfo /proc/self/mounts").stdout
+        assert str(host.settings.root) not in text, text
+        assert "/var/" not in text and "/work/" not in text, text

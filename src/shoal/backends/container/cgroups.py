@@ -114,7 +114,10 @@ class CgroupDriver:
             for m in set(self.mounts.values()):
                 (m / self.parent).mkdir(exist_ok=True)
             cpu_parent = self.mounts["cpu"] / self.parent
-            QuotaPool.sweep_stale(cpu_parent)
+            # every root's parent, not only this one's: a process killed before its atexit (a daemon
+            # stopped by a signal) leaves its pool behind, and a test root's parent is never reused
+            for other in self.mounts["cpu"].glob("shoal-*"):
+                QuotaPool.sweep_stale(other)
             if self.quota_pool is None:
                 self.quota_pool = QuotaPool(cpu_parent, "cpu.cfs_quota_us")
                 atexit.register(self.quota_pool.close)

@@ -19,6 +19,9 @@ from ...core.contract import PortSocket, check_port
 
 _STATES = {"0A": "listen", "01": "established"}
 _DELETED = " (deleted)"
+# the sandbox's mounts beside its overlay root (shoal-init's setup_rootfs): /dev (its tmpfs, /dev/shm
+# on it, exec allowed), /proc, /sys; a file there is none of the image layers'
+_OWN_MOUNTS = frozenset({"dev", "proc", "sys"})
 
 
 def _sockets_on(init_pid: int, port: int) -> dict[int, str]:
@@ -47,8 +50,10 @@ def image_file(upper: Path, path: str) -> bool:
     if not path.startswith("/") or path.endswith(_DELETED):
         return False
     parts = [p for p in path.split("/") if p]
-    if not parts or ".." in parts:
+    if not parts or ".." in parts or "." in parts:
         return False
+    if parts[0] in _OWN_MOUNTS:
+        return False  # not on the overlay at all: /dev/shm takes files and runs them, the upper never sees them
     cur = upper
     for i, part in enumerate(parts):
         cur = cur / part

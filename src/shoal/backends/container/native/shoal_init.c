@@ -243,6 +243,33 @@ static void close_fds_except(const int *keep, int n) {
     syscall(SYS_close_range, lo, ~0U, 0);
 }
 
+/* The lower dirs as /proc/self/fd/N paths, each opened O_PATH here (the upper is passed the same way):
+ * overlayfs shows its options as given, in the sandbox's own /proc/self/mountinfo, and the layers'
+ * host paths would name Shoal's root and its layout there. Closed once the overlay is mounted. */
+#define MAX_LOWER 512
+static int lower_fds[MAX_LOWER], n_lower_fds;
+static const char *lower_fd_paths(void) {
+    static char out[MAX_LOWER * 24];
+    char *copy = strdup(cfg.lower), *save = NULL;
+    size_t len = 0;
+    if (!copy) die("strdup");
+    out[0] = 0;
+    for (char *p = strtok_r(copy, ":", &save); p; p = strtok_r(NULL, ":", &save)) {
+        if (n_lower_fds == MAX_LOWER) { errno = 0; die("more than %d lower layers", MAX_LOWER); }
+        int fd = open(p, O_PATH | O_DIRECTORY | O_CLOEXEC);
+        if (fd < 0) die("open lower %s", p);
+        lower_fds[n_lower_fds++] = fd;
+        len += (size_t)snprintf(out + len, sizeof out - len, "%s/proc/self/fd/%d", len ? ":" : "", fd);
+    }
+    free(copy);
+    return out;
+}
+
+static void close_lower_fds(void) {
+    for (int i = 0; i < n_lower_fds; i++) close(lower_fds[i]);
+    n_lower_fds = 0;
+}
+
 static void setup_rootfs(void) {
     char path[4096], opts[8192];
 
@@ -251,15 +278,17 @@ static void setup_rootfs(void) {
      * anonymous namespace's root); older kernels refuse it: attach it in this namespace instead */
     static const char *fd_disk = "/proc/self/fd/" SH_STR(UPPER_FD);
     const char *disk = cfg.upper_detached ? fd_disk : cfg.disk;
-    int n = snprintf(opts, sizeof opts, "lowerdir=%s,upperdir=%s/upper,workdir=%s/work", cfg.lower, disk, disk);
+    const char *lower = lower_fd_paths();
+    int n = snprintf(opts, sizeof opts, "lowerdir=%s,upperdir=%s/upper,workdir=%s/work", lower, disk, disk);
     if (n >= (int)sizeof opts - 1) { errno = 0; die("overlay options too long (%d layers?)", n); }
     if (mount("overlay", cfg.rootfs, "overlay", 0, opts) < 0) {
         if (!cfg.upper_detached || errno != EINVAL) die("mount overlay on %s", cfg.rootfs);
         if (syscall(SH_SYS_move_mount, UPPER_FD, "", AT_FDCWD, cfg.disk, SH_MOVE_MOUNT_F_EMPTY_PATH) < 0)
             die("attach the upper on %s", cfg.disk);
-        snprintf(opts, sizeof opts, "lowerdir=%s,upperdir=%s/upper,workdir=%s/work", cfg.lower, cfg.disk, cfg.disk);
+        snprintf(opts, sizeof opts, "lowerdir=%s,upperdir=%s/upper,workdir=%s/work", lower, cfg.disk, cfg.disk);
         mount_or_die("overlay", cfg.rootfs, "overlay", 0, opts);
     }
+    close_lower_fds();
     close(UPPER_FD);
     errno = 0;
     if (chdir(cfg.rootfs) < 0) die("chdir rootfs");
