@@ -135,3 +135,37 @@ def test_who_holds_a_port_is_answered_from_the_host(daemon, base_image):
             a.port_sockets(info.id, 70000)
         own.close()
         copied.close()
+
+
+def test_a_port_guard_and_what_the_sandbox_wrote_through_shoald(daemon, base_image):
+    """guard_port / port_guarded and written_under (what desktop graders ask, docs/desktop.md "Grader
+    hardening") through shoald: the host's tunnel still reaches a guarded port, the sandbox does not;
+    only the sandbox's tenant may ask."""
+    from daemonctl import make_tenants
+
+    from shoal.core.contract import ExecRequest
+
+    url = daemon["url"]
+    keys = make_tenants(url, names=("ports-guard-a", "ports-guard-b"))
+    a, b = HttpBackend(url, keys["ports-guard-a"]), HttpBackend(url, keys["ports-guard-b"])
+    with created(a, base_image) as info:
+        srv = a.start(info.id, StartRequest(argv=["nc", "-ll", "-p", "7004", "-e", "echo", "hi"]))
+        deadline = time.monotonic() + 10
+        while not a.port_sockets(info.id, 7004):
+            assert time.monotonic() < deadline, srv.output()
+            time.sleep(0.05)
+        assert not a.port_guarded(info.id, 7004)
+        a.guard_port(info.id, 7004)
+        assert a.port_guarded(info.id, 7004)
+        r = a.exec(info.id, ExecRequest(argv=["sh", "-c", "echo x | nc 127.0.0.1 7004; echo rc=$?"], timeout=10))
+        assert "hi" not in r.stdout and "rc=0" not in r.stdout, r.stdout
+        with a.connect_port(info.id, 7004) as c:
+            assert c.recv(16).startswith(b"hi")
+        assert a.written_under(info.id, ["/usr", "/etc/ld.so.preload"]) == []
+        a.exec(info.id, ExecRequest(argv=["touch", "/etc/ld.so.preload"]))
+        assert a.written_under(info.id, ["/usr", "/etc/ld.so.preload"]) == ["/etc/ld.so.preload"]
+        with pytest.raises(SandboxNotFound):
+            b.port_guarded(info.id, 7004)
+        with pytest.raises(SandboxNotFound):
+            b.written_under(info.id, ["/usr"])
+        srv.close()
