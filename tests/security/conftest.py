@@ -1,21 +1,47 @@
-"""The security probe (probe.c, built statically into a layer) and a sandbox that carries it."""
+"""The security probes (C programs here, each built statically into a layer of its own), a sandbox that
+carries the main one, and a marker file on the host's root file system for the escape tests."""
 from __future__ import annotations
 
 import os
+import secrets
 import subprocess
+from pathlib import Path
 
 import pytest
 
 HERE = os.path.dirname(__file__)
 
 
+def tool_layer(host, tmp_path_factory, tool: str, *gcc_args: str) -> str:
+    """A layer with /usr/local/bin/TOOL, built statically from HERE/TOOL.c (named: survives `shoal gc`)."""
+    d = tmp_path_factory.mktemp(tool)
+    (d / "usr/local/bin").mkdir(parents=True)
+    subprocess.run(["gcc", "-static", "-O1", "-o", str(d / "usr/local/bin" / tool), os.path.join(HERE, f"{tool}.c"),
+                    *gcc_args], check=True)
+    return host.store.build_from_dir(d, name=f"security-{tool.replace('_', '-')}").digest
+
+
+def tool_results(sb, argv: list[str], timeout: float = 20) -> dict[str, str]:
+    """Run a probe in `sb`; its NAME=VALUE lines as a dict."""
+    out = sb.commands.run(argv, timeout=timeout).stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
 @pytest.fixture(scope="session")
 def probe_layer(host, tmp_path_factory):
-    d = tmp_path_factory.mktemp("probe")
-    (d / "usr/local/bin").mkdir(parents=True)
-    subprocess.run(["gcc", "-static", "-O1", "-o", str(d / "usr/local/bin/probe"), os.path.join(HERE, "probe.c"),
-                    "-lpthread"], check=True)
-    return host.store.build_from_dir(d, name="security-probe").digest  # named: survives `shoal gc`
+    return tool_layer(host, tmp_path_factory, "probe", "-lpthread")
+
+
+@pytest.fixture
+def host_marker():
+    """A file on the host's root file system itself (not on /tmp or /run, which are mounts of their own
+    that the sandbox's namespace detaches): what sits under the sandbox's overlay."""
+    path = Path("/") / f".shoal-escape-{secrets.token_hex(4)}"
+    path.write_text("host")
+    try:
+        yield path
+    finally:
+        path.unlink()
 
 
 @pytest.fixture
@@ -26,5 +52,4 @@ def probed(make_sandbox, probe_layer):
 
 def probe_results(sb, *args: str, timeout: float = 20) -> dict[str, str]:
     """Run `probe ARGS` in `sb`; its NAME=VALUE lines as a dict."""
-    out = sb.commands.run(["probe", *args], timeout=timeout).stdout
-    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    return tool_results(sb, ["probe", *args], timeout)

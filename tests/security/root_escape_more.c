@@ -1,5 +1,6 @@
-/* More tries (red-team review) at the host's root file system, which stays in a sandbox's mount
- * namespace under its overlay since shoal-init switches the root by MS_MOVE + chroot. Prints
+/* More tries (red-team review) at the host's root file system from inside a sandbox (written when
+ * shoal-init switched the root by MS_MOVE + chroot, which left it under the overlay; pivot_root is back,
+ * and the tries stay). Prints
  * NAME=VALUE lines; test_root_escape_more.py reads them.
  *   root_escape_more MARKER   MARKER: an absolute path that exists only on the host's root file system */
 #define _GNU_SOURCE

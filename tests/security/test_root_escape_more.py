@@ -1,37 +1,19 @@
-"""More tries at the host's root file system from inside a sandbox (red-team review of the MS_MOVE +
-chroot root switch, test_root_switch.py has the first ones): the classic chroot escape from every
+"""More tries at the host's root file system from inside a sandbox (a red-team review of the root
+switch; test_root_switch.py has the first ones): the classic chroot escape from every
 mount of the sandbox, fds and /proc links of every process the sandbox sees, the mount, handle,
 namespace and debugging calls. Each must leave the host's root out of reach."""
 from __future__ import annotations
-
-import secrets
-import subprocess
-from pathlib import Path
 
 import pytest
 
 from shoal import Sandbox
 
-HERE = Path(__file__).parent
+from .conftest import tool_layer
 
 
 @pytest.fixture(scope="module")
 def escape_layer(host, tmp_path_factory):
-    d = tmp_path_factory.mktemp("root-escape-more")
-    (d / "usr/local/bin").mkdir(parents=True)
-    subprocess.run(["gcc", "-static", "-O1", "-o", str(d / "usr/local/bin/root_escape_more"),
-                    str(HERE / "root_escape_more.c")], check=True)
-    return host.store.build_from_dir(d, name="security-root-escape-more").digest
-
-
-@pytest.fixture
-def host_marker():
-    path = Path("/") / f".shoal-escape-{secrets.token_hex(4)}"
-    path.write_text("host")
-    try:
-        yield path
-    finally:
-        path.unlink()
+    return tool_layer(host, tmp_path_factory, "root_escape_more")
 
 
 def test_no_way_up_to_the_host_root(host, base_image, escape_layer, host_marker):
