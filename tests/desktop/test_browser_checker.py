@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import socket
+import subprocess
 import time
 
 import pytest
@@ -33,6 +34,35 @@ PAGE = """<!doctype html><html><head><meta charset="utf-8"><title>Checker page</
   if (e.key === 'Enter') document.getElementById('status').textContent = 'hello ' + e.target.value; });</script>
 </body></html>"""
 URL = "file:///root/page.html"
+
+# agent code: python3 of the desktop base, standard library only
+CDP_WRITE = r'''
+import base64, json, os, socket, struct, sys, urllib.request
+pages = [t for t in json.load(urllib.request.urlopen("http://127.0.0.1:9222/json/list")) if t["type"] == "page"]
+path = pages[0]["webSocketDebuggerUrl"].split(":9222", 1)[1]
+s = socket.create_connection(("127.0.0.1", 9222))
+key = base64.b64encode(os.urandom(16)).decode()
+s.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:9222\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+          f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode())
+head = b""
+while b"\r\n\r\n" not in head:
+    head += s.recv(4096)
+assert head.startswith(b"HTTP/1.1 101"), head
+expr = "document.getElementById('status').textContent = " + json.dumps(sys.argv[1])
+msg = json.dumps({"id": 1, "method": "Runtime.evaluate", "params": {"expression": expr}}).encode()
+mask = os.urandom(4)
+s.sendall(bytes([0x81, 0x80 | 126]) + struct.pack(">H", len(msg)) + mask
+          + bytes(b ^ mask[i % 4] for i, b in enumerate(msg)))
+print(s.recv(65536)[:200])
+s.close()
+'''
+
+
+def _drop_guard(host, sb) -> None:
+    """What a backend that never guarded the port leaves: no rule (removed from the host, by the test)."""
+    pid = host.backend("container")._load(sb.id)["init_pid"]
+    subprocess.run(["nsenter", f"--net=/proc/{pid}/ns/net", "nft", "delete", "table", "inet", "shoal_portguard"],
+                   check=True)
 
 
 @pytest.fixture(scope="module")
@@ -158,6 +188,27 @@ def test_devtools_is_reachable_only_through_the_checker(host, browser_sb):
     finally:
         other.kill()
     assert dom_property(sb, "#name", "id", URL) == "name"
+
+
+@pytest.mark.slow
+def test_agent_code_cannot_write_the_graded_dom_through_devtools(host, browser_sb):
+    """Review F3: any process in the sandbox spoke DevTools to Chromium on its loopback and wrote the
+    graded DOM (same document, same file, same Chromium: every check above passed). The port is now
+    guarded from the host: the sandbox's connection is reset, the checker's (marked) one reads."""
+    sb = browser_sb
+    before = _dom(sb, "#status")
+    sb.files.write("/tmp/cdp_write.py", CDP_WRITE)
+    r = sb.commands.run(["python3", "/tmp/cdp_write.py", "Welcome, Ada Lovelace"], timeout=30)
+    assert r.exit_code != 0 and "Connection" in r.stderr, (r.stdout, r.stderr[-500:])  # refused / reset
+    assert _dom(sb, "#status") == before != "Welcome, Ada Lovelace"
+    # without the guard the checker fails closed rather than grade a DOM agent code could have written
+    _drop_guard(host, sb)
+    try:
+        with pytest.raises(BrowserUnavailable, match="not guarded"):
+            dom_property(sb, "#status", "textContent", URL)
+    finally:
+        sb.guard_port(DEVTOOLS_PORT)
+    assert _dom(sb, "#status") == before
 
 
 def test_the_devtools_window_does_not_open(browser_sb):

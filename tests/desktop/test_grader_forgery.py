@@ -5,7 +5,8 @@ failed before its fix (docs/desktop.md, "Grader hardening").
 
 - DevTools is Chromium's remote debugging port on the sandbox's loopback: the checker's way in, and
   was the agent's too (`Runtime.evaluate` in the page's main world rewrote the graded DOM). The port
-  is now guarded: only the host's (marked) connections reach it.
+  is now guarded: only the host's (marked) connections reach it (the attack on a real Chromium is
+  test_browser_checker.py's test_agent_code_cannot_write_the_graded_dom_through_devtools).
 - The VNC forward pinned whatever process listened after it ran `x11vnc` from the sandbox's PATH: an
   agent that replaced /usr/bin/x11vnc was the pinned server.
 - window / a11y / spreadsheet_cell / command checks run programs inside the sandbox (the desktop
@@ -15,7 +16,6 @@ The first two tests run on busybox: the backend's parts of the fixes (guard_port
 from __future__ import annotations
 
 import socket
-import subprocess
 import time
 
 import pytest
@@ -23,33 +23,6 @@ import pytest
 from shoal.core.errors import ShoalError
 from shoal.envs.desktop import DESKTOP_IMAGE, desktop_layers, ensure_desktop
 from shoal.envs.sandboxes import open_sandbox
-from shoal.tasks.desktop.browser import BrowserUnavailable, dom_property
-
-PAGE = """<!doctype html><html><head><meta charset="utf-8"><title>Forgery page</title></head><body>
-<p id="status">Not signed up yet.</p></body></html>"""
-URL = "file:///root/forgery.html"
-
-# agent code: python3 of the desktop base, standard library only
-CDP_WRITE = r'''
-import base64, json, os, socket, struct, sys, urllib.request
-pages = [t for t in json.load(urllib.request.urlopen("http://127.0.0.1:9222/json/list")) if t["type"] == "page"]
-path = pages[0]["webSocketDebuggerUrl"].split(":9222", 1)[1]
-s = socket.create_connection(("127.0.0.1", 9222))
-key = base64.b64encode(os.urandom(16)).decode()
-s.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:9222\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-          f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode())
-head = b""
-while b"\r\n\r\n" not in head:
-    head += s.recv(4096)
-assert head.startswith(b"HTTP/1.1 101"), head
-expr = "document.getElementById('status').textContent = " + json.dumps(sys.argv[1])
-msg = json.dumps({"id": 1, "method": "Runtime.evaluate", "params": {"expression": expr}}).encode()
-mask = os.urandom(4)
-s.sendall(bytes([0x81, 0x80 | 126]) + struct.pack(">H", len(msg)) + mask
-          + bytes(b ^ mask[i % 4] for i, b in enumerate(msg)))
-print(s.recv(65536)[:200])
-s.close()
-'''
 
 
 def test_a_guarded_port_refuses_the_sandbox_and_lets_the_host_in(sandbox):
@@ -82,53 +55,6 @@ def test_written_under_names_what_the_sandbox_wrote(sandbox):
     got = sb.written_under(trusted)
     assert sorted(got) == ["/bin/true", "/etc/ld.so.preload", "/etc/python3.11/sitecustomize.py"], got
     assert sb.written_under(["/root"]) == ["/root/x/y"]
-
-
-def _drop_guard(host, sb) -> None:
-    """What a backend that never guarded the port leaves: no rule (removed from the host, by the test)."""
-    pid = host.backend("container")._load(sb.id)["init_pid"]
-    subprocess.run(["nsenter", f"--net=/proc/{pid}/ns/net", "nft", "delete", "table", "inet", "shoal_portguard"],
-                   check=True)
-
-
-@pytest.fixture(scope="module")
-def browser_page(host, desktop_images):
-    ensure_desktop(host, apps=("browser",))
-    sb = open_sandbox(host, DESKTOP_IMAGE, desktop_layers(["browser"]), memory_mb=2048, disk_mb=256)
-    try:
-        sb.desktop.start()
-        sb.files.write("/root/forgery.html", PAGE)
-        sb.desktop.launch("browser", [URL])
-        sb.desktop.wait_for_window("Forgery page", timeout=60)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                assert dom_property(sb, "#status", "textContent", URL) == "Not signed up yet."
-                break
-            except BrowserUnavailable:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
-        yield sb
-    finally:
-        sb.kill()
-
-
-@pytest.mark.slow
-def test_agent_code_cannot_write_the_graded_dom_through_devtools(host, browser_page):
-    sb = browser_page
-    sb.files.write("/tmp/cdp_write.py", CDP_WRITE)
-    r = sb.commands.run(["python3", "/tmp/cdp_write.py", "Welcome, Ada Lovelace"], timeout=30)
-    assert r.exit_code != 0 and "Connection" in r.stderr, (r.stdout, r.stderr[-500:])  # refused / reset
-    # the grader's own connection (host side, marked) still reads the page, unwritten
-    assert dom_property(sb, "#status", "textContent", URL) == "Not signed up yet."
-    # without the guard the checker fails closed rather than grade a DOM agent code could have written
-    _drop_guard(host, sb)
-    try:
-        with pytest.raises(BrowserUnavailable, match="not guarded"):
-            dom_property(sb, "#status", "textContent", URL)
-    finally:
-        sb.guard_port(9222)
 
 
 @pytest.mark.slow
