@@ -276,3 +276,28 @@ def test_a_read_in_flight_at_a_crash_is_read_again_not_unknown(log, sandbox):
     third = LoggedSandbox(sandbox, _stream(log, sandbox))
     sandbox.files.write("/answer.txt", "changed since")
     assert third.read("/answer.txt") == "shoal" and third.stream.executed == 0  # replayed from the log
+
+
+def test_a_read_waits_for_a_flush_in_progress(tmp_path):
+    """The flusher thread takes the buffer, then folds it into SQLite: a read in between must not find
+    the buffer empty and read SQLite before that fold commits (a branch then missed its newest step)."""
+    import threading
+
+    store = JournaledLogStore(tmp_path / "f.db", flush_s=3600)
+    store.open_stream("s", episode=None, image=None, layers=[], writer="w")
+    store.append(Entry(stream="s", seq=0, kind="exec", req_hash="h", request={}, writer="w"))
+    store.complete("s", 0, {"exit_code": 0})
+    apply, taken = store._apply, threading.Event()
+
+    def slow_apply(recs):  # a loaded host: the fold takes a while after the buffer was taken
+        taken.set()
+        time.sleep(0.5)
+        apply(recs)
+
+    store._apply = slow_apply  # type: ignore[method-assign]
+    flusher = threading.Thread(target=store.flush)
+    flusher.start()
+    assert taken.wait(5)
+    entry = store.get("s", 0)
+    flusher.join()
+    assert entry is not None and entry.status == DONE and entry.result == {"exit_code": 0}

@@ -344,6 +344,9 @@ class JournaledLogStore(SQLiteLogStore):
         self.journal_dir.mkdir(parents=True, exist_ok=True)
         self.flush_s = flush_s
         self._lock = threading.Lock()
+        # held over a whole flush: a reader's flush must wait for one in progress (the flusher thread's),
+        # or it finds the buffer empty and reads SQLite before that transaction commits
+        self._flush_lock = threading.Lock()
         self._buf: list[list] = []
         self._fd: int | None = None
         self._pid = -1
@@ -381,10 +384,11 @@ class JournaledLogStore(SQLiteLogStore):
             self.flush()
 
     def flush(self) -> None:
-        with self._lock:
-            recs, self._buf = self._buf, []
-        if recs:
-            self._apply(recs)
+        with self._flush_lock:
+            with self._lock:
+                recs, self._buf = self._buf, []
+            if recs:
+                self._apply(recs)
 
     def _apply(self, recs: list[list]) -> None:
         with self._conn.transaction() as db:
