@@ -11,6 +11,7 @@ import os
 import secrets
 import select
 import selectors
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -201,7 +202,18 @@ class ContainerProcess(ProcessHandle):
         self._proc.signal(signal)
 
     def close(self) -> None:
-        self._proc.close()
+        # The pump thread polls the pipes and the control socket: closing them under it would have it
+        # read closed, or already reused, descriptors (another command's pipe). Shutting the socket down
+        # is enough: init kills the command (kill-on-close), the pump sees the end, closes the pipes itself
+        # and stops within its 200 ms linger; the socket is closed once the pump is done.
+        try:
+            self._proc.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        if threading.current_thread() is not self._pump:
+            self._pump.join(5.0)
+        if not self._pump.is_alive():
+            self._proc.close()
 
 
 class ContainerSession(SessionHandle):
