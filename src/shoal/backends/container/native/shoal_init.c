@@ -270,6 +270,17 @@ static void close_lower_fds(void) {
     n_lower_fds = 0;
 }
 
+/* The upper's directory, attached at cfg.disk (a host path: kernels before 6.15, or no detached
+ * upper), as /proc/self/fd/N too, for the same reason as the lower dirs. */
+static int disk_fd = -1;
+static const char *disk_fd_path(void) {
+    static char out[32];
+    disk_fd = open(cfg.disk, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (disk_fd < 0) die("open upper %s", cfg.disk);
+    snprintf(out, sizeof out, "/proc/self/fd/%d", disk_fd);
+    return out;
+}
+
 static void setup_rootfs(void) {
     char path[4096], opts[8192];
 
@@ -277,7 +288,7 @@ static void setup_rootfs(void) {
     /* overlayfs takes a detached upper by its fd path (Linux >= 6.15 clones a private mount of an
      * anonymous namespace's root); older kernels refuse it: attach it in this namespace instead */
     static const char *fd_disk = "/proc/self/fd/" SH_STR(UPPER_FD);
-    const char *disk = cfg.upper_detached ? fd_disk : cfg.disk;
+    const char *disk = cfg.upper_detached ? fd_disk : disk_fd_path();
     const char *lower = lower_fd_paths();
     int n = snprintf(opts, sizeof opts, "lowerdir=%s,upperdir=%s/upper,workdir=%s/work", lower, disk, disk);
     if (n >= (int)sizeof opts - 1) { errno = 0; die("overlay options too long (%d layers?)", n); }
@@ -285,10 +296,12 @@ static void setup_rootfs(void) {
         if (!cfg.upper_detached || errno != EINVAL) die("mount overlay on %s", cfg.rootfs);
         if (syscall(SH_SYS_move_mount, UPPER_FD, "", AT_FDCWD, cfg.disk, SH_MOVE_MOUNT_F_EMPTY_PATH) < 0)
             die("attach the upper on %s", cfg.disk);
-        snprintf(opts, sizeof opts, "lowerdir=%s,upperdir=%s/upper,workdir=%s/work", lower, cfg.disk, cfg.disk);
+        disk = disk_fd_path();
+        snprintf(opts, sizeof opts, "lowerdir=%s,upperdir=%s/upper,workdir=%s/work", lower, disk, disk);
         mount_or_die("overlay", cfg.rootfs, "overlay", 0, opts);
     }
     close_lower_fds();
+    if (disk_fd >= 0) close(disk_fd);
     close(UPPER_FD);
     errno = 0;
     if (chdir(cfg.rootfs) < 0) die("chdir rootfs");
