@@ -310,9 +310,11 @@ class ContainerBackend(LocalBackend):
             return self._launch_in(spec, lower_dirs, sandbox_id, d, sysfs, empty_dir, started)
         except BaseException as e:
             self._abandon(sandbox_id, started)
-            if isinstance(e, OSError) and e.errno in (errno.EMFILE, errno.ENFILE):
+            # the step may have wrapped it (cgroups: SandboxError from the OSError)
+            cause = e if isinstance(e, OSError) else e.__cause__
+            if isinstance(cause, OSError) and cause.errno in (errno.EMFILE, errno.ENFILE):
                 nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-                raise QuotaExceeded(f"sandbox {sandbox_id} could not start: {e.strerror} in the process that "
+                raise QuotaExceeded(f"sandbox {sandbox_id} could not start: {cause.strerror} in the process that "
                                     f"creates it (RLIMIT_NOFILE {nofile}); close sessions or raise the "
                                     "limit") from e
             raise
