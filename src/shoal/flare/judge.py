@@ -15,7 +15,6 @@ answers with the programmatic diagnoser, so the whole HTTP path runs without a m
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 from pathlib import Path
@@ -25,7 +24,8 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
-from ..core.errors import InvalidArgument, LLMUnavailable, ShoalError
+from ..core.errors import InvalidArgument, ShoalError
+from ..rollout.policy import post_chat_completions
 from .diagnoser import Diagnoser
 from .schema import TAXONOMY, Prefix, Risk, StepDiagnosis, json_schema_for_judge
 
@@ -81,8 +81,6 @@ def parse_answer(text: str, step: int, name: str) -> StepDiagnosis:
 
 
 class LLMJudge(Diagnoser):
-    RETRY_STATUS = (408, 409, 425, 429, 500, 502, 503, 504)
-
     def __init__(self, url: str, model: str, api_key: str | None = None, *, template: str | Path | None = None,
                  retries: int = 2, http_retries: int = 3, backoff_s: float = 0.5, timeout_s: float = 120.0,
                  temperature: float = 0.0, max_tokens: int = 600, json_schema: bool = True):
@@ -111,22 +109,10 @@ class LLMJudge(Diagnoser):
         return body
 
     async def _post(self, body: dict) -> dict:
-        delay, last = self.backoff_s, ""
-        for attempt in range(self.http_retries + 1):
+        def count() -> None:
             self.calls += 1
-            try:
-                r = await self._client.post(f"{self.url}/chat/completions", json=body)
-                if r.status_code == 200:
-                    return r.json()
-                last = f"HTTP {r.status_code}: {r.text[:300]}"
-                if r.status_code not in self.RETRY_STATUS:
-                    raise LLMUnavailable(f"judge {self.url} refused the request: {last}")
-            except httpx.HTTPError as e:
-                last = f"{type(e).__name__}: {e}"
-            if attempt < self.http_retries:
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 8.0)
-        raise LLMUnavailable(f"judge {self.url} failed {self.http_retries + 1} times; last: {last}")
+        return await post_chat_completions(self._client, self.url, body, retries=self.http_retries,
+                                           backoff_s=self.backoff_s, on_attempt=count, who="judge")
 
     async def diagnose(self, prefix: Prefix) -> StepDiagnosis:
         body = self.request(prefix)

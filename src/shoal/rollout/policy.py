@@ -12,6 +12,7 @@ import json
 import random
 import re
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -28,6 +29,34 @@ def turn(content: str = "", tool_calls: list[dict] | None = None, **extra: Any) 
     """A policy's answer: the assistant message, plus token ids / logprobs when the server gave them."""
     return {"content": content, "tool_calls": tool_calls or [], **extra}
 
+
+
+RETRY_STATUS = (408, 409, 425, 429, 500, 502, 503, 504)
+
+
+async def post_chat_completions(client: httpx.AsyncClient, url: str, body: dict, *, retries: int,
+                                backoff_s: float, max_backoff_s: float = 8.0,
+                                on_attempt: Callable[[], None] | None = None, who: str = "") -> dict:
+    """POST `body` to `{url}/chat/completions`; the 200 answer's JSON. Outages (connection errors and
+    the statuses in RETRY_STATUS) get `retries` more tries with exponential backoff; any other status
+    and the last failure raise LLMUnavailable naming `who` and the endpoint."""
+    delay, last, name = backoff_s, "", f"{who} {url}" if who else url
+    for attempt in range(retries + 1):
+        if on_attempt:
+            on_attempt()
+        try:
+            r = await client.post(f"{url}/chat/completions", json=body)
+            if r.status_code == 200:
+                return r.json()
+            last = f"HTTP {r.status_code}: {r.text[:300]}"
+            if r.status_code not in RETRY_STATUS:
+                raise LLMUnavailable(f"{name} refused the request: {last}")
+        except httpx.HTTPError as e:
+            last = f"{type(e).__name__}: {e}"
+        if attempt < retries:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, max_backoff_s)
+    raise LLMUnavailable(f"{name} failed {retries + 1} times; last: {last}")
 
 class Policy(ABC):
     name: str = "policy"
@@ -47,8 +76,6 @@ class Policy(ABC):
 class ChatEndpointPolicy(Policy):
     """Any OpenAI-compatible `/v1/chat/completions`. Outages get bounded retries with exponential
     backoff; after that `LLMUnavailable` (the episode is paused, not failed)."""
-
-    RETRY_STATUS = (408, 409, 425, 429, 500, 502, 503, 504)
 
     def __init__(self, url: str, model: str, api_key: str | None = None, *, temperature: float = 0.0,
                  max_tokens: int = 1024, retries: int = 4, backoff_s: float = 0.5, max_backoff_s: float = 8.0,
@@ -77,22 +104,11 @@ class ChatEndpointPolicy(Policy):
 
     async def post_chat(self, body: dict) -> dict:
         """POST to `/chat/completions` with the bounded retries; the 200 answer's JSON."""
-        delay, last = self.backoff_s, ""
-        for attempt in range(self.retries + 1):
+        def count() -> None:
             self.attempts += 1
-            try:
-                r = await self._client.post(f"{self.url}/chat/completions", json=body)
-                if r.status_code == 200:
-                    return r.json()
-                last = f"HTTP {r.status_code}: {r.text[:300]}"
-                if r.status_code not in self.RETRY_STATUS:
-                    raise LLMUnavailable(f"{self.url} refused the request: {last}")
-            except httpx.HTTPError as e:
-                last = f"{type(e).__name__}: {e}"
-            if attempt < self.retries:
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.max_backoff_s)
-        raise LLMUnavailable(f"{self.url} failed {self.retries + 1} times; last: {last}")
+        return await post_chat_completions(self._client, self.url, body, retries=self.retries,
+                                           backoff_s=self.backoff_s, max_backoff_s=self.max_backoff_s,
+                                           on_attempt=count)
 
     async def aclose(self) -> None:
         await self._client.aclose()
