@@ -292,13 +292,16 @@ static void setup_rootfs(void) {
     const char *lower = lower_fd_paths();
     int n = snprintf(opts, sizeof opts, "lowerdir=%s,upperdir=%s/upper,workdir=%s/work", lower, disk, disk);
     if (n >= (int)sizeof opts - 1) { errno = 0; die("overlay options too long (%d layers?)", n); }
-    if (mount("overlay", cfg.rootfs, "overlay", 0, opts) < 0) {
+    /* nodev: overlayfs opens a lower layer's special file with the overlay's own flags, and an image
+     * (a tenant's native EROFS layer) may carry nodes for host devices (input, GPUs, kvm, uinput);
+     * the sandbox's devices live in its own /dev tmpfs, mounted separately */
+    if (mount("overlay", cfg.rootfs, "overlay", MS_NODEV, opts) < 0) {
         if (!cfg.upper_detached || errno != EINVAL) die("mount overlay on %s", cfg.rootfs);
         if (syscall(SH_SYS_move_mount, UPPER_FD, "", AT_FDCWD, cfg.disk, SH_MOVE_MOUNT_F_EMPTY_PATH) < 0)
             die("attach the upper on %s", cfg.disk);
         disk = disk_fd_path();
         snprintf(opts, sizeof opts, "lowerdir=%s,upperdir=%s/upper,workdir=%s/work", lower, disk, disk);
-        mount_or_die("overlay", cfg.rootfs, "overlay", 0, opts);
+        mount_or_die("overlay", cfg.rootfs, "overlay", MS_NODEV, opts);
     }
     close_lower_fds();
     if (disk_fd >= 0) close(disk_fd);
