@@ -38,6 +38,7 @@ from .push import host_platform
 from .reference import Reference, parse_reference
 
 PullProgress = Callable[[str, int, int], None]  # (what, bytes done, bytes total)
+MIN_CHUNK_SIZE, MAX_CHUNK_SIZE = 4 << 10, 16 << 20  # what a pulled chunk index may use (push: 128 KiB)
 
 
 @dataclass
@@ -211,9 +212,17 @@ def _index_for(cl: RegistryClient, r: Reference, desc: dict, indexes: dict, wher
     layer, idx_digest = ann.get(ANN_LAYER), ann.get(ANN_CHUNKS)
     if not isinstance(idx_digest, str) or idx_digest not in indexes:
         raise RegistryError(f"{where}: layer {layer} has no chunk index in the manifest")
-    idx = ChunkIndex.model_validate_json(cl.get_blob(r.repository, idx_digest))
+    try:
+        idx = ChunkIndex.model_validate_json(cl.get_blob(r.repository, idx_digest))
+    except ValueError as e:  # pydantic's ValidationError: not an index at all
+        raise CorruptChunk(f"{where}: the chunk index of layer {layer} is malformed ({e})") from None
     if (idx.blob, idx.size, idx.layer) != (desc["digest"], desc.get("size"), layer):
         raise CorruptChunk(f"{where}: the chunk index of layer {layer} describes another blob")
+    # a chunk is read, held and hashed whole by the lazy daemon: a registry's index must not make
+    # one chunk the whole layer (a multi-GiB read into memory per fault)
+    if not MIN_CHUNK_SIZE <= idx.chunk_size <= MAX_CHUNK_SIZE:
+        raise CorruptChunk(f"{where}: the chunk index of layer {layer} has chunks of {idx.chunk_size} bytes "
+                           f"(Shoal reads chunks of {MIN_CHUNK_SIZE} to {MAX_CHUNK_SIZE} bytes)")
     return idx, idx_digest
 
 
