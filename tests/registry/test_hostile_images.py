@@ -217,3 +217,24 @@ def test_a_huge_manifest_is_not_read_past_the_manifest_bound(registry, fresh_hos
         cl.put_manifest(REPO, "huge", manifest, OCI_MANIFEST)
     with pytest.raises(RegistryError, match="larger than"):
         _pull(registry, fresh_host, f"{registry.addr}/{REPO}:huge")
+
+
+def test_a_corrupt_zstd_layer_is_a_typed_error(registry, fresh_host):
+    """A zstd frame that breaks mid-stream raised zstandard's bare ZstdError out of the pull."""
+    import zstandard
+
+    from shoal.core.errors import CorruptChunk
+
+    raw = _tar([(_member("f", mode=0o644), os.urandom(256 << 10))])
+    blob = bytearray(zstandard.ZstdCompressor().compress(raw))
+    blob[len(blob) // 2] ^= 0xFF
+    config = _config("amd64", [sha256_digest(raw)])
+    manifest = json.dumps({"schemaVersion": 2, "mediaType": OCI_MANIFEST, "config": _desc(OCI_CONFIG, config),
+                           "layers": [_desc("application/vnd.oci.image.layer.v1.tar+zstd", bytes(blob))]}).encode()
+    with registry.client() as cl:
+        for b in (bytes(blob), config):
+            cl.upload_blob(REPO, sha256_digest(b), data=b)
+        cl.put_manifest(REPO, "badzstd", manifest, OCI_MANIFEST)
+    with pytest.raises((CorruptChunk, CorruptArchive)):
+        _pull(registry, fresh_host, f"{registry.addr}/{REPO}:badzstd")
+    assert fresh_host.store.list_images() == []
