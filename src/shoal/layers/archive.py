@@ -3,7 +3,8 @@
 `extract_layer_tar` unpacks one layer tar into a directory and translates OCI whiteouts into the
 overlayfs form the kernel understands (`.wh.NAME` -> 0/0 character device NAME; `.wh..wh..opq` ->
 `trusted.overlay.opaque=y` on the directory). Members that would land outside the destination —
-absolute or `..` paths, paths through a symlink, hard links to outside — are refused.
+absolute or `..` paths, paths through a symlink, hard links to outside — are refused; device nodes
+(but the 0/0 whiteout form) are left out.
 
 `read_image_archive` understands `docker save` archives (manifest.json) and OCI image layouts
 (index.json + blobs/), and yields each layer's tar stream bottom to top.
@@ -133,6 +134,10 @@ def extract_layer_tar(fileobj: IO[bytes] | None, dest: Path, path: Path | None =
                         raise CorruptArchive(f"tar member {member.name!r} whites out no name (or '.'/'..')")
                     os.makedirs(os.path.join(dest_s, parent), exist_ok=True)
                     make_whiteout(os.path.join(dest_s, parent, base[len(WHITEOUT_PREFIX):]))
+                    continue
+                if (member.ischr() or member.isblk()) and (member.devmajor, member.devminor) != (0, 0):
+                    # an image's device node would name a host device (the overlay a sandbox runs on
+                    # opens it, the layer's nodev mount notwithstanding); a sandbox's /dev is its own
                     continue
                 if member.islnk():
                     link = _clean_name(member.linkname)
