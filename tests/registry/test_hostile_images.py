@@ -238,3 +238,15 @@ def test_a_corrupt_zstd_layer_is_a_typed_error(registry, fresh_host):
     with pytest.raises((CorruptChunk, CorruptArchive)):
         _pull(registry, fresh_host, f"{registry.addr}/{REPO}:badzstd")
     assert fresh_host.store.list_images() == []
+
+
+def test_a_shoal_layer_larger_than_the_bound_is_not_downloaded(registry, fresh_host, tmp_path, monkeypatch):
+    """A Shoal layer's size is the registry's word: past SHOAL_MAX_LAYER_BYTES (or the free disk) the
+    pull stops before fetching a byte of it."""
+    monkeypatch.setattr(archive, "MAX_LAYER_BYTES", 256 << 10)
+    src = _push_shoal(registry, "toobig", os.urandom(1 << 20), tmp_path)
+    mark = registry.mark()
+    with pytest.raises(QuotaExceeded, match="SHOAL_MAX_LAYER_BYTES"):
+        _pull(registry, fresh_host, src)
+    assert registry.blob_bytes(mark) < (1 << 20)  # the index and config only, never the layer blob
+    assert fresh_host.store.list_images() == []

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core.errors import CorruptChunk, LayerInUse, RegistryError
+from ..core.errors import CorruptChunk, LayerInUse, QuotaExceeded, RegistryError
 from ..layers.store import ImageInfo, LayerStore
 from ..lazy.chunks import CHUNK_INDEX_MEDIA_TYPE, LAYER_MEDIA_TYPE, ChunkIndex
 from ..lazy.origin import DEFAULT_TIMEOUT_S
@@ -177,6 +177,7 @@ def _pull_shoal(store: LayerStore, cl: RegistryClient, r: Reference, manifest: d
                 result.present.append(layer)
                 continue
             idx, _ = _index_for(cl, r, desc, indexes, where)
+            _check_room(store, idx.size + sum(s[0].stat().st_size for s in staged), where, layer)
             label = f"layer {i + 1}/{len(layers)} {layer.split(':')[1][:12]}"
             tmp = _tmp(store, ".erofs")
             staged.append((tmp, layer, desc["digest"]))
@@ -204,6 +205,16 @@ def _pull_shoal(store: LayerStore, cl: RegistryClient, r: Reference, manifest: d
     cfg = config.get("config") if isinstance(config.get("config"), dict) else {}
     image = store.create_image(local, digests, config=cfg)
     return PullResult(image, where, "shoal", result.fetched, result.present, result.bytes_fetched)
+
+
+def _check_room(store: LayerStore, need: int, where: str, layer: str) -> None:
+    """The blob sizes come from the registry: a download must not fill the host's disk."""
+    from ..layers import archive
+
+    room = min(archive.MAX_LAYER_BYTES, archive._free_bytes(str(store.settings.tmp_dir)) - archive.FREE_RESERVE_BYTES)
+    if need > room:
+        raise QuotaExceeded(f"{where}: layer {layer} needs {need} bytes here, more than {max(room, 0)} (the bound is "
+                            "SHOAL_MAX_LAYER_BYTES or the free disk less 1 GiB, whichever is smaller): refused")
 
 
 def _index_for(cl: RegistryClient, r: Reference, desc: dict, indexes: dict, where: str) -> tuple[ChunkIndex, str]:
