@@ -250,3 +250,22 @@ def test_a_shoal_layer_larger_than_the_bound_is_not_downloaded(registry, fresh_h
         _pull(registry, fresh_host, src)
     assert registry.blob_bytes(mark) < (1 << 20)  # the index and config only, never the layer blob
     assert fresh_host.store.list_images() == []
+
+
+def test_a_container_layer_without_a_size_is_refused_before_download(registry, fresh_host):
+    """The descriptor's size is what bounds a layer download: a manifest that leaves it out would have
+    the host stream whatever the registry sends."""
+    from shoal.core.errors import RegistryError
+
+    raw = _tar([(_member("f", mode=0o644), b"x")])
+    blob, config = _gzip(raw), _config("amd64", [sha256_digest(raw)])
+    layer = _desc(GZ, blob)
+    del layer["size"]
+    manifest = json.dumps({"schemaVersion": 2, "mediaType": OCI_MANIFEST, "config": _desc(OCI_CONFIG, config),
+                           "layers": [layer]}).encode()
+    with registry.client() as cl:
+        for b in (blob, config):
+            cl.upload_blob(REPO, sha256_digest(b), data=b)
+        cl.put_manifest(REPO, "nosize", manifest, OCI_MANIFEST)
+    with pytest.raises(RegistryError, match="no valid size"):
+        _pull(registry, fresh_host, f"{registry.addr}/{REPO}:nosize")

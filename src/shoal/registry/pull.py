@@ -352,10 +352,13 @@ def _pull_container(store: LayerStore, cl: RegistryClient, r: Reference, manifes
             result.present.append(cached)
             continue
         label = f"layer {i + 1}/{len(descs)} {desc['digest'].split(':')[1][:12]}"
+        size = desc.get("size")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:  # OCI requires it; it bounds the download
+            raise RegistryError(f"{where}: layer {desc.get('digest')} has no valid size in the manifest")
+        _check_room(store, size, where, str(desc.get("digest")))
         tmp = _tmp(store, ".blob")
         try:
-            cl.download_blob(r.repository, desc["digest"], tmp, size=desc.get("size"),
-                             progress=_labelled(progress, label))
+            cl.download_blob(r.repository, desc["digest"], tmp, size=size, progress=_labelled(progress, label))
             result.fetched.append(desc["digest"])
             result.bytes_fetched += tmp.stat().st_size
             if progress:
