@@ -64,6 +64,7 @@
 #include <sys/sysmacros.h>
 #include <sys/types.h>
 #include <sys/un.h>
+#include <sys/utsname.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -306,6 +307,13 @@ static const char *disk_fd_path(void) {
  * detached upper from 6.15; before that, the caller falls back to the mount in a copy of the host's
  * namespace and pivot_root. Each layer is given as /proc/self/fd/N, as in lower_fd_paths. */
 static int detached_overlay(void) {
+    /* tried only where it can work: overlayfs logs every refused option to the kernel log */
+    struct utsname u;
+    int major = 0, minor = 0;
+    if (uname(&u) < 0 || sscanf(u.release, "%d.%d", &major, &minor) != 2 || major * 1000 + minor < 6015) {
+        errno = ENOTSUP;
+        return -1;
+    }
     int fs = (int)syscall(SH_SYS_fsopen, "overlay", 1 /* FSOPEN_CLOEXEC */);
     if (fs < 0) return -1;
     char p[64];
