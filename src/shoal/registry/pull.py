@@ -33,7 +33,15 @@ from ..lazy.chunks import CHUNK_INDEX_MEDIA_TYPE, LAYER_MEDIA_TYPE, ChunkIndex
 from ..lazy.origin import DEFAULT_TIMEOUT_S
 from .client import Manifest, Progress, RegistryClient
 from .convert import cache_key, convert_layer
-from .media import ANN_CHUNKS, ANN_LAYER, ANN_LAYER_ENTRIES, ANN_LAYER_SIZE, INDEX_TYPES, SHOAL_CONFIG_MEDIA_TYPE
+from .media import (
+    ANN_CHUNKS,
+    ANN_LAYER,
+    ANN_LAYER_ENTRIES,
+    ANN_LAYER_SIZE,
+    ANN_STARTUP_BYTES,
+    INDEX_TYPES,
+    SHOAL_CONFIG_MEDIA_TYPE,
+)
 from .push import host_platform
 from .reference import Reference, parse_reference
 
@@ -268,6 +276,10 @@ def _pull_shoal_lazy(store: LayerStore, cl: RegistryClient, r: Reference, manife
     specs = [layer_spec(r.registry, r.repository, desc["digest"], str((desc.get("annotations") or {}).get(ANN_CHUNKS)),
                         ca=conn["ca"], insecure=conn["insecure"], plain_http=conn["plain_http"],
                         timeout_s=conn["timeout_s"]) for _, desc, _ in todo]
+    for (_, desc, _), spec in zip(todo, specs):
+        startup = _startup_bytes(desc)
+        if startup:  # the relaid layer's start-up prefix: the daemon fetches it when there is no list
+            spec["startup_bytes"] = startup
     if progress and todo:
         progress(f"{len(todo)} of {len(layers)} layers lazy: chunk indexes", 0, 0)
     got = _lazy_layer_meta(store, cl, r, [(d, layer, spec) for (_, d, layer), spec in zip(todo, specs)],
@@ -283,6 +295,17 @@ def _pull_shoal_lazy(store: LayerStore, cl: RegistryClient, r: Reference, manife
     cfg = config.get("config") if isinstance(config.get("config"), dict) else {}
     result.image = store.create_image(local, digests, config=cfg)
     return result
+
+
+def _startup_bytes(desc: dict) -> int:
+    """The layer descriptor's start-up prefix (`ANN_STARTUP_BYTES`, set by `push --relayout`), at most
+    the blob's size; 0 when absent or not a positive integer."""
+    raw = (desc.get("annotations") or {}).get(ANN_STARTUP_BYTES)
+    try:
+        n = int(raw) if isinstance(raw, str) and raw.isdigit() else 0
+    except ValueError:
+        return 0
+    return max(0, min(n, int(desc.get("size") or 0)))
 
 
 def _lazy_layer_meta(store: LayerStore, cl: RegistryClient, r: Reference, items: list[tuple[dict, str, dict]],
