@@ -199,6 +199,14 @@ def test_the_recorder_notes_which_ranges_came_before_the_first_command_ended(tmp
     rec.flush()
     assert rec.startup_ranges == 2 and prefetch.load_startup_ranges(tmp_path, digest) == 2
     assert prefetch.load_ranges(tmp_path, digest)[1] == [(0, 4096), (8192, 4096), (12288, 4096)]
+    # marked, and nothing new read after it (the recorder never saw the mark): every range is start-up
+    rec2 = prefetch.Recorder(tmp_path / "b", digest, blob="sha256:" + "cd" * 32)
+    rec2.saw_range(0, 8192)
+    rec2.saw(0)
+    rec2.saw_range(65536, 4096)
+    rec2.flush()
+    prefetch.startup_path(tmp_path / "b", digest).touch()
+    assert rec2.startup_ranges is None and prefetch.load_startup_ranges(tmp_path / "b", digest) == 2
     body = prefetch.dumps(digest, [0, 1], [[0, 4096]], "sha256:" + "cd" * 32, 1, 2)
     assert prefetch.parse_startup_ranges(body) == 2
     assert prefetch.parse_startup_ranges(prefetch.dumps(digest, [0], None, None, 1, 2)) is None  # no ranges

@@ -131,10 +131,17 @@ def parse_startup_ranges(blob: bytes) -> int | None:
 
 
 def load_startup_ranges(root: Path, digest: str) -> int | None:
+    """`parse_startup_ranges` of this root's list; when the layer was marked but its recorder never
+    saw a new range after the mark (the run read nothing new after its first command), all of them."""
     try:
-        return parse_startup_ranges(prefetch_path(root, digest).read_bytes())
+        body = prefetch_path(root, digest).read_bytes()
     except OSError:
         return None
+    n = parse_startup_ranges(body)
+    if n is None and startup_path(root, digest).exists():
+        got = parse_ranges(body)
+        n = len(got[1]) if got is not None and got[1] else None
+    return n
 
 
 def load_startup(root: Path, digest: str) -> int | None:
