@@ -1773,11 +1773,76 @@ def merge_runs(files: list[dict]) -> dict:
     return {"profiles": collect(runs, with_paused), "meta": meta, "bench": "density"}
 
 
+def slab_objects(cache: str, text: str | None = None) -> int | None:
+    """Active objects of one slab cache, from /proc/slabinfo."""
+    try:
+        text = Path("/proc/slabinfo").read_text() if text is None else text
+    except OSError:
+        return None
+    for line in text.splitlines():
+        f = line.split()
+        if f and f[0] == cache and len(f) > 1 and f[1].isdigit():
+            return int(f[1])
+    return None
+
+
+def shrinker_probe(k: int = 64) -> dict | None:
+    """The kernel's shrinker-id high-water mark, as it shows in a new memory cgroup: its shrinker_info holds
+    one 520-byte unit (a kmalloc-1k object) per 64 ids up to the highest id the host has ever used, and
+    that mark never goes down until a reboot (docs/density.md). mkdir k empty memory cgroups, count the
+    kmalloc-1k objects they add, remove them. A rough reading (other kmalloc-1k users run meanwhile)."""
+    root = memcg_dir("")
+    if not (root / "memory.stat").exists() and not (root / "cgroup.procs").exists():
+        return None
+    dirs = [root / f"shoal-density-shrinker-probe-{os.getpid()}-{i}" for i in range(k)]
+    before = slab_objects("kmalloc-1k")
+    made = []
+    try:
+        for d in dirs:
+            d.mkdir()
+            made.append(d)
+        after = slab_objects("kmalloc-1k")
+    except OSError:
+        return None
+    finally:
+        for d in made:
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+    if before is None or after is None:
+        return None
+    units = (after - before) / k
+    return {"kmalloc_1k_per_memcg": round(units, 1), "shrinker_ids_high_water_est": round(units * 64),
+            "memcgs_probed": k}
+
+
+def git_commit() -> str | None:
+    repo = Path(__file__).resolve().parents[1]
+    r = subprocess.run(["git", "-C", str(repo), "describe", "--always", "--dirty", "--abbrev=12"],
+                       capture_output=True, text=True, check=False)
+    return r.stdout.strip() or None
+
+
+def ksm_settings() -> dict[str, int | None]:
+    ksm = Path("/sys/kernel/mm/ksm")
+    out: dict[str, int | None] = {}
+    for name in ("run", "pages_to_scan", "sleep_millisecs", "full_scans", "pages_shared", "pages_sharing"):
+        try:
+            out[name] = int((ksm / name).read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            out[name] = None
+    return out
+
+
 def host_facts() -> dict:
     mi = meminfo()
     return {"kernel": platform.release(), "cpus": os.cpu_count(), "mem_total_gib": mi["MemTotal"] / 2**30,
             "cgroup": "v1 (hybrid)" if Path("/sys/fs/cgroup/memory").is_dir() else "v2",
-            "python": platform.python_version(), "loadavg_start": Path("/proc/loadavg").read_text().split()[:3]}
+            "python": platform.python_version(), "loadavg_start": Path("/proc/loadavg").read_text().split()[:3],
+            "uptime_s": round(float(Path("/proc/uptime").read_text().split()[0])), "commit": git_commit(),
+            "ksm_start": ksm_settings(), "shrinker_start": shrinker_probe(),
+            "mem_available_gib_start": round(mi["MemAvailable"] / 2**30, 2)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1918,6 +1983,10 @@ def main(argv: list[str] | None = None) -> int:
 
             ZRAM_DEV.clear()
             zram.teardown(zram_state)
+        facts["loadavg_end"] = Path("/proc/loadavg").read_text().split()[:3]
+        facts["ksm_end"] = ksm_settings()
+        facts["shrinker_end"] = shrinker_probe()
+        facts["mem_available_gib_end"] = round(meminfo()["MemAvailable"] / 2**30, 2)
     res: dict[str, Any] = {}
     if out.exists() and not a.fresh and not a.quick:
         try:
