@@ -81,6 +81,7 @@ ZRAM_DEV: list[Any] = []  # the run's zram device (--zram-mb), read at every ste
 PROFILES = ("shell", "python", "python-paused")
 DOCKER_CGROUP = "shoal-density-docker"
 LIMITS_MB, LIMITS_CPU, LIMITS_PIDS = 512, 1.0, 512
+RM_TIMEOUT_S = 180  # one `docker rm -f` of 50 containers; past it the engine is taken as hung
 # what each profile's main binary is, for the page-cache sharing check
 MAIN_FILES = {"shell": ["bin/busybox"],
               "python": ["usr/bin/python3.11", "usr/lib/x86_64-linux-gnu/libpython3.11.so.1.0"]}
@@ -489,6 +490,38 @@ def ksmd_cpu_s() -> float | None:
         except (OSError, ValueError, IndexError):
             continue
     return None
+
+
+def kill_cgroup_tasks(name: str) -> int:
+    """SIGKILL every task under a cgroup parent (each v1 hierarchy that has it, or v2): the bench's last
+    resort when an engine stops answering its teardown. Returns the tasks signalled."""
+    from shoal.backends.container.cgroups import CGROUP_ROOT
+
+    pids: set[int] = set()
+    for top in [CGROUP_ROOT / name, *CGROUP_ROOT.glob(f"*/{name}")]:
+        for procs in top.rglob("cgroup.procs") if top.is_dir() else ():
+            try:
+                pids.update(int(x) for x in procs.read_text().split())
+            except (OSError, ValueError):
+                pass
+    n = 0
+    for pid in pids:
+        try:
+            os.kill(pid, 9)
+            n += 1
+        except OSError:
+            pass
+    for state in (CGROUP_ROOT / "freezer" / name).rglob("freezer.state"):  # a frozen task dies once thawed
+        try:
+            state.write_text("THAWED")
+        except OSError:
+            pass
+    for state in (CGROUP_ROOT / name).rglob("cgroup.freeze"):  # v2
+        try:
+            state.write_text("0")
+        except OSError:
+            pass
+    return n
 
 
 def memcg_dir(name: str) -> Path:
@@ -983,6 +1016,7 @@ class DockerSide(Side):
         self.data_root = Path(self.engine.tmp) / "data"
         self.cgroup_name = DOCKER_CGROUP
         self.cgroup = memcg_dir(DOCKER_CGROUP)
+        self.teardown_notes: list[str] = []
         self.image = f"shoal-density-{'shell' if profile == 'shell' else 'python'}:1"
         self.env: dict[str, str] = {}
         if profile != "shell":
@@ -1069,8 +1103,25 @@ class DockerSide(Side):
     def kill_all(self, hs: list[Any]) -> None:
         ids = [h["id"] for h in hs]
         chunks = [ids[k:k + 50] for k in range(0, len(ids), 50)]
+
+        def rm(c: list[str]) -> bool:
+            try:
+                self._docker("rm", "-f", *c, check=False, timeout=RM_TIMEOUT_S)
+                return True
+            except subprocess.TimeoutExpired:
+                return False
+
         with ThreadPoolExecutor(4) as ex:
-            list(ex.map(lambda c: self._docker("rm", "-f", *c, check=False, timeout=600), chunks))
+            stuck = [c for c, ok in zip(chunks, ex.map(rm, chunks)) if not ok]
+        if stuck:
+            # dockerd stopped answering `rm` of paused containers once before (after ~600 of 776): kill
+            # the containers' processes through their cgroup, then ask again; the run says it happened
+            killed = kill_cgroup_tasks(DOCKER_CGROUP)
+            self.teardown_notes.append(f"{sum(map(len, stuck))} containers' `docker rm -f` passed {RM_TIMEOUT_S} s:"
+                                       f" SIGKILLed {killed} tasks in {DOCKER_CGROUP}, then rm -f again")
+            with ThreadPoolExecutor(4) as ex:
+                if not all(ex.map(rm, stuck)):
+                    self.teardown_notes.append("`docker rm -f` still hung after the kill; dockerd torn down")
 
     def down(self) -> None:
         self.engine.down()
@@ -1465,6 +1516,9 @@ def run_kind(kind: str, args: argparse.Namespace, with_paused: bool) -> list[dic
                 finally:
                     r_kill = f.teardown()
                 r["kill_all_s"] = r_kill
+                if getattr(side, "teardown_notes", None):
+                    r["teardown_notes"] = list(side.teardown_notes)  # type: ignore[attr-defined]
+                    side.teardown_notes.clear()  # type: ignore[attr-defined]
                 if name == "shoal":
                     r["notes"] = shoal.notes
                 out[name] = r

@@ -208,3 +208,53 @@ def test_summarize_end_of_fill_and_python_goal(d):
     assert "both sides' fills were capped" in d.python_held_goal(sides(600, 378, "--max 600 reached",
                                                                       "--docker-fill-budget-s 150 reached"))
     assert "not measured" in d.python_held_goal(sides(1500, None))
+
+
+def test_slab_objects_reads_one_cache(d):
+    text = ("slabinfo - version: 2.1\n# name <active_objs> <num_objs> ...\n"
+            "dma-kmalloc-1k 0 0 1024 16 4 : tunables 0 0 0 : slabdata 0 0 0\n"
+            "kmalloc-1k 850 896 1024 16 4 : tunables 0 0 0 : slabdata 56 56 0\n")
+    assert d.slab_objects("kmalloc-1k", text) == 850
+    assert d.slab_objects("kmalloc-2k", text) is None
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not Path("/sys/fs/cgroup/freezer").is_dir(),
+                    reason="needs root and the v1 freezer")
+def test_kill_cgroup_tasks_kills_frozen_tasks_too(d):
+    """The Docker teardown's last resort: every task under the parent dies, frozen ones included."""
+    import subprocess
+    import time
+
+    name = f"shoal-density-killtest-{os.getpid()}"
+    made = []
+    procs = [subprocess.Popen(["sleep", "300"]) for _ in range(2)]
+    try:
+        for ctl in ("freezer", "pids"):
+            child = Path("/sys/fs/cgroup", ctl, name, "c")
+            child.mkdir(parents=True)
+            made += [child, child.parent]
+            for p in procs:
+                (child / "cgroup.procs").write_text(str(p.pid))
+        (Path("/sys/fs/cgroup/freezer", name, "c") / "freezer.state").write_text("FROZEN")
+        assert d.kill_cgroup_tasks(name) == 2
+        deadline = time.monotonic() + 10
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert all(p.returncode == -9 for p in procs)
+    finally:
+        state = Path("/sys/fs/cgroup/freezer", name, "c", "freezer.state")
+        if state.exists():
+            state.write_text("THAWED")  # else a frozen task never reaps below
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for c in made:
+            for _ in range(50):
+                try:
+                    c.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.1)
