@@ -270,17 +270,25 @@ def record_prefetch(roots: Roots, reg, img: dict, i: int, repo: str) -> None:
         roots.drop(h)
 
 
-def record_access(roots: Roots, reg, src, images: list[dict], chunk_kb: int) -> None:
+RECORD_READAHEAD_KB = 0
+
+
+def record_access(roots: Roots, reg, src, images: list[dict], chunk_kb: int,
+                  readahead_kb: int = RECORD_READAHEAD_KB) -> None:
     """For `--relayout`: every image as built in bench/ws-rec; ONE other root's first run of the timing
     images (first exec + agent + tests sequence, one after another) records what it read, and
     publishes it there. The 7 other images' own layers get no list (they go up as built); their base
-    layers get the timing images' order: a held-out check."""
+    layers get the timing images' order: a held-out check. The recording root's daemon reads ahead
+    `readahead_kb` on its FUSE file (round 6: 0, so the list holds what the run read, not the
+    kernel's read-ahead around it; it was the daemon's 1 MiB before)."""
     from shoal import Sandbox
     from shoal.registry import pull, push
 
     for img in images:
         push(src.store, img["ref"], f"{reg.addr}/bench/ws-rec:{img['name']}", plain_http=True,
              lazy_chunk_size=chunk_kb << 10)
+    saved = os.environ.get("SHOAL_LAZY_READAHEAD_KB")
+    os.environ["SHOAL_LAZY_READAHEAD_KB"] = str(readahead_kb)  # the recording root's daemon starts with it
     h = roots.new()
     try:
         for n, name in enumerate(TIMING_IMAGES):
@@ -296,6 +304,10 @@ def record_access(roots: Roots, reg, src, images: list[dict], chunk_kb: int) -> 
                  prefetch_only=True)
     finally:
         roots.drop(h)
+        if saved is None:
+            os.environ.pop("SHOAL_LAZY_READAHEAD_KB", None)
+        else:
+            os.environ["SHOAL_LAZY_READAHEAD_KB"] = saved
 
 
 def fanout_sample(roots: Roots, reg, images: list[dict], n: int, m: int, chunk: int = 128 << 10) -> dict:
@@ -479,6 +491,8 @@ def summarize(res: dict) -> dict:
     if s.get("shaped_lazy"):
         sh = {"link": res["config"]["shaped_link"], "cold": _cold(res, "shaped_lazy", "shaped_full"),
               "cold_prefetch": _cold(res, "shaped_lazy_pf", "shaped_full"),
+              **({"cold_noprefix": _cold(res, "shaped_lazy_noprefix", "shaped_full")}
+                 if s.get("shaped_lazy_noprefix") else {}),
               "bytes_agent": spread([x["bytes"] / img_bytes[x["image"]] for x in s["shaped_lazy"]])}
         if s.get("shaped_docker"):
             d = [x["first_exec_s"] for x in s["shaped_docker"]]
@@ -522,7 +536,9 @@ def readme_rows(j: dict) -> list[list[str]]:
     sm = j["summary"]
     ck = j["config"]["chunk_kb"]
     c, w, fo = sm["cold_first_exec_s"], sm["warm_read"], sm["fanout"]
-    rows = [_cold_row(f"cold start → first exec, never-seen image, no prefetch list ({ck} KiB chunks; pull + "
+    nolist = "no prefetch list" + (" (the layers' start-up prefix, marked by `push --relayout`, fetched at once)"
+                                   if j["config"].get("layout_prefetch") else "")
+    rows = [_cold_row(f"cold start → first exec, never-seen image, {nolist} ({ck} KiB chunks; pull + "
                       "create + `python3 -c pass`), loopback", c, "full pull + start")]
     if "prefetch" in sm:
         p = sm["prefetch"]
@@ -539,7 +555,11 @@ def readme_rows(j: dict) -> list[list[str]]:
         sh = sm["shaped"]
         mbit, rtt = j["config"]["link_mbit"], j["config"]["link_rtt_ms"]
         rows.append(_cold_row(f"over a shaped link ({mbit} Mbit/s, +{rtt:g} ms RTT): cold start → first exec, "
-                              "no prefetch list", sh["cold"], "full pull + start over the link"))
+                              + nolist, sh["cold"], "full pull + start over the link"))
+        if "cold_noprefix" in sh:
+            rows.append(_cold_row("shaped link, no prefetch list and the layers' start-up prefix not fetched "
+                                  "(`SHOAL_LAZY_LAYOUT_PREFETCH=0`: round 5's path)", sh["cold_noprefix"],
+                                  "full pull + start over the link"))
         rows.append(_cold_row("shaped link, with the published prefetch list", sh["cold_prefetch"],
                               "full pull + start over the link"))
         if "docker" in sh:
@@ -723,7 +743,8 @@ def main() -> None:
                                                                      str(_ra.DEFAULT_BUDGET_PCT)),
               "SHOAL_LAZY_PREFETCH_STARTUP": os.environ.get("SHOAL_LAZY_PREFETCH_STARTUP", "1")}
     for var in ("SHOAL_LAZY_COMPLETE", "SHOAL_LAZY_PREFETCH_GAP_KB", "SHOAL_LAZY_TRACE", "SHOAL_LAZY_FAST",
-                "SHOAL_LAZY_ZYGOTE", "SHOAL_LAZY_THREADS"):
+                "SHOAL_LAZY_ZYGOTE", "SHOAL_LAZY_THREADS", "SHOAL_LAZY_LAYOUT_PREFETCH",
+                "SHOAL_LAZY_LAYOUT_PREFETCH_MAX_PCT"):
         os.environ.pop(var, None)  # the defaults are what is measured (the promotion row sets COMPLETE itself)
     t_start = time.time()
     load_before = os.getloadavg()[0]
@@ -737,7 +758,7 @@ def main() -> None:
     dockerd = None
     link = sreg = None
     keys = ("lazy", "lazy_alt", "lazy_pf", "full", "docker", "warm", "promoted", "fanout",
-            "shaped_lazy", "shaped_lazy_pf", "shaped_full", "shaped_docker")
+            "shaped_lazy", "shaped_lazy_pf", "shaped_full", "shaped_docker", "shaped_lazy_noprefix")
     samples: dict[str, list] = {k: [] for k in keys}
     loads: list[float] = []
     try:
@@ -806,7 +827,14 @@ def main() -> None:
                     samples["shaped_lazy_pf"].append({"run": run, **lazy_sample(roots, sreg, img, k + 1, "agent",
                                                                                 repo="bench/ws-pf")})
                     samples["shaped_full"].append({"run": run, **full_sample(roots, sreg, img, k + 2)})
-                    k += 3
+                    # the same without the layers' start-up prefix (round 5's no-list path): the cold start only
+                    os.environ["SHOAL_LAZY_LAYOUT_PREFETCH"] = "0"
+                    try:
+                        samples["shaped_lazy_noprefix"].append({"run": run, **lazy_sample(roots, sreg, img, k + 3,
+                                                                                          None)})
+                    finally:
+                        os.environ.pop("SHOAL_LAZY_LAYOUT_PREFETCH", None)
+                    k += 4
                     if dockerd is not None:
                         samples["shaped_docker"].append({"run": run, **docker_sample(sreg, img, docker_env)})
                 line = [(key, samples[key][-1]["first_exec_s"]) for key in keys
@@ -855,7 +883,12 @@ def main() -> None:
                        "miss_cluster_kb": int(ra_env["SHOAL_LAZY_MISS_CLUSTER_KB"]),
                        "miss_readahead_budget_pct": float(ra_env["SHOAL_LAZY_MISS_READAHEAD_BUDGET_PCT"]),
                        # a published list's start-up part only (chunks read before the first command ended)
-                       "prefetch_startup_only": ra_env["SHOAL_LAZY_PREFETCH_STARTUP"] != "0"},
+                       "prefetch_startup_only": ra_env["SHOAL_LAZY_PREFETCH_STARTUP"] != "0",
+                       # without a list, a relaid layer's start-up prefix (io.shoal.layer.startup-bytes) is
+                       # fetched at once (round 6); the shaped_lazy_noprefix rows turn it off
+                       "layout_prefetch": True,
+                       # the FUSE read-ahead of the root that records the relayout's access lists
+                       "record_readahead_kb": RECORD_READAHEAD_KB},
             "image_bytes": image_bytes, "image_mib": statistics.median(image_bytes.values()) / 2**20,
             "docker_image_gzip_bytes": docker_sizes, "wall_s": time.time() - t_start, "samples": samples,
         }

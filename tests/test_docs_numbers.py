@@ -212,13 +212,40 @@ def _bench_renderer(script: str, fn: str) -> Callable[[dict], list[list[str]]]:
 
 
 # ------------------------------------------------------------------------------------------ density goals
+def create_row(fill: dict, pivot: dict | None, shell: str) -> list[str]:
+    """The create goal's row: the template root switch's fill, pivot_root's beside it (same commit)."""
+    full = fill["rows"][-1]
+    ratio = fill["ratio_full_vs_empty_p50"]
+    measured = (f"{ratio:.2f}× at {full['live']:,} ({spread_cell(full['p50_ms'], '.1f')} vs "
+                f"{spread_cell(fill['empty_p50_ms'], '.1f')} ms)")
+    if pivot:
+        pfull = pivot["rows"][-1]
+        measured += (f"; with pivot_root (SHOAL_ROOT_SWITCH=pivot_root, same commit, same window) "
+                     f"{pivot['ratio_full_vs_empty_p50']:.2f}× ({spread_cell(pfull['p50_ms'], '.1f')} vs "
+                     f"{spread_cell(pivot['empty_p50_ms'], '.1f')} ms)")
+    measured += shell
+    if ratio <= 2:
+        verdict = (f"met at {full['live']:,} only, at the median: a fifth of the goal's size, not measured at "
+                   "20,000, where the growth that is left (not profiled; suspected: each new superblock's shrinker "
+                   "widening every memory cgroup) "
+                   "would pass 2×; pivot_root's walk of every task is off the create path")
+    else:
+        verdict = (f"not met: {ratio - 2:.1f}× over at a fifth of the size"
+                   + ("" if pivot else "; pivot_root's walk of every task is still per create"))
+    return ["create p50 with N live sandboxes, vs an empty host", "≤ 2× at 20,000", measured, verdict]
+
+
 def density_goal_rows(j: dict) -> list[list[str]]:
     """Issue 16's goals table: held counts from density.json; the rest from the benchmarks that measure
     each goal (fill_create, reclaim, sched), each cell a median [min–max] over that file's runs."""
     def held(profile: str) -> dict:
         return j["profiles"][profile]["sides"]["shoal"]["summary"]["n_held"]
 
-    fill = load("bench/results/fill_create.json")["after"]["summary"]
+    # the create fill with the template root switch ("after") and pivot_root ("before"), same commit
+    rootswitch = REPO / "bench/results/fill_create_rootswitch.json"
+    fill_j = load("bench/results/fill_create_rootswitch.json") if rootswitch.exists() else \
+        load("bench/results/fill_create.json")
+    fill = fill_j["after"]["summary"]
     full = fill["rows"][-1]
     rec = load("bench/results/reclaim.json")["runs"]
 
@@ -262,7 +289,7 @@ def density_goal_rows(j: dict) -> list[list[str]]:
         first = next(st for st in r["steps"] if st["n"] >= 20)["create_ms"]["p50"]
         last = r["steps"][-1]
         return (f"; {last['create_ms']['p50'] / first:.1f}× at {last['n']:,} in the shell fill with sessions "
-                f"({last['create_ms']['p50']:.1f} vs {first:.1f} ms, 1 run)")
+                f"({last['create_ms']['p50']:.1f} vs {first:.1f} ms, 1 run, with pivot_root)")
 
     python_row = ["idle python sandboxes held, paused + reclaimed", "≥ 3,000",
                   f"{held('python')['median']:,} held, paused ({py_runs} run{'s' if py_runs > 1 else ''}; the run's "
@@ -302,12 +329,8 @@ def density_goal_rows(j: dict) -> list[list[str]]:
         ["exec p50 of one active sandbox among 1,000 idle ones, vs an empty host", "≤ 1.5×",
          f"{sched['idle-1000']['p50_vs_empty']:.2f}× ({spread_cell(sched['idle-1000']['p50_ms'], '.2f')} vs "
          f"{spread_cell(sched['empty']['p50_ms'], '.2f')} ms)", "met"],
-        ["create p50 with N live sandboxes, vs an empty host", "≤ 2× at 20,000",
-         f"{fill['ratio_full_vs_empty_p50']:.1f}× at {full['live']:,} ({spread_cell(full['p50_ms'], '.1f')} vs "
-         f"{spread_cell(fill['empty_p50_ms'], '.1f')} ms){shell_fill_create()}",
-         f"not met: {fill['ratio_full_vs_empty_p50'] - 2:.1f}× over at a fifth of the size; pivot_root's walk of "
-         "every task is still per create (the 1-CPU quota's walk of every task group now runs ahead, on a "
-         "pool's thread)"],
+        create_row(fill, fill_j.get("before", {}).get("summary") if rootswitch.exists() else None,
+                   shell_fill_create()),
         ratio_row,
     ]
 
@@ -315,8 +338,8 @@ def density_goal_rows(j: dict) -> list[list[str]]:
 def dense_python_rows(j: dict) -> tuple[list[str], list[str]]:
     """The goals table's python rows from bench/results/density-python-dense.json: Shoal's sandboxes
     with ksm=True, aslr=False, each paused 1 s after it was ready (the idle pipeline); Docker's the same
-    image and process, `docker run -d`, to the same stop rule. The runs differ in ksmd's pace and in the
-    host's load (docs/density.md has them side by side), so each run's count is given, and the best."""
+    image and process, `docker run -d`, to the same stop rule. The median [min–max] of the runs, each
+    run's count and what ended it; "met" only where every run meets the goal."""
     sides = j["profiles"]["python"]["sides"]
     sh = sorted(sides["shoal"]["runs"], key=lambda r: -r["n_held"])
     dk = sorted(sides["docker"]["runs"], key=lambda r: -r["n_held"])
@@ -324,25 +347,46 @@ def dense_python_rows(j: dict) -> tuple[list[str], list[str]]:
     def per_run(runs: list[dict]) -> str:
         return ", ".join(f"{r['n_held']:,}: {str(r['stop']).split(';')[0].split(' (')[0]}" for r in runs)
 
-    best, dbest = sh[0], dk[0]
-    settle = best.get("settle") or []
-    mem = (best.get("end") or best["steps"][-1])["meminfo_per_sb"]["used"] / (1 << 20)
+    def mmm(runs: list[dict]) -> dict:
+        xs = [r["n_held"] for r in runs]
+        return {"min": min(xs), "median": statistics.median(xs), "max": max(xs)}
+
+    def plural(runs: list[dict]) -> str:
+        return f"{len(runs)} run{'s' if len(runs) > 1 else ''}"
+
+    held, dheld = mmm(sh), mmm(dk)
+    mems = [(r.get("end") or r["steps"][-1])["meminfo_per_sb"]["used"] / (1 << 20) for r in sh]
+    settled = [r["settle"][-1] for r in sh if r.get("settle")]
+    n_capped = sum("budget" in str(r["stop"]) or "--max" in str(r["stop"]) for r in sh)
+    capped = n_capped == len(sh)
+    fewest = sh[-1]
+    if held["min"] >= 3000:
+        verdict = f"met in every run (the fewest {held['min']:,})"
+    elif held["median"] >= 3000:
+        verdict = f"met at the median, not in every run: the fewest held {held['min']:,}"
+    else:
+        verdict = f"not met, {3000 - held['median']:,.0f} short at the median"
+    if capped and held["min"] < 3000:
+        verdict += (f". The fills ended at their time budget; the fewest waited "
+                    f"{fewest['idle_pipeline']['pace_wait_s']:.0f} s of it at the 5 GiB guard for ksmd")
     python_row = [
         "idle python sandboxes held, paused + merged (ksm=True, aslr=False, each paused 1 s after it was ready)",
         "≥ 3,000",
-        f"{best['n_held']:,}, the best of {len(sh)} runs (per run: {per_run(sh)}); {mem:.2f} MiB of host memory "
-        f"each once all were paused" + (f" and ksmd had {settle[-1]['t']:.0f} s more" if settle else ""),
-        "met" if best["n_held"] >= 3000 else
-        f"not met, {3000 - best['n_held']:,} short: the time budget. The fill waited "
-        f"{best['idle_pipeline']['pace_wait_s']:.0f} s of it at the 5 GiB guard for ksmd to merge the newest "
-        "sandboxes" + (f", and once it had, {settle[-1]['mem_available_gib']:.1f} GiB were available: memory "
-                       "was not the limit" if settle else "")]
-    ratio = best["n_held"] / dbest["n_held"]
+        f"{spread_cell(held, ',.0f')} ({plural(sh)}; per run: {per_run(sh)}); "
+        f"{spread_cell({'min': min(mems), 'median': statistics.median(mems), 'max': max(mems)}, '.2f')} MiB of "
+        "host memory each once all were paused"
+        + (f" and ksmd had {settled[0]['t']:.0f} s more ({min(x['mem_available_gib'] for x in settled):.1f}–"
+           f"{max(x['mem_available_gib'] for x in settled):.1f} GiB still available)" if settled else ""),
+        verdict]
+    ratio, worst = held["median"] / dheld["median"], held["min"] / dheld["max"]
     ratio_row = [
         "Shoal vs Docker idle python sandboxes held", "≥ 3×",
-        f"{ratio:.1f}×: {best['n_held']:,} vs {dbest['n_held']:,}, the best of each (Docker per run: {per_run(dk)})",
-        ("met" if ratio >= 3 else f"not met by {3 - ratio:.1f}×") + ": Docker's fills ended at the stop rule, "
-        "Shoal's at their time budget (a floor)"]
+        f"{ratio:.1f}× median to median ({held['median']:,.0f} vs {dheld['median']:,.0f}); {worst:.1f}× "
+        f"Shoal's fewest to Docker's most ({held['min']:,} vs {dheld['max']:,}; Docker, {plural(dk)}: {per_run(dk)})",
+        ("met in every pairing" if worst >= 3 else "met at the median, not in every pairing" if ratio >= 3 else
+         f"not met by {3 - ratio:.1f}×") + ": Docker's fills ended at the stop rule"
+        + (", Shoal's at their time budget (a floor)" if capped else
+           f", {n_capped} of Shoal's {len(sh)} at their time budget (floors)" if n_capped else "")]
     return python_row, ratio_row
 
 

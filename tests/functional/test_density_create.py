@@ -117,3 +117,35 @@ def test_state_dir_count_matches_a_listing(root, base_image):
         for sb in sbs:
             sb.kill()
     assert be.state_dir_count() == len(os.listdir(be.settings.sandboxes_dir))
+
+
+def test_the_template_mount_namespace_is_one_empty_read_only_mount(root, base_image):
+    """What every sandbox's init copies instead of the host's mount table (docs/density-create.md):
+    a namespace whose only mount is an empty, read-only tmpfs, so a walk out of the overlay there finds
+    nothing of the host."""
+    from shoal.backends.container.templates import MNTNS_FILE
+
+    with Sandbox.create(base_image, root=root):  # makes the template if this host has none yet
+        pass
+    probe = ("import ctypes, json, os, sys\n"
+             "proc = os.open('/proc/self', os.O_RDONLY | os.O_DIRECTORY)\n"
+             "libc = ctypes.CDLL(None, use_errno=True)\n"
+             "if libc.setns(os.open(sys.argv[1], os.O_RDONLY), 0x20000) != 0:\n"  # CLONE_NEWNS
+             "    sys.exit(f'setns: {os.strerror(ctypes.get_errno())}')\n"
+             "info = os.read(os.open('mountinfo', os.O_RDONLY, dir_fd=proc), 1 << 16).decode()\n"
+             "try:\n"
+             "    open('/x', 'w')\n"
+             "    wrote = 'yes'\n"
+             "except OSError as e:\n"
+             "    wrote = e.strerror\n"
+             "print(json.dumps({'mountinfo': info.splitlines(), 'ls': os.listdir('/'), 'wrote': wrote}))\n")
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", probe, str(MNTNS_FILE)], capture_output=True, text=True, check=True)
+    r = json.loads(out.stdout)
+    assert len(r["mountinfo"]) == 1, r
+    f = r["mountinfo"][0].split()
+    assert f[4] == "/" and f[f.index("-") + 1] == "tmpfs" and "ro" in f[5].split(","), r
+    assert r["ls"] == [] and r["wrote"] == "Read-only file system", r

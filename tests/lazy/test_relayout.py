@@ -121,6 +121,35 @@ def test_the_files_an_access_list_names_lead_the_image(image, tmp_path):
     assert _mounted_digest(out, tmp_path / "m2")[0] == want
 
 
+def test_the_start_up_prefix_ends_after_the_items_of_the_first_accesses(image, tmp_path):
+    src, want = image
+    mnt = tmp_path / "m"
+    mnt.mkdir()
+    hot = ["dir37/big.bin", "dir05/nested/mid.bin", "dir21/big.bin"]
+    erofs.mount_image(src, mnt)
+    try:
+        before = {p: _physical(mnt / p) for p in hot}
+    finally:
+        erofs.unmount(mnt)
+    accesses = [(before[p] + 4096, 100) for p in hot]
+    ends = []
+    for startup in (1, 2, 3, 9):  # 9: more than the list has, all of it
+        r = relayout_image(src, tmp_path / f"s{startup}.erofs", accesses, startup)
+        erofs.mount_image(tmp_path / f"s{startup}.erofs", mnt)
+        try:
+            after = [_physical(mnt / p) for p in hot]
+        finally:
+            erofs.unmount(mnt)
+        ends.append(r.startup_bytes)
+        if startup < 3:  # the next hot item starts where the prefix ends
+            assert r.startup_bytes == after[startup]
+        else:
+            assert r.startup_bytes == after[2] + after[1] - after[0]  # dir21/big.bin is as long as dir37's
+    assert ends[2] == ends[3] and ends[0] < ends[1] < ends[2]
+    assert relayout_image(src, tmp_path / "n.erofs", accesses).startup_bytes == 0  # not known: none
+    assert _mounted_digest(tmp_path / "s2.erofs", tmp_path / "m2")[0] == want
+
+
 def test_a_compressed_image_is_left_as_it_is(tmp_path):
     if not erofs.mkfs_available():
         pytest.skip("mkfs.erofs missing")
@@ -155,6 +184,32 @@ def test_the_recorder_keeps_byte_ranges_of_new_pages(tmp_path):
     rec2.saw_range(0, 4096)
     rec2.saw(3)
     assert prefetch.load_ranges(tmp_path / "b", "sha256:" + "ab" * 32) is None
+
+
+def test_the_recorder_notes_which_ranges_came_before_the_first_command_ended(tmp_path):
+    digest = "sha256:" + "ab" * 32
+    rec = prefetch.Recorder(tmp_path, digest, blob="sha256:" + "cd" * 32)
+    rec.saw_range(0, 4096)
+    rec.saw(0)
+    rec.saw_range(8192, 4096)
+    prefetch.startup_path(tmp_path, digest).parent.mkdir(parents=True, exist_ok=True)
+    prefetch.startup_path(tmp_path, digest).touch()  # Host.exec: the first command has finished
+    rec.saw_range(12288, 4096)  # adjacent to the last range, but after the mark: a range of its own
+    rec.saw(1)
+    rec.flush()
+    assert rec.startup_ranges == 2 and prefetch.load_startup_ranges(tmp_path, digest) == 2
+    assert prefetch.load_ranges(tmp_path, digest)[1] == [(0, 4096), (8192, 4096), (12288, 4096)]
+    # marked, and nothing new read after it (the recorder never saw the mark): every range is start-up
+    rec2 = prefetch.Recorder(tmp_path / "b", digest, blob="sha256:" + "cd" * 32)
+    rec2.saw_range(0, 8192)
+    rec2.saw(0)
+    rec2.saw_range(65536, 4096)
+    rec2.flush()
+    prefetch.startup_path(tmp_path / "b", digest).touch()
+    assert rec2.startup_ranges is None and prefetch.load_startup_ranges(tmp_path / "b", digest) == 2
+    body = prefetch.dumps(digest, [0, 1], [[0, 4096]], "sha256:" + "cd" * 32, 1, 2)
+    assert prefetch.parse_startup_ranges(body) == 2
+    assert prefetch.parse_startup_ranges(prefetch.dumps(digest, [0], None, None, 1, 2)) is None  # no ranges
 
 
 def test_a_first_run_records_pages_of_a_chunk_a_neighbour_fetched(host, base_image, make_root, range_server,

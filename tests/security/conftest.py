@@ -53,3 +53,20 @@ def probed(make_sandbox, probe_layer):
 def probe_results(sb, *args: str, timeout: float = 20) -> dict[str, str]:
     """Run `probe ARGS` in `sb`; its NAME=VALUE lines as a dict."""
     return tool_results(sb, ["probe", *args], timeout)
+
+
+def template_switch_kernel() -> bool:
+    """Whether this kernel takes the template root switch: overlayfs builds a detached overlay over a
+    detached upper from Linux 6.15 (before that, init falls back to pivot_root)."""
+    major, minor = (int(x) for x in os.uname().release.split(".")[:2])
+    return (major, minor) >= (6, 15)
+
+
+@pytest.fixture(params=["template", "pivot_root"])
+def switch(request, monkeypatch):
+    """The root switch the sandboxes a test creates get (docs/density-create.md; read per create)."""
+    if request.param == "pivot_root":
+        monkeypatch.setenv("SHOAL_ROOT_SWITCH", "pivot_root")
+    else:
+        monkeypatch.delenv("SHOAL_ROOT_SWITCH", raising=False)
+    return request.param

@@ -16,7 +16,7 @@ def escape_layer(host, tmp_path_factory):
     return tool_layer(host, tmp_path_factory, "root_escape_more")
 
 
-def test_no_way_up_to_the_host_root(host, base_image, escape_layer, host_marker):
+def test_no_way_up_to_the_host_root(host, base_image, escape_layer, host_marker, switch):
     with Sandbox.create(base_image, layers=[escape_layer], memory_mb=128, disk_mb=16, root=host.settings.root) as sb:
         out = sb.commands.run(["root_escape_more", str(host_marker)], timeout=30).stdout
         r = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
@@ -36,7 +36,7 @@ def test_no_way_up_to_the_host_root(host, base_image, escape_layer, host_marker)
             assert r[k] != "ok", (k, out)
 
 
-def test_the_mount_table_names_no_host_path(host, base_image):
+def test_the_mount_table_names_no_host_path(host, base_image, switch):
     """Not only the mount points: no field of /proc/self/mountinfo (sources, options such as
     overlayfs's lowerdir=) names a path of the host (Shoal's root, the layers' mount points)."""
     with Sandbox.create(base_image, memory_mb=128, disk_mb=16, root=host.settings.root) as sb:

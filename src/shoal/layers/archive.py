@@ -3,13 +3,15 @@
 `extract_layer_tar` unpacks one layer tar into a directory and translates OCI whiteouts into the
 overlayfs form the kernel understands (`.wh.NAME` -> 0/0 character device NAME; `.wh..wh..opq` ->
 `trusted.overlay.opaque=y` on the directory). Members that would land outside the destination —
-absolute or `..` paths, paths through a symlink, hard links to outside — are refused.
+absolute or `..` paths, paths through a symlink, hard links to outside — are refused; device nodes
+(but the 0/0 whiteout form) are left out.
 
 `read_image_archive` understands `docker save` archives (manifest.json) and OCI image layouts
 (index.json + blobs/), and yields each layer's tar stream bottom to top.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -19,11 +21,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from ..core.errors import CorruptArchive
+from ..core.errors import CorruptArchive, QuotaExceeded
 
 WHITEOUT_PREFIX = ".wh."
 OPAQUE_MARKER = ".wh..wh..opq"
 OPAQUE_XATTR = "trusted.overlay.opaque"
+
+# A layer tar is hostile input (a registry's, a tenant's): what one may put on the host's disk is
+# bounded. Sizes are the members' own (a sparse member counts its full length: mkfs.erofs and the
+# tree digest read every byte of it); both bounds can be raised for a host that imports huge layers.
+MAX_LAYER_BYTES = int(os.environ.get("SHOAL_MAX_LAYER_BYTES", str(64 << 30)))
+MAX_LAYER_ENTRIES = int(os.environ.get("SHOAL_MAX_LAYER_ENTRIES", str(2_000_000)))
+FREE_RESERVE_BYTES = 1 << 30  # an import never takes the disk's last GiB
 
 
 def _clean_name(name: str) -> str:
@@ -74,10 +83,24 @@ def make_whiteout(path: str) -> None:
 _NO_TAR_FILTER: dict[str, Any] = {"filter": "fully_trusted"} if hasattr(tarfile, "fully_trusted_filter") else {}
 
 
-def extract_layer_tar(fileobj: IO[bytes] | None, dest: Path, path: Path | None = None) -> int:
-    """Extract one layer tar (plain or compressed) into `dest`; returns the member count."""
+def _free_bytes(path: str) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def extract_layer_tar(fileobj: IO[bytes] | None, dest: Path, path: Path | None = None,
+                      max_bytes: int | None = None, max_entries: int | None = None) -> int:
+    """Extract one layer tar (plain or compressed) into `dest`; returns the member count.
+
+    More than `max_bytes` of file data (default MAX_LAYER_BYTES, and never more than the disk has
+    free less FREE_RESERVE_BYTES) or `max_entries` members raises QuotaExceeded: a gzip/zstd bomb,
+    a huge sparse member or millions of tiny entries stop there, not when the host's disk is full."""
     dest_s = str(dest)
     count = 0
+    limit = min(MAX_LAYER_BYTES if max_bytes is None else max_bytes,
+                _free_bytes(dest_s) - FREE_RESERVE_BYTES)
+    max_entries = MAX_LAYER_ENTRIES if max_entries is None else max_entries
+    total = 0
     try:
         tf = tarfile.open(name=str(path) if path else None, fileobj=fileobj, mode="r|*")
     except (tarfile.TarError, OSError, EOFError) as e:
@@ -86,6 +109,15 @@ def extract_layer_tar(fileobj: IO[bytes] | None, dest: Path, path: Path | None =
         with tf:
             for member in tf:
                 count += 1
+                if count > max_entries:
+                    raise QuotaExceeded(f"layer tar has more than {max_entries} entries: refused "
+                                        "(SHOAL_MAX_LAYER_ENTRIES raises the bound)")
+                if member.isreg():
+                    total += member.size
+                    if total > limit:
+                        raise QuotaExceeded(f"layer tar holds more than {max(limit, 0)} bytes of files (at "
+                                            f"{member.name!r}): refused (the bound is SHOAL_MAX_LAYER_BYTES or "
+                                            "the free disk less 1 GiB, whichever is smaller)")
                 rel = _clean_name(member.name)
                 if not rel:
                     continue
@@ -98,21 +130,39 @@ def extract_layer_tar(fileobj: IO[bytes] | None, dest: Path, path: Path | None =
                     os.setxattr(pdir, OPAQUE_XATTR, b"y")
                     continue
                 if base.startswith(WHITEOUT_PREFIX):
+                    if base[len(WHITEOUT_PREFIX):] in ("", ".", ".."):  # `.wh...` would remove dest's parent
+                        raise CorruptArchive(f"tar member {member.name!r} whites out no name (or '.'/'..')")
                     os.makedirs(os.path.join(dest_s, parent), exist_ok=True)
                     make_whiteout(os.path.join(dest_s, parent, base[len(WHITEOUT_PREFIX):]))
+                    continue
+                if (member.ischr() or member.isblk()) and (member.devmajor, member.devminor) != (0, 0):
+                    # an image's device node would name a host device (the overlay a sandbox runs on
+                    # opens it, the layer's nodev mount notwithstanding); a sandbox's /dev is its own
                     continue
                 if member.islnk():
                     link = _clean_name(member.linkname)
                     _check_parent(dest_s, link + "/x")
                     member.linkname = link
                 member.name = rel
-                if os.path.lexists(target) and not (member.isdir() and os.path.isdir(target)):
+                # lstat, never stat: a directory member over a symlink to a host directory would
+                # otherwise be "already there" and tarfile would chmod/chown/utime through the link
+                try:
+                    here = os.lstat(target).st_mode
+                except FileNotFoundError:
+                    here = None
+                if here is not None and not (member.isdir() and stat.S_ISDIR(here)):
                     remove_path(target)
                 tf.extract(member, dest_s, set_attrs=True, numeric_owner=True, **_NO_TAR_FILTER)
     except tarfile.TarError as e:
         raise CorruptArchive(f"corrupt tar archive: {e}") from e
     except EOFError as e:
         raise CorruptArchive(f"truncated tar archive: {e}") from e
+    except (KeyError, UnicodeError) as e:  # tarfile: a hard link to a member it cannot find; odd names
+        raise CorruptArchive(f"corrupt tar archive: {e}") from e
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise QuotaExceeded(f"no space left extracting layer tar: {e}") from e
+        raise CorruptArchive(f"tar member cannot be extracted ({e})") from e
     return count
 
 

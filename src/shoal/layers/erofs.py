@@ -53,6 +53,26 @@ def build_image(src_dir: Path, out: Path, compression: str | None = None, exclud
         raise BuildError(f"mkfs.erofs failed for {src_dir}: {proc.stderr.strip() or proc.stdout.strip()}")
 
 
+FSCK_TIMEOUT_S = 900
+
+
+def fsck_image(image: Path) -> None:
+    """Check an EROFS image from elsewhere (a registry's blob) in userspace before the kernel parses
+    it: `fsck.erofs --extract` walks every inode and directory and decodes every file's data.
+    A malformed image is BuildError; the host's kernel never mounts it."""
+    if shutil.which("fsck.erofs") is None:
+        raise BuildError("fsck.erofs not found: install erofs-utils (make setup does it); an EROFS image "
+                         "from elsewhere is checked with it before it is mounted")
+    try:
+        proc = subprocess.run(["fsck.erofs", "--extract", str(image)], check=False, capture_output=True,
+                              text=True, errors="replace", timeout=FSCK_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise BuildError(f"fsck.erofs of {image} ran past {FSCK_TIMEOUT_S} s: refused") from None
+    if proc.returncode != 0:
+        msg = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
+        raise BuildError(f"{image} is not a well-formed EROFS image (fsck.erofs: {' | '.join(msg[-3:])})")
+
+
 def _check(ret: int, what: str) -> int:
     if ret < 0:
         err = ctypes.get_errno()

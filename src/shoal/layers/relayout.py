@@ -95,6 +95,9 @@ class Relayout:
     hot_bytes: int  # bytes of the items the access list named (they now lead the image)
     moved_blocks: int
     new_offsets: list[tuple[int, int]] = field(default_factory=list)  # hot items (offset, length), in order
+    # bytes at the new image's start holding every item the first `startup` accesses touched (and
+    # nothing after them): a reader's start-up prefix; 0 when no `startup` was given
+    startup_bytes: int = 0
 
 
 class _Image:
@@ -192,10 +195,12 @@ def _items(img: _Image) -> list[tuple[int, int]]:
     return items
 
 
-def relayout_image(src: str | os.PathLike, dst: str | os.PathLike, accesses: Sequence[tuple[int, int]]) -> Relayout:
+def relayout_image(src: str | os.PathLike, dst: str | os.PathLike, accesses: Sequence[tuple[int, int]],
+                   startup: int | None = None) -> Relayout:
     """Write `src` laid out again to `dst`: the items that the byte ranges `accesses` (offset,
-    length in `src`, in first-access order) touch lead the image, in that order. Raises
-    `Unsupported` for an image it cannot rewrite (then nothing is written)."""
+    length in `src`, in first-access order) touch lead the image, in that order. `startup`: how many
+    of `accesses` are a run's start-up part (their items' end in the new image is `startup_bytes`).
+    Raises `Unsupported` for an image it cannot rewrite (then nothing is written)."""
     data = Path(src).read_bytes()
     img = _Image(data)
     items = _items(img)
@@ -212,7 +217,10 @@ def relayout_image(src: str | os.PathLike, dst: str | os.PathLike, accesses: Seq
             seen.add(i)
             order.append(i)
     hot_from = len(order)
-    for off, length in accesses:
+    startup_items = len(order) if startup else 0
+    for k, (off, length) in enumerate(accesses):
+        if startup and k == startup:
+            startup_items = len(order)
         if length <= 0 or off >= len(data):
             continue
         lo, hi = off // 4096, (min(len(data), off + length) - 1) // 4096
@@ -222,6 +230,8 @@ def relayout_image(src: str | os.PathLike, dst: str | os.PathLike, accesses: Seq
                 seen.add(i)
                 order.append(i)
             i += 1
+    if startup and startup >= len(accesses):
+        startup_items = len(order)
     hot = order[hot_from:]
     order += [i for i in range(len(items)) if i not in seen]
     new_start: list[int] = [0] * len(items)
@@ -272,4 +282,5 @@ def relayout_image(src: str | os.PathLike, dst: str | os.PathLike, accesses: Seq
     os.replace(tmp, dst)
     moved = sum(items[i][1] for i in range(len(items)) if new_start[i] != items[i][0])
     return Relayout(blocks=img.blocks, hot_items=len(hot), hot_bytes=sum(items[i][1] for i in hot) * 4096,
-                    moved_blocks=moved, new_offsets=[(new_start[i] * 4096, items[i][1] * 4096) for i in hot])
+                    moved_blocks=moved, new_offsets=[(new_start[i] * 4096, items[i][1] * 4096) for i in hot],
+                    startup_bytes=sum(items[i][1] for i in order[:startup_items]) * 4096)

@@ -28,7 +28,15 @@ from pathlib import Path
 from typing import IO, Protocol
 
 from ..config import Settings
-from ..core.errors import BadDigest, CorruptArchive, ImageNotFound, InvalidArgument, LayerInUse, LayerNotFound
+from ..core.errors import (
+    BadDigest,
+    BuildError,
+    CorruptArchive,
+    ImageNotFound,
+    InvalidArgument,
+    LayerInUse,
+    LayerNotFound,
+)
 from ..core.sqlite import transaction
 from ..lazy.chunks import ChunkIndex
 from . import archive, erofs
@@ -255,6 +263,10 @@ class LayerStore:
 
     def _verify_erofs(self, image: Path, digest: str) -> tuple[int, int]:
         """Mount `image` privately, recompute its tree digest; (size, entries) if it is `digest`."""
+        try:  # the image came from elsewhere: userspace checks it before the kernel parses it
+            erofs.fsck_image(image)
+        except BuildError as e:
+            raise BadDigest(f"layer {digest}: {e}") from None
         with self._scratch() as d:
             mnt = d / "mnt"
             mnt.mkdir()

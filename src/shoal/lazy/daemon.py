@@ -88,12 +88,15 @@ class LayerFiles:
             # here: a lookup answers at once, the mount of the layer does not wait for the registry)
             recorder = None if order else prefetch.Recorder(self.root, digest)
             layer = LazyLayer(index, origin, spec_key(spec), self.cache, recorder)
+            prefix: list[int] = []
             if not order:
                 layer.readahead = self._readahead_for(name, layer)
+                prefix = layout_prefix(index.size, index.chunk_size, spec)
             self.layers[name] = layer
-            log.info("layer %s: %d chunks, %s", digest[:19], len(index.chunks),
-                     f"prefetching {len(order)}" if order else "recording a prefetch list")
-            threading.Thread(target=self._background, args=(name, digest, layer, order, spec),
+            log.info("layer %s: %d chunks, %s%s", digest[:19], len(index.chunks),
+                     f"prefetching {len(order)}" if order else "recording a prefetch list",
+                     f", its start-up prefix: {len(prefix)} chunks" if prefix else "")
+            threading.Thread(target=self._background, args=(name, digest, layer, order, spec, prefix),
                              daemon=True).start()
             return layer
 
@@ -115,14 +118,19 @@ class LayerFiles:
             log.info("layer %s: prefetching %d chunks (published list)", digest[:19], len(order))
         return order
 
-    def _background(self, name: str, digest: str, layer: LazyLayer, order: list[int] | None, spec: dict) -> None:
+    def _background(self, name: str, digest: str, layer: LazyLayer, order: list[int] | None, spec: dict,
+                    prefix: list[int] | None = None) -> None:
         """The prefetch list (found here, else asked from the origin; coalesced, `PREFETCH_WORKERS`
-        reads at once); then, only when SHOAL_LAZY_COMPLETE=1, the rest of the layer at low priority
-        (one read at a time); then, once every chunk is here, the layer's promotion to a local image."""
+        reads at once), or with no list the layer's start-up prefix (`layout_prefix`); then, only
+        when SHOAL_LAZY_COMPLETE=1, the rest of the layer at low priority (one read at a time); then,
+        once every chunk is here, the layer's promotion to a local image."""
         if not order and not prefetch.absent_recently(self.root, digest):  # a pull just asked: none
             order = self._published_list(digest, layer, spec)
+        first = None
+        if not order and prefix:  # no list: what the layout says a start-up reads (still recording)
+            order, first = prefix, 1  # the superblock's chunk alone first: the mount waits for it
         if order:
-            n = prefetch_chunks(layer, order, self.stop, workers=PREFETCH_WORKERS,
+            n = prefetch_chunks(layer, order, self.stop, workers=PREFETCH_WORKERS, first_batch=first,
                                 on_error=lambda i, e: log.warning("%s: prefetch stopped at chunk %d: %s", name, i, e))
             log.info("%s: prefetched %d chunks", name, n)
         if self.complete and not self.stop.is_set():
@@ -214,6 +222,25 @@ class LayerFiles:
                 if not layer.missing_chunks():
                     threading.Thread(target=self.maybe_promote, args=(digest, layer), daemon=True).start()
         return data
+
+
+def layout_prefix(size: int, chunk_size: int, spec: dict) -> list[int]:
+    """The chunks of a layer's start-up prefix: the bytes at the start of a layer pushed laid out by
+    first read that held what the recorded run read before its first command finished (the origin
+    spec's `startup_bytes`, from the `io.shoal.layer.startup-bytes` annotation, like eStargz's
+    prefetch landmark). A layer with no prefetch list fetches them at once, as a list's start-up
+    part would be, instead of one miss at a time. At most SHOAL_LAZY_LAYOUT_PREFETCH_MAX_PCT
+    (default 10) percent of the layer, at least 1 MiB of it: a hint never costs a whole download.
+    SHOAL_LAZY_LAYOUT_PREFETCH=0: off."""
+    if os.environ.get("SHOAL_LAZY_LAYOUT_PREFETCH", "1") == "0" or chunk_size <= 0:
+        return []
+    want = spec.get("startup_bytes")
+    if not isinstance(want, int) or isinstance(want, bool) or want <= 0:
+        return []
+    pct = float(os.environ.get("SHOAL_LAZY_LAYOUT_PREFETCH_MAX_PCT", "10"))
+    cap = max(1 << 20, int(size * max(0.0, pct) / 100))
+    end = min(want, cap, size)
+    return list(range(-(-end // chunk_size)))
 
 
 def _fd_budget() -> int:

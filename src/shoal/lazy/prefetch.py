@@ -12,7 +12,10 @@ everything a first run read), but the list also says how many of its chunks came
 command finished (`startup`): the host marks the moment (`mark_startup`, from `Host.exec`) and the
 recorder notes it. A later cold start prefetches only that part (`to_fetch`); what the first run did
 afterwards is that run's own work (an agent's git and grep, say), which another workload on the
-same image would fetch for nothing. `SHOAL_LAZY_PREFETCH_STARTUP=0` prefetches the whole list."""
+same image would fetch for nothing. `SHOAL_LAZY_PREFETCH_STARTUP=0` prefetches the whole list.
+The recorder also notes how many of its byte ranges came before the mark (`startup_ranges`):
+`shoal push --relayout` lays those out first and says in the layer's descriptor where they end
+(`io.shoal.layer.startup-bytes`), which a cold start with no list fetches at once (round 6)."""
 from __future__ import annotations
 
 import json
@@ -92,14 +95,17 @@ def load(root: Path, digest: str) -> list[int] | None:
 
 
 def dumps(digest: str, chunks: list[int], ranges: list[list[int]] | None = None, blob: str | None = None,
-          startup: int | None = None) -> bytes:
+          startup: int | None = None, startup_ranges: int | None = None) -> bytes:
     """The prefetch list as the blob a push publishes beside the layer. `ranges`: the byte ranges
     ([offset, length], first-read order) behind the chunk numbers, and `blob` the EROFS blob they
     refer to: what `shoal push --relayout` orders a layer's image by (shoal.layers.relayout).
-    `startup`: how many of `chunks` were read before the first command finished."""
+    `startup`: how many of `chunks` were read before the first command finished;
+    `startup_ranges`: how many of `ranges` (what the relayout marks as the layer's start-up prefix)."""
     body: dict = {"layer": digest, "chunks": chunks}
     if ranges:
         body.update(ranges=ranges, blob=blob)
+        if startup_ranges:
+            body["startup_ranges"] = startup_ranges
     if startup:
         body["startup"] = startup
     return json.dumps(body).encode()
@@ -112,6 +118,30 @@ def parse_startup(blob: bytes) -> int | None:
     except (ValueError, AttributeError):
         return None
     return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
+
+
+def parse_startup_ranges(blob: bytes) -> int | None:
+    """How many of a list's byte ranges were read before the first command finished (a positive int
+    when the list has ranges and the mark came while recording), else None."""
+    try:
+        n = json.loads(blob).get("startup_ranges")
+    except (ValueError, AttributeError):
+        return None
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
+
+
+def load_startup_ranges(root: Path, digest: str) -> int | None:
+    """`parse_startup_ranges` of this root's list; when the layer was marked but its recorder never
+    saw a new range after the mark (the run read nothing new after its first command), all of them."""
+    try:
+        body = prefetch_path(root, digest).read_bytes()
+    except OSError:
+        return None
+    n = parse_startup_ranges(body)
+    if n is None and startup_path(root, digest).exists():
+        got = parse_ranges(body)
+        n = len(got[1]) if got is not None and got[1] else None
+    return n
 
 
 def load_startup(root: Path, digest: str) -> int | None:
@@ -130,7 +160,8 @@ def parse(blob: bytes) -> list[int] | None:
 
 
 def parse_ranges(blob: bytes) -> tuple[str, list[tuple[int, int]]] | None:
-    """(blob digest, byte ranges in first-read order) of a list that has them, else None."""
+    """(blob digest, byte ranges in first-read order) of a list that has them, else None (how many
+    of them are the start-up part: `parse_startup_ranges`)."""
     try:
         data = json.loads(blob)
         ranges = [(int(a), int(n)) for a, n in data["ranges"]]
@@ -147,11 +178,11 @@ def load_ranges(root: Path, digest: str) -> tuple[str, list[tuple[int, int]]] | 
 
 
 def save(root: Path, digest: str, chunks: list[int], ranges: list[list[int]] | None = None,
-         blob: str | None = None, startup: int | None = None) -> None:
+         blob: str | None = None, startup: int | None = None, startup_ranges: int | None = None) -> None:
     p = prefetch_path(root, digest)
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_bytes(dumps(digest, chunks, ranges, blob, startup))
+    tmp.write_bytes(dumps(digest, chunks, ranges, blob, startup, startup_ranges))
     os.replace(tmp, p)
 
 
@@ -171,6 +202,7 @@ class Recorder:
         self._lock = threading.Lock()
         self._flush: threading.Timer | None = None
         self.startup: int | None = None  # chunks seen before the first command finished (mark_startup)
+        self.startup_ranges: int | None = None  # byte ranges read before it (the relayout's start-up prefix)
         self._marker = startup_path(self.root, digest)
         self._marker.unlink(missing_ok=True)  # a marker from an earlier recording is not this one's
         # new chunks are saved by a thread of their own, not by the reader that saw them: a save
@@ -182,8 +214,9 @@ class Recorder:
     def _save(self) -> None:
         with self._save_lock:
             with self._lock:
-                snap = (list(self.order), [list(r) for r in self.ranges] if self.blob else None, self.startup)
-            save(self.root, self.digest, snap[0], snap[1], self.blob, snap[2])
+                snap = (list(self.order), [list(r) for r in self.ranges] if self.blob else None, self.startup,
+                        self.startup_ranges)
+            save(self.root, self.digest, snap[0], snap[1], self.blob, snap[2], snap[3])
 
     def _saving(self) -> None:
         """Save whenever something new was seen, until the window closes (then once more)."""
@@ -224,8 +257,12 @@ class Recorder:
             if all(p in self._pages for p in pages):
                 return
             self._pages.update(pages)
+            marked = False
+            if self.startup_ranges is None and self._marker.exists():  # the first new range after the mark
+                self.startup_ranges = len(self.ranges)
+                marked = True
             last = self.ranges[-1] if self.ranges else None
-            if last is not None and last[0] + last[1] == offset:
+            if last is not None and last[0] + last[1] == offset and not marked:
                 last[1] += length
             else:
                 self.ranges.append([offset, length])

@@ -35,6 +35,7 @@ from .fastget import FastRangeGet
 from .media import ACCEPT_MANIFESTS
 from .uploads import UploadSessions
 
+MAX_MANIFEST_BYTES = 4 << 20  # distribution's own limit on a manifest it accepts
 log = logging.getLogger("shoal.registry")
 
 DEFAULT_CHUNK_SIZE = 16 << 20  # upload chunk: one PATCH; what an interrupted push re-sends at most
@@ -395,8 +396,20 @@ class RegistryClient:
         """A manifest or index by tag or digest; by digest its bytes are verified."""
         self.stats["GET manifest"] += 1
         r = self.request("GET", f"/v2/{repo}/manifests/{reference}", repo=repo,
-                         what=f"GET manifest {repo}:{reference}", headers={"Accept": accept}, missing=ImageNotFound)
-        body = r.content
+                         what=f"GET manifest {repo}:{reference}", headers={"Accept": accept}, missing=ImageNotFound,
+                         stream=True)
+        try:  # a hostile registry's "manifest" may be any size: read no more than a manifest can be
+            buf = bytearray()
+            for block in r.iter_bytes():
+                buf += block
+                if len(buf) > MAX_MANIFEST_BYTES:
+                    raise RegistryError(f"registry {self.registry}: manifest {repo}:{reference} is larger than "
+                                        f"{MAX_MANIFEST_BYTES} bytes: refused")
+        except httpx.TransportError as e:
+            raise self._transport_error(e, f"GET manifest {repo}:{reference}") from None
+        finally:
+            r.close()
+        body = bytes(buf)
         digest = sha256_digest(body)
         if reference.startswith("sha256:") and digest != reference:
             raise CorruptChunk(f"manifest {reference} from {self.registry}/{repo} does not match its digest")

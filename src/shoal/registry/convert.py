@@ -31,7 +31,12 @@ class HashingReader:
         self.bytes = 0
 
     def read(self, n: int = -1) -> bytes:
-        data = self.inner.read(n)
+        try:
+            data = self.inner.read(n)
+        except Exception as e:  # zstandard.ZstdError is a bare Exception: a corrupt frame is the layer's fault
+            if isinstance(e, (OSError, EOFError, ValueError)):
+                raise
+            raise CorruptChunk(f"layer does not decompress ({type(e).__name__}: {e})") from None
         self.h.update(data)
         self.bytes += len(data)
         return data

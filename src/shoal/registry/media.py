@@ -37,6 +37,9 @@ ANN_LAYER = "io.shoal.layer.digest"  # the Shoal (tree) digest of the layer
 ANN_LAYER_SIZE = "io.shoal.layer.size"  # bytes of file content (LayerInfo.size)
 ANN_LAYER_ENTRIES = "io.shoal.layer.entries"
 ANN_CHUNKS = "io.shoal.layer.chunks"  # on the layer descriptor: the digest of its chunk-index blob
+# on a layer pushed laid out by first read (`push --relayout`): how many bytes at the blob's start
+# hold what the recorded run read before its first command finished (eStargz's prefetch landmark)
+ANN_STARTUP_BYTES = "io.shoal.layer.startup-bytes"
 ANN_TITLE = "org.opencontainers.image.title"
 
 # prefetch lists (shoal.registry.prefetch): an artifact manifest per layer blob, tagged
@@ -49,5 +52,6 @@ __all__ = [
     "LAYER_MEDIA_TYPE", "CHUNK_INDEX_MEDIA_TYPE", "SHOAL_CONFIG_MEDIA_TYPE", "OCI_INDEX",
     "OCI_MANIFEST", "OCI_CONFIG", "DOCKER_LIST", "DOCKER_MANIFEST", "DOCKER_CONFIG", "INDEX_TYPES",
     "MANIFEST_TYPES", "ACCEPT_MANIFESTS", "CONTAINER_LAYER_TYPES", "ANN_LAYER", "ANN_LAYER_SIZE",
-    "ANN_LAYER_ENTRIES", "ANN_CHUNKS", "ANN_TITLE", "PREFETCH_MEDIA_TYPE", "ANN_PREFETCH_BLOB", "OCI_EMPTY",
+    "ANN_LAYER_ENTRIES", "ANN_CHUNKS", "ANN_STARTUP_BYTES", "ANN_TITLE", "PREFETCH_MEDIA_TYPE",
+    "ANN_PREFETCH_BLOB", "OCI_EMPTY",
 ]

@@ -66,8 +66,9 @@ def publish_prefetch(store: LayerStore, image_ref: str, target: str, *, client: 
             blob = layer_blob(store, digest)
             rec = lazy_prefetch.load_ranges(store.settings.root, digest)  # byte ranges: what --relayout uses
             ranges = [list(r) for r in rec[1]] if rec is not None and rec[0] == blob else None
-            body = lazy_prefetch.dumps(digest, order, ranges, blob,
-                                       lazy_prefetch.load_startup(store.settings.root, digest))
+            root = store.settings.root
+            body = lazy_prefetch.dumps(digest, order, ranges, blob, lazy_prefetch.load_startup(root, digest),
+                                       lazy_prefetch.load_startup_ranges(root, digest) if ranges else None)
             body_digest = sha256_digest(body)
             cl.upload_blob(ref.repository, body_digest, data=body)
             cl.upload_blob(ref.repository, sha256_digest(EMPTY), data=EMPTY)

@@ -27,17 +27,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core.errors import CorruptChunk, LayerInUse, RegistryError
+from ..core.errors import CorruptChunk, LayerInUse, QuotaExceeded, RegistryError
 from ..layers.store import ImageInfo, LayerStore
 from ..lazy.chunks import CHUNK_INDEX_MEDIA_TYPE, LAYER_MEDIA_TYPE, ChunkIndex
 from ..lazy.origin import DEFAULT_TIMEOUT_S
 from .client import Manifest, Progress, RegistryClient
 from .convert import cache_key, convert_layer
-from .media import ANN_CHUNKS, ANN_LAYER, ANN_LAYER_ENTRIES, ANN_LAYER_SIZE, INDEX_TYPES, SHOAL_CONFIG_MEDIA_TYPE
+from .media import (
+    ANN_CHUNKS,
+    ANN_LAYER,
+    ANN_LAYER_ENTRIES,
+    ANN_LAYER_SIZE,
+    ANN_STARTUP_BYTES,
+    INDEX_TYPES,
+    SHOAL_CONFIG_MEDIA_TYPE,
+)
 from .push import host_platform
 from .reference import Reference, parse_reference
 
 PullProgress = Callable[[str, int, int], None]  # (what, bytes done, bytes total)
+MIN_CHUNK_SIZE, MAX_CHUNK_SIZE = 4 << 10, 16 << 20  # what a pulled chunk index may use (push: 128 KiB)
 
 
 @dataclass
@@ -176,6 +185,7 @@ def _pull_shoal(store: LayerStore, cl: RegistryClient, r: Reference, manifest: d
                 result.present.append(layer)
                 continue
             idx, _ = _index_for(cl, r, desc, indexes, where)
+            _check_room(store, idx.size + sum(s[0].stat().st_size for s in staged), where, layer)
             label = f"layer {i + 1}/{len(layers)} {layer.split(':')[1][:12]}"
             tmp = _tmp(store, ".erofs")
             staged.append((tmp, layer, desc["digest"]))
@@ -205,15 +215,33 @@ def _pull_shoal(store: LayerStore, cl: RegistryClient, r: Reference, manifest: d
     return PullResult(image, where, "shoal", result.fetched, result.present, result.bytes_fetched)
 
 
+def _check_room(store: LayerStore, need: int, where: str, layer: str) -> None:
+    """The blob sizes come from the registry: a download must not fill the host's disk."""
+    from ..layers import archive
+
+    room = min(archive.MAX_LAYER_BYTES, archive._free_bytes(str(store.settings.tmp_dir)) - archive.FREE_RESERVE_BYTES)
+    if need > room:
+        raise QuotaExceeded(f"{where}: layer {layer} needs {need} bytes here, more than {max(room, 0)} (the bound is "
+                            "SHOAL_MAX_LAYER_BYTES or the free disk less 1 GiB, whichever is smaller): refused")
+
+
 def _index_for(cl: RegistryClient, r: Reference, desc: dict, indexes: dict, where: str) -> tuple[ChunkIndex, str]:
     """A layer descriptor's chunk index (verified against its digest, and describing this very blob)."""
     ann = desc.get("annotations") or {}
     layer, idx_digest = ann.get(ANN_LAYER), ann.get(ANN_CHUNKS)
     if not isinstance(idx_digest, str) or idx_digest not in indexes:
         raise RegistryError(f"{where}: layer {layer} has no chunk index in the manifest")
-    idx = ChunkIndex.model_validate_json(cl.get_blob(r.repository, idx_digest))
+    try:
+        idx = ChunkIndex.model_validate_json(cl.get_blob(r.repository, idx_digest))
+    except ValueError as e:  # pydantic's ValidationError: not an index at all
+        raise CorruptChunk(f"{where}: the chunk index of layer {layer} is malformed ({e})") from None
     if (idx.blob, idx.size, idx.layer) != (desc["digest"], desc.get("size"), layer):
         raise CorruptChunk(f"{where}: the chunk index of layer {layer} describes another blob")
+    # a chunk is read, held and hashed whole by the lazy daemon: a registry's index must not make
+    # one chunk the whole layer (a multi-GiB read into memory per fault)
+    if not MIN_CHUNK_SIZE <= idx.chunk_size <= MAX_CHUNK_SIZE:
+        raise CorruptChunk(f"{where}: the chunk index of layer {layer} has chunks of {idx.chunk_size} bytes "
+                           f"(Shoal reads chunks of {MIN_CHUNK_SIZE} to {MAX_CHUNK_SIZE} bytes)")
     return idx, idx_digest
 
 
@@ -248,6 +276,10 @@ def _pull_shoal_lazy(store: LayerStore, cl: RegistryClient, r: Reference, manife
     specs = [layer_spec(r.registry, r.repository, desc["digest"], str((desc.get("annotations") or {}).get(ANN_CHUNKS)),
                         ca=conn["ca"], insecure=conn["insecure"], plain_http=conn["plain_http"],
                         timeout_s=conn["timeout_s"]) for _, desc, _ in todo]
+    for (_, desc, _), spec in zip(todo, specs):
+        startup = _startup_bytes(desc)
+        if startup:  # the relaid layer's start-up prefix: the daemon fetches it when there is no list
+            spec["startup_bytes"] = startup
     if progress and todo:
         progress(f"{len(todo)} of {len(layers)} layers lazy: chunk indexes", 0, 0)
     got = _lazy_layer_meta(store, cl, r, [(d, layer, spec) for (_, d, layer), spec in zip(todo, specs)],
@@ -263,6 +295,17 @@ def _pull_shoal_lazy(store: LayerStore, cl: RegistryClient, r: Reference, manife
     cfg = config.get("config") if isinstance(config.get("config"), dict) else {}
     result.image = store.create_image(local, digests, config=cfg)
     return result
+
+
+def _startup_bytes(desc: dict) -> int:
+    """The layer descriptor's start-up prefix (`ANN_STARTUP_BYTES`, set by `push --relayout`), at most
+    the blob's size; 0 when absent or not a positive integer."""
+    raw = (desc.get("annotations") or {}).get(ANN_STARTUP_BYTES)
+    try:
+        n = int(raw) if isinstance(raw, str) and raw.isdigit() else 0
+    except ValueError:
+        return 0
+    return max(0, min(n, int(desc.get("size") or 0)))
 
 
 def _lazy_layer_meta(store: LayerStore, cl: RegistryClient, r: Reference, items: list[tuple[dict, str, dict]],
@@ -332,10 +375,13 @@ def _pull_container(store: LayerStore, cl: RegistryClient, r: Reference, manifes
             result.present.append(cached)
             continue
         label = f"layer {i + 1}/{len(descs)} {desc['digest'].split(':')[1][:12]}"
+        size = desc.get("size")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:  # OCI requires it; it bounds the download
+            raise RegistryError(f"{where}: layer {desc.get('digest')} has no valid size in the manifest")
+        _check_room(store, size, where, str(desc.get("digest")))
         tmp = _tmp(store, ".blob")
         try:
-            cl.download_blob(r.repository, desc["digest"], tmp, size=desc.get("size"),
-                             progress=_labelled(progress, label))
+            cl.download_blob(r.repository, desc["digest"], tmp, size=size, progress=_labelled(progress, label))
             result.fetched.append(desc["digest"])
             result.bytes_fetched += tmp.stat().st_size
             if progress:

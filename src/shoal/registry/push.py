@@ -16,7 +16,10 @@ read order: this root's own, or one published in the `access_from` repository, b
 target) laid out again so that what was read is adjacent (shoal.layers.relayout): the same tree,
 so the same Shoal digest in the `io.shoal.layer.digest` annotation, in a new blob with its own
 digest and chunk index. The new image is mounted and its tree digest checked before it is sent; a
-pull checks blob digest, chunk index and tree digest as for any layer."""
+pull checks blob digest, chunk index and tree digest as for any layer. When the list says which of
+its reads came before the recorded run's first command finished, the layer descriptor says how many
+bytes at the new blob's start hold them (`ANN_STARTUP_BYTES`, like eStargz's prefetch landmark): a
+lazy reader with no prefetch list fetches that prefix at once (docs/lazy-loading.md, round 6)."""
 from __future__ import annotations
 
 import json
@@ -38,7 +41,15 @@ from ..lazy.chunks import (
     build_index,
 )
 from .client import DEFAULT_CHUNK_SIZE, RegistryClient, UploadResult, sha256_digest
-from .media import ANN_CHUNKS, ANN_LAYER, ANN_LAYER_ENTRIES, ANN_LAYER_SIZE, OCI_MANIFEST, SHOAL_CONFIG_MEDIA_TYPE
+from .media import (
+    ANN_CHUNKS,
+    ANN_LAYER,
+    ANN_LAYER_ENTRIES,
+    ANN_LAYER_SIZE,
+    ANN_STARTUP_BYTES,
+    OCI_MANIFEST,
+    SHOAL_CONFIG_MEDIA_TYPE,
+)
 from .reference import parse_reference
 from .uploads import UploadSessions
 
@@ -162,9 +173,10 @@ def _lazy_index(store: LayerStore, digest: str, cl: RegistryClient, repo: str) -
 
 
 def access_list(store: LayerStore, digest: str, blob: str, cl: RegistryClient | None = None,
-                repo: str | None = None) -> list[tuple[int, int]] | None:
-    """Byte ranges of `blob` (layer `digest`'s EROFS image) in first-read order: this root's own
-    recorded list, else the one published beside the blob in `repo`; None if neither refers to it."""
+                repo: str | None = None) -> tuple[list[tuple[int, int]], int | None] | None:
+    """Byte ranges of `blob` (layer `digest`'s EROFS image) in first-read order and how many of them
+    are the recorded run's start-up part (None: not known): this root's own recorded list, else the
+    one published beside the blob in `repo`; None if neither refers to it."""
     from ..core.errors import ShoalError
     from ..lazy import prefetch as lazy_prefetch
     from .origin import RegistryOrigin
@@ -172,59 +184,66 @@ def access_list(store: LayerStore, digest: str, blob: str, cl: RegistryClient | 
 
     own = lazy_prefetch.load_ranges(store.settings.root, digest)
     if own is not None and own[0] == blob:
-        return own[1]
+        return own[1], lazy_prefetch.load_startup_ranges(store.settings.root, digest)
     if cl is None or repo is None:
         return None
     key = f"{repo}:{prefetch_tag(blob)}"
     try:
         origin = RegistryOrigin(cl)
-        got = lazy_prefetch.parse_ranges(origin.read(key, 0, origin.stat(key).size))
+        body = origin.read(key, 0, origin.stat(key).size)
     except ShoalError:
         return None
-    return got[1] if got is not None and got[0] == blob else None
+    got = lazy_prefetch.parse_ranges(body)
+    return (got[1], lazy_prefetch.parse_startup_ranges(body)) if got is not None and got[0] == blob else None
 
 
-def relaid_image(store: LayerStore, digest: str, accesses: list[tuple[int, int]]) -> tuple[Path, int] | None:
+def relaid_image(store: LayerStore, digest: str, accesses: list[tuple[int, int]],
+                 startup: int | None = None) -> tuple[Path, int, int] | None:
     """Layer `digest`'s image laid out for `accesses` (cached under `<root>/registry/relayout/`, keyed
-    by the list), its tree checked against `digest` (a mount: root); (path, hot bytes), or None when
-    the image cannot be rewritten (compressed, chunk-based: it goes up as it is)."""
+    by the list), its tree checked against `digest` (a mount: root); (path, hot bytes, start-up
+    bytes: the prefix holding the first `startup` accesses' items, 0 if not known), or None when the
+    image cannot be rewritten (compressed, chunk-based: it goes up as it is)."""
     import hashlib
 
     from ..layers.relayout import Unsupported, relayout_image
 
-    key = hashlib.sha256(json.dumps(accesses).encode()).hexdigest()[:16]
+    key = hashlib.sha256(json.dumps([accesses, startup]).encode()).hexdigest()[:16]
     out = registry_dir(store) / "relayout" / f"{digest.split(':', 1)[1]}.{key}.erofs"
     meta = out.with_suffix(".json")
     try:
         if out.exists():
-            return out, int(json.loads(meta.read_text())["hot_bytes"])
+            m = json.loads(meta.read_text())
+            return out, int(m["hot_bytes"]), int(m["startup_bytes"])
     except (OSError, ValueError, KeyError):
         pass
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(f".{os.getpid()}.tmp")
     try:
         try:
-            r = relayout_image(store.image_path(digest), tmp, accesses)
+            r = relayout_image(store.image_path(digest), tmp, accesses, startup)
         except Unsupported:
             return None
         store.verify_image(tmp, digest)  # BadDigest: never pushed
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
-    meta.write_text(json.dumps({"layer": digest, "hot_bytes": r.hot_bytes, "hot_items": r.hot_items}))
-    return out, r.hot_bytes
+    meta.write_text(json.dumps({"layer": digest, "hot_bytes": r.hot_bytes, "hot_items": r.hot_items,
+                                "startup_bytes": r.startup_bytes}))
+    return out, r.hot_bytes, r.startup_bytes
 
 
-def _relayouts(store: LayerStore, info: ImageInfo, cl: RegistryClient, repo: str) -> dict[str, tuple[Path, int]]:
-    """layer -> (relaid image, hot bytes) for each local layer of `info` with an access list."""
+def _relayouts(store: LayerStore, info: ImageInfo, cl: RegistryClient,
+               repo: str) -> dict[str, tuple[Path, int, int]]:
+    """layer -> (relaid image, hot bytes, start-up bytes) for each local layer of `info` with an
+    access list."""
     out = {}
     for digest in info.layers:
         if not store.image_path(digest).exists():
             continue  # lazy here: pushed by reference, as it is
         blob = chunk_index(store, digest).blob
-        accesses = access_list(store, digest, blob, cl, repo)
-        if accesses:
-            got = relaid_image(store, digest, accesses)
+        listed = access_list(store, digest, blob, cl, repo)
+        if listed and listed[0]:
+            got = relaid_image(store, digest, listed[0], listed[1])
             if got is not None:
                 out[digest] = got
     return out
@@ -232,7 +251,7 @@ def _relayouts(store: LayerStore, info: ImageInfo, cl: RegistryClient, repo: str
 
 def _push_image(store: LayerStore, info: ImageInfo, repo: str, tag: str, cl: RegistryClient, chunk_size: int,
                 progress: PushProgress | None, result: PushResult, lazy_chunk_size: int = REGISTRY_CHUNK_SIZE,
-                layouts: dict[str, tuple[Path, int]] | None = None) -> None:
+                layouts: dict[str, tuple[Path, int, int]] | None = None) -> None:
     sessions = UploadSessions(registry_dir(store) / "uploads")
     descriptors: list[dict] = []
     n = len(info.layers)
@@ -264,6 +283,8 @@ def _push_image(store: LayerStore, info: ImageInfo, repo: str, tag: str, cl: Reg
         idx_digest = sha256_digest(body)
         cl.upload_blob(repo, idx_digest, data=body, sessions=sessions)
         ann = {ANN_LAYER: digest, ANN_LAYER_SIZE: str(layer.size), ANN_LAYER_ENTRIES: str(layer.entries)}
+        if relaid is not None and relaid[2] and lazy_idx is None:  # where its start-up part ends
+            ann[ANN_STARTUP_BYTES] = str(relaid[2])
         descriptors.append({"mediaType": LAYER_MEDIA_TYPE, "digest": idx.blob, "size": idx.size,
                             "annotations": {**ann, ANN_CHUNKS: idx_digest}})
         descriptors.append({"mediaType": CHUNK_INDEX_MEDIA_TYPE, "digest": idx_digest, "size": len(body),

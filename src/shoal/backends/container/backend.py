@@ -60,7 +60,7 @@ from . import initclient, ksm
 from .cgroups import CgroupDriver, cgroup_parent
 from .native import helper_path
 from .processes import ContainerProcess, ContainerSession
-from .templates import ensure_empty_dir, ensure_sysfs_template
+from .templates import ensure_empty_dir, ensure_mntns_template, ensure_sysfs_template
 
 if TYPE_CHECKING:
     from ...host import Host
@@ -302,12 +302,14 @@ class ContainerBackend(LocalBackend):
             self.ksm_host.ensure_running()
         sysfs = ensure_sysfs_template(self.helper) if spec.network != "host" else None
         empty_dir = ensure_empty_dir()
+        # builds (host network) bind host files into the root: they keep pivot_root
+        mntns = ensure_mntns_template(self.helper) if spec.network != "host" else None
         sandbox_id = f"{self.id_prefix}-{self.settings.host_tag}-{secrets.token_hex(6)}"
         d = self._dir(sandbox_id)
         d.mkdir()
         started: dict = {}  # what _launch_in got to: the partial sandbox to take down if it fails
         try:
-            return self._launch_in(spec, lower_dirs, sandbox_id, d, sysfs, empty_dir, started)
+            return self._launch_in(spec, lower_dirs, sandbox_id, d, sysfs, empty_dir, mntns, started)
         except BaseException as e:
             self._abandon(sandbox_id, started)
             # the step may have wrapped it (cgroups: SandboxError from the OSError)
@@ -342,7 +344,7 @@ class ContainerBackend(LocalBackend):
         self._cleanup(sandbox_id)
 
     def _launch_in(self, spec: SandboxSpec, lower_dirs: list[Path], sandbox_id: str, d: Path,
-                   sysfs: Path | None, empty_dir: Path, started: dict) -> SandboxInfo:
+                   sysfs: Path | None, empty_dir: Path, mntns: Path | None, started: dict) -> SandboxInfo:
         (d / "rootfs").mkdir()
         (d / "disk").mkdir()
         limits = spec.limits
@@ -385,6 +387,8 @@ class ContainerBackend(LocalBackend):
                 cmd += ["--ca-bundle", HOST_CA_BUNDLE]
         else:
             cmd += ["--sysfs", str(sysfs)]
+        if mntns:
+            cmd += ["--mntns", str(mntns)]
         if spec.ttl:
             cmd += ["--ttl-ms", str(to_ms(spec.ttl))]
         if spec.idle_ttl:

@@ -64,6 +64,7 @@
 #include <sys/sysmacros.h>
 #include <sys/types.h>
 #include <sys/un.h>
+#include <sys/utsname.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -107,6 +108,7 @@ struct config {
     const char *sysfs; /* --sysfs DIR: a read-only sysfs template to bind at /sys (see sysfs_template) */
     int upper_detached; /* the upper (disk/) is a detached mount held on UPPER_FD, not in the host namespace */
     const char *empty_dir; /* --empty-dir DIR: the host's empty read-only tmpfs, bound over masked /proc dirs */
+    const char *mntns; /* --mntns FILE: the host's template mount namespace (see mntns_template) */
     int ksm;           /* --ksm 1: every process of the sandbox is KSM-mergeable (create option ksm) */
     int no_aslr;       /* --aslr 0: processes exec'd in the sandbox get ADDR_NO_RANDOMIZE (aslr=False) */
     const char *memory_cgroup; /* --memory-cgroup: the sandbox's memory cgroup, watched for OOM kills */
@@ -155,6 +157,30 @@ static int write_file(const char *path, const char *data) {
 /* ------------------------------------------------------------------------------------------ */
 /* rootfs                                                                                      */
 
+/* The writable upper (tmpfs, or the caller's ext4) is kept out of the host mount namespace: with one
+ * mount per live sandbox there, every clone(CLONE_NEWNS) copies all of them and the new init then
+ * detaches them again (copy_tree, umount_tree): O(N) per create. The supervisor holds the upper as a
+ * detached mount on UPPER_FD (the host reaches it at /proc/<supervisor>/fd/UPPER_FD), and init
+ * attaches it in its own namespace only. The new mount API has fixed syscall numbers on every arch. */
+#define UPPER_FD 10
+#define SH_STR2(x) #x
+#define SH_STR(x) SH_STR2(x)
+#define SH_SYS_open_tree 428
+#define SH_SYS_move_mount 429
+#define SH_SYS_fsopen 430
+#define SH_SYS_fsconfig 431
+#define SH_SYS_fsmount 432
+#define SH_FSCONFIG_SET_FLAG 0
+#define SH_FSCONFIG_SET_STRING 1
+#define SH_FSCONFIG_CMD_CREATE 6
+#define SH_MOUNT_ATTR_NOSUID 0x2
+#define SH_MOUNT_ATTR_NODEV 0x4
+#define SH_MOVE_MOUNT_F_EMPTY_PATH 0x4
+#define SH_OPEN_TREE_CLONE 1
+#ifndef STATX_ATTR_MOUNT_ROOT
+#define STATX_ATTR_MOUNT_ROOT 0x00002000
+#endif
+
 static void mount_or_die(const char *src, const char *dst, const char *type, unsigned long flags,
                          const char *data) {
     if (mount(src, dst, type, flags, data) < 0) die("mount %s on %s (%s)", src ? src : "-", dst, type ? type : "bind");
@@ -165,6 +191,9 @@ static void mkdir_p_in(const char *path, mode_t mode) {
     errno = 0;
 }
 
+static int empty_fd = -1;        /* template path: a detached bind of cfg.empty_dir, until first used */
+static const char *empty_src;    /* the first masked dir it was attached on (later masks bind that) */
+
 /* Hide a /proc entry: a file gets the sandbox's own dev/null bound over it read-only, a directory an
  * empty read-only tmpfs. Never the host's /dev/null: a bind shares the inode, and the sandbox's root
  * could then chmod or chown the host's /dev/null through /proc/keys (every host program breaks). The
@@ -172,7 +201,18 @@ static void mkdir_p_in(const char *path, mode_t mode) {
 static void mask_path(const char *path) {
     struct stat st;
     if (stat(path, &st) < 0) { errno = 0; return; }
-    if (S_ISDIR(st.st_mode) && cfg.empty_dir) { /* a bind: no tmpfs superblock per sandbox and dir */
+    if (S_ISDIR(st.st_mode) && (empty_fd >= 0 || empty_src)) { /* template path: the detached bind */
+        if (empty_src) {
+            mount_or_die(empty_src, path, NULL, MS_BIND, NULL);
+        } else {
+            if (syscall(SH_SYS_move_mount, empty_fd, "", AT_FDCWD, path, SH_MOVE_MOUNT_F_EMPTY_PATH) < 0)
+                die("attach the empty dir on %s", path);
+            close(empty_fd);
+            empty_fd = -1;
+            empty_src = path;
+        }
+        mount_or_die(NULL, path, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+    } else if (S_ISDIR(st.st_mode) && cfg.empty_dir) { /* a bind: no tmpfs superblock per sandbox and dir */
         mount_or_die(cfg.empty_dir, path, NULL, MS_BIND, NULL);
         mount_or_die(NULL, path, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
     } else if (S_ISDIR(st.st_mode)) {
@@ -195,26 +235,6 @@ static void make_dev(const char *name, unsigned maj, unsigned min) {
     if (mknod(name, S_IFCHR | 0666, makedev(maj, min)) < 0) die("mknod /dev/%s", name);
     chmod(name, 0666); /* umask-proof */
 }
-
-/* The writable upper (tmpfs, or the caller's ext4) is kept out of the host mount namespace: with one
- * mount per live sandbox there, every clone(CLONE_NEWNS) copies all of them and the new init then
- * detaches them again (copy_tree, umount_tree): O(N) per create. The supervisor holds the upper as a
- * detached mount on UPPER_FD (the host reaches it at /proc/<supervisor>/fd/UPPER_FD), and init
- * attaches it in its own namespace only. The new mount API has fixed syscall numbers on every arch. */
-#define UPPER_FD 10
-#define SH_STR2(x) #x
-#define SH_STR(x) SH_STR2(x)
-#define SH_SYS_open_tree 428
-#define SH_SYS_move_mount 429
-#define SH_SYS_fsopen 430
-#define SH_SYS_fsconfig 431
-#define SH_SYS_fsmount 432
-#define SH_FSCONFIG_SET_STRING 1
-#define SH_FSCONFIG_CMD_CREATE 6
-#define SH_MOUNT_ATTR_NOSUID 0x2
-#define SH_MOUNT_ATTR_NODEV 0x4
-#define SH_MOVE_MOUNT_F_EMPTY_PATH 0x4
-#define SH_OPEN_TREE_CLONE 1
 
 /* A size-capped tmpfs that is mounted nowhere: -1 (errno set) where the kernel lacks fsopen (< 5.2). */
 static int detached_tmpfs(long size_mb) {
@@ -281,33 +301,110 @@ static const char *disk_fd_path(void) {
     return out;
 }
 
+/* The overlay as a detached mount (fsopen/fsmount), made while init is still in the host's mount
+ * namespace, where the layers are mounted: -1 (errno set) where this kernel cannot. overlayfs takes
+ * layers one at a time ("lowerdir+": fsconfig strings are at most 256 bytes) from Linux 6.8 and a
+ * detached upper from 6.15; before that, the caller falls back to the mount in a copy of the host's
+ * namespace and pivot_root. Each layer is given as /proc/self/fd/N, as in lower_fd_paths. */
+static int detached_overlay(void) {
+    /* tried only where it can work: overlayfs logs every refused option to the kernel log */
+    struct utsname u;
+    int major = 0, minor = 0;
+    if (uname(&u) < 0 || sscanf(u.release, "%d.%d", &major, &minor) != 2 || major * 1000 + minor < 6015) {
+        errno = ENOTSUP;
+        return -1;
+    }
+    int fs = (int)syscall(SH_SYS_fsopen, "overlay", 1 /* FSOPEN_CLOEXEC */);
+    if (fs < 0) return -1;
+    char p[64];
+    int ok = 1;
+    for (int i = 0; ok && i < n_lower_fds; i++) {
+        snprintf(p, sizeof p, "/proc/self/fd/%d", lower_fds[i]);
+        ok = syscall(SH_SYS_fsconfig, fs, SH_FSCONFIG_SET_STRING, "lowerdir+", p, 0) == 0;
+    }
+    ok = ok && syscall(SH_SYS_fsconfig, fs, SH_FSCONFIG_SET_STRING, "upperdir",
+                       "/proc/self/fd/" SH_STR(UPPER_FD) "/upper", 0) == 0;
+    ok = ok && syscall(SH_SYS_fsconfig, fs, SH_FSCONFIG_SET_STRING, "workdir",
+                       "/proc/self/fd/" SH_STR(UPPER_FD) "/work", 0) == 0;
+    ok = ok && syscall(SH_SYS_fsconfig, fs, SH_FSCONFIG_CMD_CREATE, NULL, NULL, 0) == 0;
+    int m = ok ? (int)syscall(SH_SYS_fsmount, fs, 1 /* FSMOUNT_CLOEXEC */, SH_MOUNT_ATTR_NODEV) : -1;
+    int saved = errno;
+    close(fs);
+    errno = saved;
+    return m;
+}
+
+/* A detached copy of one host mount (a bind that is in no namespace yet), for the template path,
+ * where host paths do not resolve any more once init has joined the template. */
+static int clone_host_mount(const char *path) {
+    return path ? (int)syscall(SH_SYS_open_tree, AT_FDCWD, path, SH_OPEN_TREE_CLONE | O_CLOEXEC) : -1;
+}
+
 static void setup_rootfs(void) {
     char path[4096], opts[8192];
 
+    const char *lower = NULL;
+    /* The root switch. pivot_root re-points every task on the host whose root or cwd is the old root
+     * (chroot_fs_refs walks them all, under tasklist_lock): O(host tasks), and every sandbox adds
+     * some. Instead, where the kernel allows, init joins the host's template mount namespace (one
+     * empty read-only tmpfs, made once per host by `shoal-init mntns-template`), copies it
+     * (unshare: one mount, not the host's whole table), moves the overlay, built detached in the host
+     * namespace, onto its "/" and chroots into it: no task walk, and nothing of the host to detach.
+     * Outside the overlay there is only the template's empty root, covered by it; ".." at the
+     * overlay's root comes back to it (the mount on "/" is crossed again). Builds (host network,
+     * CA bundle) bind host files, so they keep the old path. */
+    int ovl = -1, tmpl = -1, sys_fd = -1;
+    if (cfg.mntns && cfg.upper_detached && !cfg.host_net && !cfg.ca_bundle) {
+        tmpl = open(cfg.mntns, O_RDONLY | O_CLOEXEC);
+        if (tmpl >= 0) {
+            lower_fd_paths(); /* the host namespace's layer mounts, which overlayfs accepts here */
+            ovl = detached_overlay();
+        }
+        if (ovl >= 0 && cfg.sysfs && (sys_fd = clone_host_mount(cfg.sysfs)) < 0) { close(ovl); ovl = -1; }
+        if (ovl >= 0 && cfg.empty_dir && (empty_fd = clone_host_mount(cfg.empty_dir)) < 0) { close(ovl); ovl = -1; }
+        if (ovl >= 0 && setns(tmpl, CLONE_NEWNS) < 0) { close(ovl); ovl = -1; }
+        if (tmpl >= 0) close(tmpl);
+        if (ovl < 0) {
+            close_lower_fds();
+            if (sys_fd >= 0) close(sys_fd);
+            if (empty_fd >= 0) close(empty_fd);
+            sys_fd = empty_fd = -1;
+        }
+        errno = 0;
+    }
+    if (unshare(CLONE_NEWNS) < 0) die("unshare mount ns");
     mount_or_die(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL);
-    /* overlayfs takes a detached upper by its fd path (Linux >= 6.15 clones a private mount of an
-     * anonymous namespace's root); older kernels refuse it: attach it in this namespace instead */
-    static const char *fd_disk = "/proc/self/fd/" SH_STR(UPPER_FD);
-    const char *disk = cfg.upper_detached ? fd_disk : disk_fd_path();
-    const char *lower = lower_fd_paths();
-    int n = snprintf(opts, sizeof opts, "lowerdir=%s,upperdir=%s/upper,workdir=%s/work", lower, disk, disk);
-    if (n >= (int)sizeof opts - 1) { errno = 0; die("overlay options too long (%d layers?)", n); }
-    /* nodev: overlayfs opens a lower layer's special file with the overlay's own flags, and an image
-     * (a tenant's native EROFS layer) may carry nodes for host devices (input, GPUs, kvm, uinput);
-     * the sandbox's devices live in its own /dev tmpfs, mounted separately */
-    if (mount("overlay", cfg.rootfs, "overlay", MS_NODEV, opts) < 0) {
-        if (!cfg.upper_detached || errno != EINVAL) die("mount overlay on %s", cfg.rootfs);
-        if (syscall(SH_SYS_move_mount, UPPER_FD, "", AT_FDCWD, cfg.disk, SH_MOVE_MOUNT_F_EMPTY_PATH) < 0)
-            die("attach the upper on %s", cfg.disk);
-        disk = disk_fd_path();
-        snprintf(opts, sizeof opts, "lowerdir=%s,upperdir=%s/upper,workdir=%s/work", lower, disk, disk);
-        mount_or_die("overlay", cfg.rootfs, "overlay", MS_NODEV, opts);
+    if (ovl >= 0) {
+        if (syscall(SH_SYS_move_mount, ovl, "", AT_FDCWD, "/", SH_MOVE_MOUNT_F_EMPTY_PATH) < 0)
+            die("move the overlay onto the template's root");
+        if (fchdir(ovl) < 0) die("chdir rootfs");
+        close(ovl);
+    } else {
+        lower = lower_fd_paths(); /* opened in this namespace: overlayfs takes only its own mounts */
+        /* overlayfs takes a detached upper by its fd path (Linux >= 6.15 clones a private mount of an
+         * anonymous namespace's root); older kernels refuse it: attach it in this namespace instead */
+        static const char *fd_disk = "/proc/self/fd/" SH_STR(UPPER_FD);
+        const char *disk = cfg.upper_detached ? fd_disk : disk_fd_path();
+        int n = snprintf(opts, sizeof opts, "lowerdir=%s,upperdir=%s/upper,workdir=%s/work", lower, disk, disk);
+        if (n >= (int)sizeof opts - 1) { errno = 0; die("overlay options too long (%d layers?)", n); }
+        /* nodev (here and on the detached overlay): overlayfs opens a lower layer's special file with
+         * the overlay's own flags, and an image (a tenant's native EROFS layer) may carry nodes for
+         * host devices (input, GPUs, kvm, uinput); the sandbox's devices live in its own /dev tmpfs */
+        if (mount("overlay", cfg.rootfs, "overlay", MS_NODEV, opts) < 0) {
+            if (!cfg.upper_detached || errno != EINVAL) die("mount overlay on %s", cfg.rootfs);
+            if (syscall(SH_SYS_move_mount, UPPER_FD, "", AT_FDCWD, cfg.disk, SH_MOVE_MOUNT_F_EMPTY_PATH) < 0)
+                die("attach the upper on %s", cfg.disk);
+            disk = disk_fd_path();
+            snprintf(opts, sizeof opts, "lowerdir=%s,upperdir=%s/upper,workdir=%s/work", lower, disk, disk);
+            mount_or_die("overlay", cfg.rootfs, "overlay", MS_NODEV, opts);
+        }
+        errno = 0;
+        if (chdir(cfg.rootfs) < 0) die("chdir rootfs");
     }
     close_lower_fds();
     if (disk_fd >= 0) close(disk_fd);
     close(UPPER_FD);
     errno = 0;
-    if (chdir(cfg.rootfs) < 0) die("chdir rootfs");
 
     /* /dev: a small tmpfs with the usual character devices; no host device is reachable. It holds
      * /dev/shm too (a directory bound onto itself, below), not a tmpfs of its own: every superblock
@@ -357,7 +454,12 @@ static void setup_rootfs(void) {
      * namespace, so /sys/class/net shows only `lo`); a fresh sysfs per sandbox would be one superblock
      * per network namespace, and mounting one walks all of them (sget), O(N) in live sandboxes. */
     mkdir_p_in("sys", 0555);
-    if (cfg.sysfs) {
+    if (sys_fd >= 0) {
+        if (syscall(SH_SYS_move_mount, sys_fd, "", AT_FDCWD, "sys", SH_MOVE_MOUNT_F_EMPTY_PATH) < 0)
+            die("attach the sysfs template on /sys");
+        close(sys_fd);
+        mount_or_die(NULL, "sys", NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+    } else if (cfg.sysfs) {
         mount_or_die(cfg.sysfs, "sys", NULL, MS_BIND, NULL);
         mount_or_die(NULL, "sys", NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
     } else if (mount("sysfs", "sys", "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0) {
@@ -385,12 +487,17 @@ static void setup_rootfs(void) {
         mount_or_die(NULL, "run/shoal-build/ca.crt", NULL, MS_BIND | MS_REMOUNT | MS_RDONLY, NULL);
     }
 
-    /* pivot_root(".", ".") stacks the old root under the new one; detaching it leaves no trace, in one
-     * umount (one RCU grace period). It walks every task on the host (chroot_fs_refs), O(host tasks);
-     * MS_MOVE + chroot avoids that walk but must then detach the host's mounts one by one (a grace
-     * period each), which cost more on this host (docs/density-create.md). */
-    if (syscall(SYS_pivot_root, ".", ".") < 0) die("pivot_root");
-    if (umount2(".", MNT_DETACH) < 0) die("detach old root");
+    if (empty_fd >= 0) close(empty_fd); /* no masked directory on this host */
+    empty_fd = -1;
+    if (ovl >= 0) {
+        /* the template path: the overlay already sits on the namespace's "/" (see above) */
+        if (chroot(".") < 0) die("chroot");
+    } else {
+        /* pivot_root(".", ".") stacks the old root under the new one; detaching it leaves no trace, in
+         * one umount (one RCU grace period), but it walks every task on the host (chroot_fs_refs) */
+        if (syscall(SYS_pivot_root, ".", ".") < 0) die("pivot_root");
+        if (umount2(".", MNT_DETACH) < 0) die("detach old root");
+    }
     if (chdir("/") < 0) die("chdir /");
     (void)path;
 }
@@ -1398,7 +1505,8 @@ static int supervise(int ready_fd) {
     ia.status_fd = st[1];
     ia.upper_detached = cfg.upper_detached;
     pid_t init_pid = clone(init_main, stack + sizeof stack,
-                           CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWUTS | CLONE_NEWIPC |
+                           /* no CLONE_NEWNS: init makes its own (setup_rootfs) */
+                           CLONE_NEWPID | CLONE_NEWUTS | CLONE_NEWIPC |
                                (cfg.host_net ? 0 : CLONE_NEWNET) | SIGCHLD, &ia);
     if (init_pid < 0) die("clone");
     close(go[0]);
@@ -1496,6 +1604,64 @@ static int sysfs_template(const char *dir, const char *nsfile) {
     return 0;
 }
 
+/* `shoal-init mntns-template FILE`: make the host's template mount namespace and hold it with a bind
+ * of its nsfs file at FILE (as `unshare --mount=FILE` does). Its only mount is an empty read-only
+ * tmpfs, its root (one pivot_root, once per host). A sandbox's init joins it and copies it instead
+ * of copying the host's mount table (setup_rootfs). FILE's directory is bound onto itself and made
+ * private first: a bind of a mount namespace's file cannot propagate to peers (the kernel refuses
+ * it), and a shared /run would have some. */
+static int mntns_template(const char *file) {
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", file);
+    char *slash = strrchr(dir, '/');
+    if (!slash || slash == dir) { fprintf(stderr, "%s: not an absolute path below /\n", file); return 2; }
+    *slash = 0;
+    if (mkdir(dir, 0755) < 0 && errno != EEXIST) { perror("mkdir"); return 1; }
+    struct statx stx;
+    if (statx(AT_FDCWD, dir, AT_SYMLINK_NOFOLLOW, STATX_BASIC_STATS, &stx) < 0) { perror("statx"); return 1; }
+    if (!((stx.stx_attributes_mask & STATX_ATTR_MOUNT_ROOT) && (stx.stx_attributes & STATX_ATTR_MOUNT_ROOT)) &&
+        mount(dir, dir, NULL, MS_BIND, NULL) < 0) {
+        fprintf(stderr, "bind %s onto itself: %s\n", dir, strerror(errno));
+        return 1;
+    }
+    if (mount(NULL, dir, NULL, MS_PRIVATE, NULL) < 0) { fprintf(stderr, "make %s private: %s\n", dir, strerror(errno)); return 1; }
+    int fd = open(file, O_WRONLY | O_CREAT | O_CLOEXEC, 0444);
+    if (fd < 0) { perror("create the namespace file"); return 1; }
+    close(fd);
+    int ready[2], done[2];
+    if (pipe2(ready, O_CLOEXEC) < 0 || pipe2(done, O_CLOEXEC) < 0) { perror("pipe"); return 1; }
+    pid_t child = fork();
+    if (child < 0) { perror("fork"); return 1; }
+    if (child == 0) {
+        close(ready[0]);
+        close(done[1]);
+        /* any directory of the copy will do as the mount point: it is left behind with the host's tree */
+        if (unshare(CLONE_NEWNS) < 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0 ||
+            mount("shoal-template", dir, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=0555") < 0 ||
+            chdir(dir) < 0 || syscall(SYS_pivot_root, ".", ".") < 0 || umount2(".", MNT_DETACH) < 0 || chdir("/") < 0) {
+            fprintf(stderr, "template namespace: %s\n", strerror(errno));
+            _exit(1);
+        }
+        if (write(ready[1], "k", 1) != 1) _exit(1);
+        char b;
+        (void)!read(done[0], &b, 1); /* until the parent has bound the namespace */
+        _exit(0);
+    }
+    close(ready[1]);
+    close(done[0]);
+    char b, nspath[64];
+    int rc = 1;
+    if (read(ready[0], &b, 1) == 1) {
+        snprintf(nspath, sizeof nspath, "/proc/%d/ns/mnt", child);
+        if (mount(nspath, file, NULL, MS_BIND, NULL) == 0) rc = 0;
+        else fprintf(stderr, "bind the mount namespace on %s: %s\n", file, strerror(errno));
+    }
+    close(done[1]);
+    int st;
+    waitpid(child, &st, 0);
+    return rc;
+}
+
 static void usage(void) {
     fprintf(stderr,
             "usage: shoal-init launch --state DIR --lower L1:L2 --hostname H --disk-mb N [--shm-mb N]\n"
@@ -1503,14 +1669,17 @@ static void usage(void) {
             "                         [--net none|host] [--ca-bundle FILE] [--upper tmpfs|mounted]\n"
             "                         [--memory-cgroup DIR] [--oom-kill command|sandbox]\n"
             "                         [--ksm 0|1] [--aslr 0|1] [--sysfs DIR] [--empty-dir DIR]\n"
+            "                         [--mntns FILE]\n"
             "       shoal-init seccomp-table | ksm-probe\n"
-            "       shoal-init sysfs-template DIR NSFILE\n");
+            "       shoal-init sysfs-template DIR NSFILE\n"
+            "       shoal-init mntns-template FILE\n");
     exit(2);
 }
 
 int main(int argc, char **argv) {
     if (argc == 2 && strcmp(argv[1], "seccomp-table") == 0) return print_seccomp_table();
     if (argc == 4 && strcmp(argv[1], "sysfs-template") == 0) return sysfs_template(argv[2], argv[3]);
+    if (argc == 3 && strcmp(argv[1], "mntns-template") == 0) return mntns_template(argv[2]);
     if (argc == 2 && strcmp(argv[1], "ksm-probe") == 0) return ksm_probe();
     if (argc < 2 || strcmp(argv[1], "launch") != 0) usage();
     static char rootfs[4096], disk[4096], sock[4096];
@@ -1535,6 +1704,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--ca-bundle")) cfg.ca_bundle = v;
         else if (!strcmp(a, "--sysfs")) cfg.sysfs = v;
         else if (!strcmp(a, "--empty-dir")) cfg.empty_dir = v;
+        else if (!strcmp(a, "--mntns")) cfg.mntns = v;
         else if (!strcmp(a, "--memory-cgroup")) cfg.memory_cgroup = v;
         else if (!strcmp(a, "--oom-kill")) {
             if (!strcmp(v, "sandbox")) cfg.oom_kill = OOM_KILL_SANDBOX;
@@ -1562,6 +1732,7 @@ int main(int argc, char **argv) {
     if (cfg.ca_bundle) cfg.ca_bundle = strdup(cfg.ca_bundle);
     if (cfg.sysfs) cfg.sysfs = strdup(cfg.sysfs);
     if (cfg.empty_dir) cfg.empty_dir = strdup(cfg.empty_dir);
+    if (cfg.mntns) cfg.mntns = strdup(cfg.mntns);
     if (cfg.memory_cgroup) cfg.memory_cgroup = strdup(cfg.memory_cgroup);
     for (int i = 0; i < cfg.n_cgroups; i++) cfg.cgroups[i] = strdup(cfg.cgroups[i]);
     g_argv = argv;
