@@ -33,10 +33,9 @@ def test_a_tar_layer_s_device_nodes_are_left_out(host):
 
 def test_the_host_kernel_log_does_not_open_through_an_erofs_layer_s_node(host, base_image, make_sandbox,
                                                                          tmp_path):
-    """A native EROFS layer (pushed by a tenant, pulled as is) keeps its device nodes. Today the
-    read of /dev/kmsg through one is refused by the dropped CAP_SYSLOG (dmesg_restrict), not by
-    `nodev`: the sandbox's overlay has no MS_NODEV, so a node of a device that checks no capability
-    would open (review-findings #21, for the backend)."""
+    """A native EROFS layer (pushed by a tenant, pulled as is) keeps its device nodes. The read of
+    /dev/kmsg through one is refused twice: by `nodev` on the sandbox's overlay, and by the dropped
+    CAP_SYSLOG. A device that checks no capability is in test_device_nodes_in_images.py."""
     tree = tmp_path / "dev-tree"
     (tree / "opt").mkdir(parents=True)
     os.mknod(tree / "opt/kmsg", 0o20666, os.makedev(*KMSG))
