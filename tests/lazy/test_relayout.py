@@ -95,22 +95,29 @@ def test_every_block_moved_keeps_the_tree(image, tmp_path):
     assert _mounted_digest(out, tmp_path / "m")[0] == want  # names, modes, owners, bytes, xattrs
 
 
+HOT = ["dir37/big.bin", "dir05/nested/mid.bin", "dir21/big.bin"]
+
+
+def _hot_offsets(src: Path, mnt: Path) -> dict[str, int]:
+    """Where each of HOT's files starts in `src` (mounted on `mnt`, left as an empty folder)."""
+    mnt.mkdir()
+    erofs.mount_image(src, mnt)
+    try:
+        return {p: _physical(mnt / p) for p in HOT}
+    finally:
+        erofs.unmount(mnt)
+
+
 def test_the_files_an_access_list_names_lead_the_image(image, tmp_path):
     src, want = image
     mnt = tmp_path / "m"
-    mnt.mkdir()
-    hot = ["dir37/big.bin", "dir05/nested/mid.bin", "dir21/big.bin"]
-    erofs.mount_image(src, mnt)
-    try:
-        before = {p: _physical(mnt / p) for p in hot}
-    finally:
-        erofs.unmount(mnt)
+    before = _hot_offsets(src, mnt)
     out = tmp_path / "hot.erofs"
-    r = relayout_image(src, out, [(before[p] + 4096, 100) for p in hot])  # one read inside each, in this order
+    r = relayout_image(src, out, [(before[p] + 4096, 100) for p in HOT])  # one read inside each, in this order
     assert r.hot_items == 3
     erofs.mount_image(out, mnt)
     try:
-        after = [_physical(mnt / p) for p in hot]
+        after = [_physical(mnt / p) for p in HOT]
         assert (mnt / "dir37/big.bin").read_bytes() == (image[0].parent / "tree/dir37/big.bin").read_bytes()
     finally:
         erofs.unmount(mnt)
@@ -124,20 +131,14 @@ def test_the_files_an_access_list_names_lead_the_image(image, tmp_path):
 def test_the_start_up_prefix_ends_after_the_items_of_the_first_accesses(image, tmp_path):
     src, want = image
     mnt = tmp_path / "m"
-    mnt.mkdir()
-    hot = ["dir37/big.bin", "dir05/nested/mid.bin", "dir21/big.bin"]
-    erofs.mount_image(src, mnt)
-    try:
-        before = {p: _physical(mnt / p) for p in hot}
-    finally:
-        erofs.unmount(mnt)
-    accesses = [(before[p] + 4096, 100) for p in hot]
+    before = _hot_offsets(src, mnt)
+    accesses = [(before[p] + 4096, 100) for p in HOT]
     ends = []
     for startup in (1, 2, 3, 9):  # 9: more than the list has, all of it
         r = relayout_image(src, tmp_path / f"s{startup}.erofs", accesses, startup)
         erofs.mount_image(tmp_path / f"s{startup}.erofs", mnt)
         try:
-            after = [_physical(mnt / p) for p in hot]
+            after = [_physical(mnt / p) for p in HOT]
         finally:
             erofs.unmount(mnt)
         ends.append(r.startup_bytes)
