@@ -241,3 +241,26 @@ def test_renaming_a_big_directory_back_and_forth_costs_a_bounded_scan(make_sandb
         budget = WatchLimits().scan_entries * (1 + (took + 1) / SCAN_REFILL_S)
         assert h.scanned <= budget, f"{h.scanned} entries listed in {took:.1f} s"  # unbounded: 60 x 20 000
         assert any(e.type == "overflow" and "scan" in (e.detail or "") for e in evs), _kinds(evs)[-3:]
+
+
+@pytest.mark.backends("http")
+def test_one_end_event_when_the_reader_takes_it_before_the_stream_closes(make_sandbox):
+    """The client's reader thread queues the daemon's `end`, then closes the response; a caller that
+    takes the `end` in between must not get a second one (seen once in CI). The close is slowed here
+    so that the caller always wins that race."""
+    sb = make_sandbox()
+    sb.files.mkdir("/w")
+    with sb.files.watch("/w") as h:
+        resp = h._resp
+        real_close = resp.close
+
+        def slow_close() -> None:
+            time.sleep(0.5)
+            real_close()
+
+        resp.close = slow_close
+        sb.commands.run("rm -rf /w", check=True)
+        evs = _collect(h, lambda evs: any(e.type == "end" for e in evs))
+        assert [e.type for e in evs].count("end") == 1, evs
+        time.sleep(0.8)  # the reader thread has finished
+        assert h.read(0.05) == [] and h.ended

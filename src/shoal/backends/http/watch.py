@@ -45,6 +45,7 @@ class HttpWatch(WatchHandle):
 
     def _pump(self) -> None:
         detail = "the daemon ended the stream"
+        got_end = False  # the daemon's own end event was queued (the reader may already have taken it)
         try:
             for line in self._resp.iter_lines():
                 if self._closed:
@@ -59,13 +60,14 @@ class HttpWatch(WatchHandle):
                         self._q.append(ev)
                     self._cv.notify_all()
                 if ev.type == "end":
+                    got_end = True
                     return
         except Exception as e:  # a cut connection, or close() from another thread
             detail = f"the stream from the daemon broke: {e}"
         finally:
             self._resp.close()
             with self._cv:
-                if not self._closed and not (self._q and self._q[-1].type == "end"):
+                if not self._closed and not got_end:
                     self._q.append(WatchEvent(type="end", detail=detail))
                 self._done = True
                 self._cv.notify_all()
