@@ -313,12 +313,14 @@ def record_access(roots: Roots, reg, src, images: list[dict], chunk_kb: int,
 def fanout_sample(roots: Roots, reg, images: list[dict], n: int, m: int, chunk: int = 128 << 10) -> dict:
     """n sandboxes on m never-seen images at once, in one fresh root, every registry read through a
     counting proxy: how often each (blob, range) was requested."""
+    from registryctl import trust
     from servers import FaultProxy
 
     from shoal import Sandbox
     from shoal.registry import pull
 
     proxy = FaultProxy(reg.port)
+    trust(proxy.addr)
     h = roots.new()
     try:
         for img in images[:m]:
@@ -666,7 +668,7 @@ def plot(j: dict, path: Path) -> None:
 
 
 def refanout(args) -> None:
-    from registryctl import RegistryServer
+    from registryctl import RegistryServer, trust
 
     from shoal import Host
     from shoal.registry import push
@@ -676,6 +678,7 @@ def refanout(args) -> None:
     src = Host.get(args.src_root)
     images = prepare_images(src)
     reg = RegistryServer(tls=False, auth=False, workdir=Path("/var/tmp"))
+    trust(reg.addr)  # its Shoal images load lazily (shoal.lazy.trust: no registry is trusted by default)
     roots = Roots()
     try:
         for img in images[:args.fanout_images]:
@@ -726,7 +729,7 @@ def main() -> None:
         refanout(args)
         return
 
-    from registryctl import RegistryServer
+    from registryctl import RegistryServer, trust
 
     from shoal import Host
     from shoal.registry import push
@@ -754,6 +757,7 @@ def main() -> None:
     images = prepare_images(src)
     by_name = {x["name"]: x for x in images}
     reg = RegistryServer(tls=False, auth=False, workdir=Path("/var/tmp"))
+    trust(reg.addr)  # its Shoal images load lazily (shoal.lazy.trust: no registry is trusted by default)
     roots = Roots()
     dockerd = None
     link = sreg = None
@@ -787,6 +791,7 @@ def main() -> None:
             link = ShapedLink(args.link_mbit, args.link_rtt_ms)
             link.up()
             sreg = shaped_registry(reg, link)
+            trust(link.ns_ip, link.host_ip)  # the shaped relay, on the veth, in front of reg
             log(f"shaped registry at {sreg.addr}: {link.describe()}")
         docker_env: dict = {}
         docker_sizes: dict = {}

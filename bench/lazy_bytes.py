@@ -188,7 +188,7 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=12)
     ap.add_argument("--out", default=str(lb.RESULTS / "lazy-bytes.json"))
     args = ap.parse_args()
-    from registryctl import RegistryServer
+    from registryctl import RegistryServer, trust
 
     from shoal import Host
     from shoal.registry import push
@@ -197,6 +197,7 @@ def main() -> None:
     images = {x["name"]: x for x in lb.prepare_images(src)}
     names = args.images.split(",") if args.images else list(images)
     reg = RegistryServer(tls=False, auth=False, workdir=Path("/var/tmp"))
+    trust(reg.addr)  # its Shoal images load lazily (shoal.lazy.trust: no registry is trusted by default)
     roots = lb.Roots()
     lmap = LayerMap(src)
     rows = []

@@ -50,7 +50,7 @@ def main() -> None:
     if args.readahead_kb:
         os.environ["SHOAL_LAZY_READAHEAD_KB"] = str(args.readahead_kb)
 
-    from registryctl import RegistryServer
+    from registryctl import RegistryServer, trust
 
     from shoal import Host
     from shoal.registry import push
@@ -69,6 +69,7 @@ def main() -> None:
     images = {x["name"]: x for x in lb.prepare_images(src)}
     names = args.images.split(",")
     reg = RegistryServer(tls=False, auth=False, workdir=Path("/var/tmp"))
+    trust(reg.addr)  # its Shoal images load lazily (shoal.lazy.trust: no registry is trusted by default)
     roots = lb.Roots()
     link = sreg = None
     try:

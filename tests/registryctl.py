@@ -46,6 +46,14 @@ def make_ca_and_cert(d: Path) -> tuple[Path, Path, Path]:
     return d / "ca.crt", d / "server.crt", d / "server.key"
 
 
+def trust(*addrs: str) -> None:
+    """Mark test/bench registries (host[:port]) trusted for lazy Shoal layers (shoal.lazy.trust: by
+    default none is, and a lazy pull from an untrusted registry downloads its layers instead). It sets
+    $SHOAL_TRUSTED_REGISTRIES for this process and the Shoal processes it starts from now on."""
+    have = os.environ.get("SHOAL_TRUSTED_REGISTRIES", "").replace(",", " ").split()
+    os.environ["SHOAL_TRUSTED_REGISTRIES"] = " ".join(dict.fromkeys([*have, *addrs]))
+
+
 class RegistryServer:
     """One docker-registry process. `tls`/`auth` off: plain HTTP, anonymous (a benchmark registry that
     Docker reaches without configuration: 127.0.0.0/8 is an insecure registry by default).

@@ -53,6 +53,9 @@ class Settings:
     reclaim_after_s: float = 0.0  # ... and reclaims it once idle this long; 0 = never
     reclaim_target: float = 0.75  # fraction of its anonymous memory an idle reclaim pushes out
     # ---- end [density] reclaim
+    # registries (host[:port][/repository-prefix]) whose Shoal images may load lazily: their EROFS
+    # layers reach the host kernel unchecked (shoal.lazy.trust); also $SHOAL_TRUSTED_REGISTRIES
+    trusted_registries: tuple[str, ...] = ()
     extra: dict = field(default_factory=dict)
 
     @property
@@ -138,6 +141,13 @@ def load_settings(root: str | os.PathLike | None = None) -> Settings:
         if not isinstance(presets, dict) or not all(isinstance(v, list) for v in presets.values()):
             raise InvalidArgument(f"{cfg_path}: egress_presets must map names to lists of addresses")
         known["egress_presets"] = presets
+    if "trusted_registries" in data:
+        from .lazy.trust import check_entry
+
+        regs = data["trusted_registries"]
+        if not isinstance(regs, list) or not all(isinstance(r, str) for r in regs):
+            raise InvalidArgument(f"{cfg_path}: trusted_registries must be a list of \"host[:port][/prefix]\" strings")
+        known["trusted_registries"] = tuple(check_entry(r) for r in regs)
     if "snapshot_exclude" in data:
         known["snapshot_exclude"] = tuple(str(p).strip("/") for p in data["snapshot_exclude"])
     known.update(_density_reclaim(data.get("density", {}), cfg_path))

@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from registryctl import PASSWORD, USER, RegistryServer  # noqa: F401  (tests import USER, PASSWORD from here)
+from registryctl import PASSWORD, USER, RegistryServer, trust  # noqa: F401  (tests import USER, PASSWORD from here)
 from roots import teardown_root, wipe_root
 
 from shoal import Host
@@ -25,6 +25,7 @@ def registry():
         reg = RegistryServer()
     except RuntimeError as e:
         pytest.fail(str(e))
+    trust(reg.addr)  # the operator's choice, made here: its Shoal images may load lazily
     yield reg
     reg.close()
 

@@ -11,7 +11,7 @@ import hashlib
 import time
 
 import pytest
-from registryctl import RegistryServer
+from registryctl import RegistryServer, trust
 from servers import FaultProxy
 
 from shoal import Sandbox
@@ -30,6 +30,7 @@ def own_registry(registry):
     """A registry process of this module's own on the session registry's storage (same blobs, CA and
     users): the tests stop and restart it without disturbing the others."""
     reg = RegistryServer(share=registry)
+    trust(reg.addr)
     yield reg
     reg.close()
 
@@ -38,6 +39,7 @@ def own_registry(registry):
 def proxy(own_registry, registry):
     p = FaultProxy(own_registry.port, tls=(registry.cert, registry.key), upstream_ca=registry.ca,
                    corrupt_match="/blobs/")
+    trust(p.addr)
     yield p
     p.stop()
 

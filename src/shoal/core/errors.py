@@ -172,6 +172,11 @@ class RegistryError(ShoalError):
     """An OCI registry answered with an error (auth, unknown repository or manifest, bad request)."""
 
 
+class UntrustedRegistry(RegistryError):
+    """A lazy layer's registry is not in the operator's trusted_registries: its EROFS image would
+    reach the host kernel unchecked (shoal.lazy.trust)."""
+
+
 class DatabaseUnavailable(ShoalError):
     """The shared state database (PostgreSQL) did not answer, or the connection broke mid-statement:
     that statement happened once or not at all. Retry after a pause."""

@@ -590,6 +590,7 @@ class LayerStore:
         missing = [(d, p) for d, p in zip(digests, paths)
                    if not os.path.ismount(p) or self._stale(d) or self._promoted(d)]
         if missing:
+            self._check_lazy_trust([d for d, _ in missing])
             lazy = [d for d, _ in missing if not self.image_path(d).exists() and self.lazy_layer(d) is not None]
             if len(lazy) > 1:
                 from ..lazy.mount import warm
@@ -621,6 +622,17 @@ class LayerStore:
                     p.mkdir(parents=True, exist_ok=True)
                     erofs.mount_image(img, p)
         return paths
+
+    def _check_lazy_trust(self, digests: list[str]) -> None:
+        """A layer that came lazily from a registry no longer (or never) trusted is not mounted: its
+        image (on demand, or assembled from its chunks) was never checked before the kernel parses it.
+        Once per mount, never per read."""
+        from ..lazy.trust import check_lazy_layer
+
+        for d in digests:
+            rows = self._query("SELECT origin FROM lazy_layers WHERE digest=?", [d])
+            if rows:
+                check_lazy_layer(d, json.loads(rows[0][0]), self.settings.trusted_registries)
 
     def _stale(self, digest: str) -> bool:
         """A lazy layer mounted through a lazy daemon that has died since."""

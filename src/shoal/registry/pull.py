@@ -6,7 +6,9 @@ is streamed to the root's tmp dir, hashed against its descriptor digest and chec
 against its chunk index; only when every blob of the image is good are they installed
 (`LayerStore.add_erofs`, which also re-derives the tree digest) and the image created.
 
-Lazy pulls (`lazy=True`, `shoal pull --lazy`): a Shoal layer the store lacks is not downloaded; its
+Lazy pulls (`lazy=True`, `shoal pull --lazy`) from a registry the operator trusts (`trusted_registries`,
+shoal.lazy.trust; from any other, the layers are downloaded and checked as above, and `note` says so):
+a Shoal layer the store lacks is not downloaded; its
 chunk index (verified against its digest and checked to describe that very blob) is fetched and the
 layer registered with `LayerStore.add_lazy_layer` and an origin spec of kind "registry"
 (origin.layer_spec: registry, repository, blob and index keys, CA path, insecure / plain-HTTP flags;
@@ -31,6 +33,7 @@ from ..core.errors import CorruptChunk, LayerInUse, QuotaExceeded, RegistryError
 from ..layers.store import ImageInfo, LayerStore
 from ..lazy.chunks import CHUNK_INDEX_MEDIA_TYPE, LAYER_MEDIA_TYPE, ChunkIndex
 from ..lazy.origin import DEFAULT_TIMEOUT_S
+from ..lazy.trust import is_trusted
 from .client import Manifest, Progress, RegistryClient
 from .convert import cache_key, convert_layer
 from .media import (
@@ -120,11 +123,16 @@ def pull(store: LayerStore, source: str, ref: str | None = None, *, client: Regi
         where = f"{r.registry}/{r.repository}@{m.digest}"
         local = ref or r.local_ref()
         if config_desc.get("mediaType") == SHOAL_CONFIG_MEDIA_TYPE:
-            if lazy:
+            if lazy and is_trusted(r.registry, r.repository, store.settings.trusted_registries):
                 conn = {"ca": ca or cl.ca, "insecure": insecure or cl.insecure, "plain_http": cl.plain_http,
                         "timeout_s": timeout_s if timeout_s is not None else DEFAULT_TIMEOUT_S}
                 return _pull_shoal_lazy(store, cl, r, manifest, config, local, where, progress, conn)
-            return _pull_shoal(store, cl, r, manifest, config, local, where, progress)
+            res = _pull_shoal(store, cl, r, manifest, config, local, where, progress)
+            if lazy:  # its EROFS layers would reach the host kernel unchecked: fetched and fsck'd instead
+                res.note = (f"{r.registry}/{r.repository} is not in trusted_registries: its layers were downloaded "
+                            "and checked with fsck.erofs instead of loading lazily (lazy layers reach the host "
+                            "kernel unchecked; docs/registry.md, \"Lazy pull\")")
+            return res
         res = _pull_container(store, cl, r, manifest, config, local, where, progress)
         if lazy:
             res.note = ("an ordinary container image: its tar layers cannot be read by offset, so they were "
