@@ -60,10 +60,13 @@ class RegistryServer:
     `share`: another RegistryServer whose storage, CA and htpasswd this one uses."""
 
     def __init__(self, tls: bool = True, auth: bool = True, share: RegistryServer | None = None,
-                 workdir: Path | None = None):
+                 workdir: Path | None = None, redirect_to: str | None = None):
         if not os.path.exists(BINARY):
             raise RuntimeError(f"{BINARY} is missing: `make test` installs Debian's docker-registry")
         self.tls, self.auth = (share.tls, share.auth) if share else (tls, auth)
+        # blob GETs answered by a redirect to `redirect_to` + the blob's storage path (distribution's
+        # `redirect` storage middleware, as a registry on S3 or behind a CDN redirects)
+        self.redirect_to = redirect_to
         self.dir = Path(tempfile.mkdtemp(prefix="shoal-reg-", dir=workdir))
         if share is not None:
             self.ca, self.cert, self.key = share.ca, share.cert, share.key
@@ -92,6 +95,8 @@ class RegistryServer:
     def _write_config(self) -> None:
         tls = (f"  tls:\n    certificate: {self.cert}\n    key: {self.key}\n") if self.tls else ""
         auth = (f"auth:\n  htpasswd:\n    realm: shoal-test\n    path: {self.htpasswd}\n") if self.auth else ""
+        redirect = ("middleware:\n  storage:\n    - name: redirect\n      options:\n"
+                    f"        baseurl: {self.redirect_to}\n") if self.redirect_to else ""
         (self.dir / "config.yml").write_text(f"""version: 0.1
 log:
   level: warn
@@ -110,7 +115,7 @@ storage:
 http:
   addr: {self.addr}
   secret: shoal-test-upload-state-secret
-{tls}{auth}""")
+{tls}{auth}{redirect}""")
 
     def start(self, timeout: float = 20.0) -> None:
         with open(self.log, "ab") as out:

@@ -23,12 +23,18 @@ class _Server(ThreadingHTTPServer):
 class RangeServer:
     """Serves files under `directory` at http://127.0.0.1:<port>/<path> (GET/HEAD, single Range, S3
     ListObjectsV2 on `/?list-type=2&prefix=`). `requests` lists (method, path, range header); `bytes_sent`
-    counts body bytes. `auth`: "user:password" required as basic auth when set."""
+    counts body bytes. `auth`: "user:password" required as basic auth when set. `authorizations`
+    lists (method, path, Authorization header or None) of every request (the redirect tests: storage
+    must never see the registry's credentials). `tls=(cert, key)` serves HTTPS; `challenge`: answer
+    every request but `/token` 401 with this WWW-Authenticate header (a redirect target asking for
+    credentials)."""
 
-    def __init__(self, directory: Path, auth: str | None = None):
+    def __init__(self, directory: Path, auth: str | None = None, tls: tuple[Path, Path] | None = None,
+                 challenge: str | None = None):
         self.dir = Path(directory)
-        self.auth = auth
+        self.auth, self.challenge = auth, challenge
         self.requests: list[tuple[str, str, str]] = []
+        self.authorizations: list[tuple[str, str, str | None]] = []
         self.bytes_sent = 0
         self.lock = threading.Lock()
         outer = self
@@ -49,6 +55,9 @@ class RangeServer:
                 rng = self.headers.get("Range", "")
                 with outer.lock:
                     outer.requests.append((self.command, self.path, rng))
+                    outer.authorizations.append((self.command, self.path, self.headers.get("Authorization")))
+                if outer.challenge and not self.path.startswith("/token"):
+                    return self._send(401, b"", head, extra={"WWW-Authenticate": outer.challenge})
                 if outer.auth and self.headers.get("Authorization") != "Basic " + base64.b64encode(
                         outer.auth.encode()).decode():
                     return self._send(401, b"")
@@ -90,8 +99,12 @@ class RangeServer:
                         outer.bytes_sent += len(body)
 
         self.server = _Server(("127.0.0.1", 0), H)
+        if tls is not None:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(str(tls[0]), str(tls[1]))
+            self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
         self.port = self.server.server_address[1]
-        self.url = f"http://127.0.0.1:{self.port}/"
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}/"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def gets(self, path_part: str = "") -> list[tuple[str, str, str]]:
@@ -101,6 +114,7 @@ class RangeServer:
     def reset(self) -> None:
         with self.lock:
             self.requests.clear()
+            self.authorizations.clear()
             self.bytes_sent = 0
 
     def close(self) -> None:
@@ -203,3 +217,41 @@ class FaultProxy:
             self.server.shutdown()
             self.server.server_close()
             self.server = None
+
+
+class Redirector:
+    """Answers every GET/HEAD with `status` (307) to `location` + the request's path (or `location`
+    as it is when `keep_path` is False), recording (method, path, Authorization header or None)."""
+
+    def __init__(self, location: str, status: int = 307, keep_path: bool = True):
+        self.location, self.status, self.keep_path = location.rstrip("/") if keep_path else location, status, keep_path
+        self.authorizations: list[tuple[str, str, str | None]] = []
+        outer = self
+
+        class H(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def do_HEAD(self):
+                self._redirect()
+
+            def do_GET(self):
+                self._redirect()
+
+            def _redirect(self):
+                outer.authorizations.append((self.command, self.path, self.headers.get("Authorization")))
+                self.send_response(outer.status)
+                self.send_header("Location", outer.location + self.path if outer.keep_path else outer.location)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        self.server = _Server(("127.0.0.1", 0), H)
+        self.port = self.server.server_address[1]
+        self.addr = f"127.0.0.1:{self.port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

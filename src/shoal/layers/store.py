@@ -327,6 +327,10 @@ class LayerStore:
         spec_key(origin)
         if "token" in origin or "password" in origin:
             raise InvalidArgument("an origin spec names credentials (token_env), it never holds them")
+        url = origin.get("url")
+        if isinstance(url, str) and "@" in url.partition("//")[2].partition("/")[0]:  # user:password@host
+            raise InvalidArgument("an origin URL with user:password would keep them in the layer store: "
+                                  "give a token through token_env (an environment variable's name) instead")
         with self._tx() as db:
             db.execute("INSERT OR IGNORE INTO layers VALUES (?,?,?,?,?,?)",
                        (digest, size, index.size, entries, time.time(), source or f"lazy:{describe_spec(origin)}"))

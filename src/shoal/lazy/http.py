@@ -9,10 +9,12 @@ connection, a reset, or a 5xx answer: `OriginUnavailable`. A 404: `LayerNotFound
 """
 from __future__ import annotations
 
+import logging
 import os
 import re
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import httpx
@@ -30,6 +32,44 @@ def redact(url: str) -> str:
     return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
+def origin_of(url: str | httpx.URL) -> tuple[str, str, int]:
+    """(scheme, host, port) of a URL, the default port filled in: what credentials are bound to."""
+    u = httpx.URL(str(url))
+    return u.scheme, u.host.lower(), u.port or (443 if u.scheme == "https" else 80)
+
+
+def no_foreign_credentials(own: tuple[str, str, int]) -> Callable[[httpx.Request], None]:
+    """An httpx request hook: a request to any origin but `own` (or, for a token request, the realm's
+    origin it names in its `shoal_credentials_for` extension) goes without an Authorization header.
+    httpx drops the header itself on a cross-origin redirect, but keeps it on an http -> https one to
+    the same host; this holds whatever its policy: storage a registry redirects a blob GET to (S3, a
+    CDN) never gets the registry's credentials."""
+    def hook(request: httpx.Request) -> None:
+        if origin_of(request.url) != request.extensions.get("shoal_credentials_for", own):
+            request.headers.pop("Authorization", None)
+    return hook
+
+
+class _RedactUrls(logging.Filter):
+    """httpx logs each request's URL (INFO) and httpcore the response headers (DEBUG): a redirect's
+    Location may carry the storage's credentials (userinfo, an S3 presigned signature in the query).
+    Whatever handler the application sets up, these records keep only scheme, host and path."""
+
+    _USERINFO = re.compile(r"(?<=//)[^/@\s'\"]+@")
+    _QUERY = re.compile(r"(https?://[^\s?'\"]*)\?[^\s'\"]*")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        clean = self._QUERY.sub(r"\1?<redacted>", self._USERINFO.sub("", msg))
+        if clean != msg:
+            record.msg, record.args = clean, None
+        return True
+
+
+for _name in ("httpx", "httpcore.http11", "httpcore.http2", "httpcore.connection", "httpcore.proxy"):
+    logging.getLogger(_name).addFilter(_RedactUrls())
+
+
 class HttpOrigin(Origin):
     def __init__(self, base_url: str, timeout: float = DEFAULT_TIMEOUT_S, token_env: str | None = None,
                  verify: bool | str = True, max_connections: int = 64):
@@ -44,8 +84,10 @@ class HttpOrigin(Origin):
                 headers["Authorization"] = f"Bearer {token}"
         self.base = redact(base_url).rstrip("/") + "/"
         self.timeout = timeout
+        # a redirect to another origin (a bucket's CDN) never takes the credentials along
         self._client = httpx.Client(auth=auth, headers=headers, verify=verify, follow_redirects=True,
                                     timeout=httpx.Timeout(timeout),
+                                    event_hooks={"request": [no_foreign_credentials(origin_of(self.base))]},
                                     limits=httpx.Limits(max_connections=max_connections,
                                                         max_keepalive_connections=max_connections))
 

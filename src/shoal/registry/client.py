@@ -28,6 +28,7 @@ from urllib.parse import urlencode, urljoin, urlsplit
 import httpx
 
 from ..core.errors import CorruptChunk, ImageNotFound, InvalidArgument, LayerNotFound, OriginUnavailable, RegistryError
+from ..lazy.http import no_foreign_credentials, origin_of
 from ..lazy.origin import DEFAULT_TIMEOUT_S
 from . import fastget
 from .auth import Credentials, find_credentials, parse_challenge
@@ -37,6 +38,7 @@ from .uploads import UploadSessions
 
 MAX_MANIFEST_BYTES = 4 << 20  # distribution's own limit on a manifest it accepts
 log = logging.getLogger("shoal.registry")
+
 
 DEFAULT_CHUNK_SIZE = 16 << 20  # upload chunk: one PATCH; what an interrupted push re-sends at most
 _READ = 1 << 20
@@ -101,9 +103,11 @@ class RegistryClient:
         self.ca = str(Path(ca).absolute()) if ca else None
         self.insecure, self.plain_http = insecure, plain_http
         verify = _ssl_verify(ca, insecure)
+        self._origin = origin_of(self.base)
         self._http = httpx.Client(verify=verify, timeout=httpx.Timeout(timeout),
                                   follow_redirects=True, trust_env=False,
-                                  headers={"User-Agent": "shoal-registry/1"})
+                                  headers={"User-Agent": "shoal-registry/1"},
+                                  event_hooks={"request": [no_foreign_credentials(self._origin)]})
         self._auth: dict[str, str] = {}  # repository ("" for /v2/) -> Authorization header value
         self.stats: Counter[str] = Counter()  # e.g. "GET blob", "PATCH upload", "bytes sent"
         self.multi_range: bool | None = None  # whether it answers multi-range GETs (None: not tried yet)
@@ -138,8 +142,9 @@ class RegistryClient:
             raise RegistryError(f"registry {self.registry}: bearer challenge without a realm")
         query = {k: params[k] for k in ("service", "scope") if params.get(k)}
         headers = {"Authorization": self.credentials.basic()} if self.credentials else {}
-        try:
-            r = self._http.get(realm, params=query, headers=headers)
+        try:  # the registry names its token service: the credentials go there (Docker Hub: another host)
+            r = self._http.get(realm, params=query, headers=headers,
+                               extensions={"shoal_credentials_for": origin_of(realm)})
         except httpx.TransportError as e:
             raise self._transport_error(e, "token request") from None
         if r.status_code in (401, 403):
@@ -205,6 +210,10 @@ class RegistryClient:
                 raise self._transport_error(e, what) from None
             if r.status_code == 401:
                 r.close()
+                if origin_of(r.url) != self._origin:  # a redirect's target (storage) asks: never answered
+                    raise RegistryError(f"registry {self.registry}: {what} was redirected to "
+                                        f"{r.url.host}:{origin_of(r.url)[2]}, which asked for credentials; those "
+                                        f"of {self.registry} are for it alone and were not sent")
                 if not self._authorize(r, repo, auth):
                     raise RegistryError(f"registry {self.registry}: authentication failed {self._who()} ({what})")
                 continue
