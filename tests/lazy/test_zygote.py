@@ -48,3 +48,16 @@ def test_without_a_zygote_the_daemon_is_a_process_of_its_own(make_root, monkeypa
     h = make_root()
     pid = lazy_mount.ensure_daemon(h.settings.root)
     assert b"shoal.lazy.daemon" in Path(f"/proc/{pid}/cmdline").read_bytes()
+
+
+def test_a_stop_right_after_a_start_leaves_no_daemon(make_root):
+    """A lazy pull that fails at once has started the daemon (start_daemon does not wait); the root's
+    teardown then stops it before it is up. The stop must wait for that start, or the daemon mounts
+    <root>/lazyfs afterwards and outlives its root."""
+    h = make_root()
+    root = h.settings.root
+    lazy_mount.start_daemon(root)
+    lazy_mount.stop_daemon(root)
+    time.sleep(2)  # long after a start: a daemon that was missed has mounted by now
+    assert not lazy_mount._fuse_mounted(lazy_mount.lazyfs_dir(root))
+    assert lazy_mount.daemon_pid(root) is None

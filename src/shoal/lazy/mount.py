@@ -207,10 +207,22 @@ def forget(root: Path, digest: str) -> None:
     _marker(root, digest).unlink(missing_ok=True)
 
 
+def _wait_for_start(root: Path) -> None:
+    """A daemon spawned by `start_daemon` and not up yet would mount `<root>/lazyfs` after a stop that
+    found nothing to stop, and outlive its root: wait until it has written its pid (or its start
+    window has passed) before stopping."""
+    if not (Path(root) / "lazy").is_dir():  # (state_dir would create it in a root being removed)
+        return
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while _starting(root) and not pid_path(root).exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def stop_daemon(root: Path, wait_s: float = 5.0) -> None:
     """Unmount `<root>/lazyfs` (the daemon exits once no layer mount holds it) and, if it still runs
     after `wait_s`, end it."""
     root = Path(root)
+    _wait_for_start(root)
     if _fuse_mounted(lazyfs_dir(root)):
         fuse.unmount(lazyfs_dir(root))
     try:
