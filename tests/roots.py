@@ -24,6 +24,9 @@ def wipe_root(d: Path) -> None:
     host.store.gc()
     for m in (d / "mnt").iterdir() if (d / "mnt").exists() else []:
         subprocess.run(["umount", "-l", str(m)], capture_output=True)
+    from shoal.lazy import mount as lazy_mount
+
+    lazy_mount.stop_daemon(d)  # before the files go: a daemon still starting waits on its marker there
     shutil.rmtree(d, ignore_errors=True)
 
 

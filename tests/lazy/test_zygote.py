@@ -61,3 +61,15 @@ def test_a_stop_right_after_a_start_leaves_no_daemon(make_root):
     time.sleep(2)  # long after a start: a daemon that was missed has mounted by now
     assert not lazy_mount._fuse_mounted(lazy_mount.lazyfs_dir(root))
     assert lazy_mount.daemon_pid(root) is None
+
+
+def test_gc_stops_a_daemon_that_a_failed_lazy_pull_started(make_root):
+    """A lazy pull starts the daemon first and may then fail before any lazy layer or chunk exists;
+    gc (with nothing lazy to keep) still stops that daemon."""
+    h = make_root()
+    root = h.settings.root
+    lazy_mount.start_daemon(root)
+    h.store.gc()
+    time.sleep(2)
+    assert not lazy_mount._fuse_mounted(lazy_mount.lazyfs_dir(root))
+    assert lazy_mount.daemon_pid(root) is None

@@ -515,9 +515,12 @@ class LayerStore:
     def _gc_lazy(self) -> dict:
         """Chunks no mounted lazy layer uses leave the cache (a mounted layer is one a live sandbox
         may read: gc unmounted the others above); with no lazy layer mounted the daemon stops."""
-        if not (self.settings.root / "chunks").exists() and not self.lazy_digests():
-            return {}
         from ..lazy import mount as lazy_mount
+
+        if not (self.settings.root / "chunks").exists() and not self.lazy_digests():
+            if (self.settings.root / "lazy").is_dir():  # a daemon started by a lazy pull that then failed
+                lazy_mount.stop_daemon(self.settings.root)
+            return {}
         from ..lazy.layer import chunk_cache_for
 
         keep: set[str] = set()
