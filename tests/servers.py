@@ -20,6 +20,22 @@ class _Server(ThreadingHTTPServer):
     allow_reuse_address = True
 
 
+class _Handler(BaseHTTPRequestHandler):
+    """Quiet; GET and HEAD both go to `answer` (each server below defines it)."""
+
+    def log_message(self, *a):
+        pass
+
+    def do_HEAD(self):
+        self.answer()
+
+    def do_GET(self):
+        self.answer()
+
+    def answer(self) -> None:
+        raise NotImplementedError
+
+
 class RangeServer:
     """Serves files under `directory` at http://127.0.0.1:<port>/<path> (GET/HEAD, single Range, S3
     ListObjectsV2 on `/?list-type=2&prefix=`). `requests` lists (method, path, range header); `bytes_sent`
@@ -39,17 +55,11 @@ class RangeServer:
         self.lock = threading.Lock()
         outer = self
 
-        class H(BaseHTTPRequestHandler):
+        class H(_Handler):
             protocol_version = "HTTP/1.1"
 
-            def log_message(self, *a):
-                pass
-
-            def do_HEAD(self):
-                self._serve(head=True)
-
-            def do_GET(self):
-                self._serve(head=False)
+            def answer(self):
+                self._serve(head=self.command == "HEAD")
 
             def _serve(self, head: bool):
                 rng = self.headers.get("Range", "")
@@ -160,19 +170,10 @@ class FaultProxy:
     def start(self) -> None:
         outer = self
 
-        class H(BaseHTTPRequestHandler):
+        class H(_Handler):
             protocol_version = "HTTP/1.0"
 
-            def log_message(self, *a):
-                pass
-
-            def do_HEAD(self):
-                self._forward()
-
-            def do_GET(self):
-                self._forward()
-
-            def _forward(self):
+            def answer(self):
                 with outer.lock:
                     outer.requests.append((self.command, self.path, self.headers.get("Range", "")))
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
@@ -228,19 +229,10 @@ class Redirector:
         self.authorizations: list[tuple[str, str, str | None]] = []
         outer = self
 
-        class H(BaseHTTPRequestHandler):
+        class H(_Handler):
             protocol_version = "HTTP/1.1"
 
-            def log_message(self, *a):
-                pass
-
-            def do_HEAD(self):
-                self._redirect()
-
-            def do_GET(self):
-                self._redirect()
-
-            def _redirect(self):
+            def answer(self):
                 outer.authorizations.append((self.command, self.path, self.headers.get("Authorization")))
                 self.send_response(outer.status)
                 self.send_header("Location", outer.location + self.path if outer.keep_path else outer.location)
