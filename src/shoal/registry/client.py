@@ -142,11 +142,20 @@ class RegistryClient:
             raise RegistryError(f"registry {self.registry}: bearer challenge without a realm")
         query = {k: params[k] for k in ("service", "scope") if params.get(k)}
         headers = {"Authorization": self.credentials.basic()} if self.credentials else {}
+        try:
+            where = origin_of(realm)
+        except httpx.InvalidURL:
+            raise RegistryError(f"registry {self.registry}: bearer challenge with a malformed realm") from None
+        if headers and not self.plain_http and where[0] != "https":
+            # a TLS registry naming a plain-HTTP token service would put its credentials on the wire in clear
+            raise RegistryError(f"registry {self.registry}: its token service {where[1]} is not HTTPS: "
+                                f"the credentials of {self.registry} were not sent")
         try:  # the registry names its token service: the credentials go there (Docker Hub: another host)
-            r = self._http.get(realm, params=query, headers=headers,
-                               extensions={"shoal_credentials_for": origin_of(realm)})
+            r = self._http.get(realm, params=query, headers=headers, extensions={"shoal_credentials_for": where})
         except httpx.TransportError as e:
             raise self._transport_error(e, "token request") from None
+        except httpx.TooManyRedirects:
+            raise RegistryError(f"registry {self.registry}: token request redirected too many times") from None
         if r.status_code in (401, 403):
             raise RegistryError(f"registry {self.registry}: authentication failed {self._who()} "
                                 f"(token service answered {r.status_code})")
@@ -208,6 +217,9 @@ class RegistryClient:
                 r = self._http.send(req, stream=stream)
             except httpx.TransportError as e:
                 raise self._transport_error(e, what) from None
+            except httpx.TooManyRedirects:  # a hostile registry's redirect loop: typed, not httpx's own error
+                raise RegistryError(f"registry {self.registry}: {what} redirected more than "
+                                    f"{self._http.max_redirects} times: refused") from None
             if r.status_code == 401:
                 r.close()
                 if origin_of(r.url) != self._origin:  # a redirect's target (storage) asks: never answered
