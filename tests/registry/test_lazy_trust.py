@@ -6,6 +6,7 @@ mounted. The session registry is trusted by tests/registry/conftest.py; these te
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 
@@ -98,3 +99,28 @@ def test_trust_entries_match_host_port_and_repository_prefix(monkeypatch, tmp_pa
         cfg.write_text(bad)
         with pytest.raises(InvalidArgument, match="trusted_registries"):
             load_settings(tmp_path / "root")
+
+
+def test_a_promoted_lazy_layer_copied_from_another_root_is_still_checked(
+        registry, lazy_pushed, make_root, creds, monkeypatch):
+    """A root that pulled lazily has, once every chunk arrived, the layer's image file assembled from
+    them (shoal.lazy.layer.promote: never fsck'd). Another host copying the image from that root
+    (`pull_from=/shared/root`, LayerStore.pull_image) took the file without its origin (before the
+    fix), so its ensure_mounted mounted it whether or not it trusts that registry."""
+    src = make_root()
+    with registry.client() as cl:
+        res = pull(src.store, f"{registry.addr}/shoal/lazy:1", client=cl, lazy=True)
+    layer = lazy_pushed["layer"]
+    assert layer in res.lazy
+    blob = lazy_pushed["push"].layers[-1].blob
+    shutil.copyfile(registry.blob_path(blob), src.store.image_path(layer))  # what promote writes
+    dst = make_root()
+    dst.store.pull_image(src.store, res.image.ref)
+    monkeypatch.setenv(ENV, f"{registry.addr}/shoal/other")  # this host does not trust shoal/lazy
+    with pytest.raises(UntrustedRegistry, match="not in trusted_registries"):
+        dst.store.ensure_mounted([layer])
+    assert not os.path.ismount(dst.store.mount_path(layer))
+    monkeypatch.setenv(ENV, registry.addr)
+    (p,) = dst.store.ensure_mounted([layer])
+    assert (p / "data/hello.txt").read_text() == "hello, lazily\n"
+    assert dst.store.lazy_layer(layer) is not None and dst.store.location(layer) == "local"

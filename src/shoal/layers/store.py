@@ -297,9 +297,10 @@ class LayerStore:
             if not row:
                 raise LayerNotFound(f"layer {digest} of {ref} is missing from {source.settings.root}")
             lazy = source.lazy_layer(digest)
-            if lazy is not None and not source.image_path(digest).exists():
+            if lazy is not None:  # its origin stays recorded even once promoted: ensure_mounted checks its trust
                 self.add_lazy_layer(lazy[0], lazy[1], size=row[0][1], entries=row[0][3], source=row[0][5])
-                continue
+                if not source.image_path(digest).exists():
+                    continue
             tmp = self.settings.tmp_dir / f"pull-{digest.split(':', 1)[1]}-{os.getpid()}"
             try:
                 os.link(source.image_path(digest), tmp)
