@@ -524,6 +524,15 @@ def kill_cgroup_tasks(name: str) -> int:
     return n
 
 
+def memcg_count() -> int | None:
+    """Memory cgroups on the host, from /proc/cgroups (v1: the memory hierarchy's)."""
+    for line in Path("/proc/cgroups").read_text().splitlines():
+        f = line.split()
+        if f and f[0] == "memory":
+            return int(f[2])
+    return None
+
+
 def memcg_dir(name: str) -> Path:
     from shoal.backends.container.cgroups import CGROUP_ROOT
 
@@ -811,7 +820,8 @@ class ShoalSide(Side):
     name = "shoal"
 
     def __init__(self, root: Path, profile: str, py_root: Path, ksm: bool, session_procs: int = 0,
-                 max_sandboxes: int = 0, ksm_pages_to_scan: int = 0):
+                 max_sandboxes: int = 0, ksm_pages_to_scan: int = 0, memory_cgroup: str = "own",
+                 pool_size: int = 0):
         from shoal import Host
         from shoal.backends.container.cgroups import cgroup_parent
         from shoal.core.contract import CreateRequest
@@ -837,6 +847,10 @@ class ShoalSide(Side):
         # the backend's own cap (4,096 by default) is a setting, not a limit of the host: a fill asked to go
         # further raises it for the run (bench/fill_create.py --max-sandboxes does the same)
         be.max_sandboxes = max(be.max_sandboxes, max_sandboxes)  # type: ignore[attr-defined]
+        if memory_cgroup != "own":  # --memory-cgroup pooled: sandboxes share a memory cgroup per pool
+            self.extra["memory_cgroup"] = memory_cgroup
+            if pool_size:
+                be.cgroups.pools.size = pool_size  # type: ignore[attr-defined]
         if ksm and ksm_pages_to_scan:  # written by the backend when its first ksm sandbox starts
             import dataclasses
 
@@ -1272,6 +1286,7 @@ class Fill:
         cg = memcg_totals(self.side.cgroup) if self.side.cgroup else None
         if cg is not None and base.get("cgroup") is not None:
             step["cgroup_per_sb"] = per_sandbox(base["cgroup"], cg, n, cg.keys())
+        step["memcgs"] = memcg_count()  # memory cgroups on the host (pooled: about n / pool size)
         step["tasks_per_sb"] = (nr_threads() - base["threads"]) / n
         step["processes_per_sb"] = (nr_processes() - base["processes"]) / n
         cg_tasks = pids_current(self.side.cgroup_name)
@@ -1490,7 +1505,8 @@ def run_kind(kind: str, args: argparse.Namespace, with_paused: bool) -> list[dic
     """--runs runs of a profile: each run fills Shoal, then Docker (the order rotated by run), measures,
     tears down. One private dockerd (and one import of the image) serves all runs of the profile."""
     shoal = ShoalSide(Path(args.root), kind, Path(args.py_root), args.ksm, args.session_procs,
-                      (args.max if kind == "shell" else args.py_max) + 8, args.ksm_pages_to_scan)
+                      (args.max if kind == "shell" else args.py_max) + 8, args.ksm_pages_to_scan,
+                      args.memory_cgroup, args.pool_size)
     docker: DockerSide | None = None
     runs: list[dict] = []
     with_shoal = "shoal" in args.sides.split(",")  # --sides docker: the Shoal side only prepares the image
@@ -1964,6 +1980,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reclaim", action="store_true", help="reclaim paused sandboxes (when the API exists)")
     ap.add_argument("--reclaim-target", type=float, default=0.75, help="fraction of anon memory to reclaim")
     ap.add_argument("--ksm", action="store_true", help="create with KSM on (when the API exists)")
+    ap.add_argument("--memory-cgroup", choices=("own", "pooled"), default="own",
+                    help="Shoal: a memory cgroup per sandbox (own), or shared by pools (pooled, docs/density.md)")
+    ap.add_argument("--pool-size", type=int, default=0, help="sandboxes per memory pool (0: the root's setting, 64)")
     ap.add_argument("--root", default="/var/tmp/shoal-density", help="Shoal root for the bench")
     ap.add_argument("--py-root", default=os.environ.get("SHOAL_PY_ROOT", "/var/tmp/shoal-py"),
                     help="a root with python:3.11 built (pulled from, hard-linked)")
@@ -2076,7 +2095,8 @@ def main(argv: list[str] | None = None) -> int:
             "host": facts, "args": {k2: v for k2, v in vars(a).items()}, "date": time.strftime("%Y-%m-%d %H:%M UTC",
                                                                                         time.gmtime()),
             "sysctl_before": sysctl_before, "tuned": tuned, "nofile": nofile,
-            "limits_per_sandbox": {"memory_mb": LIMITS_MB, "cpu": LIMITS_CPU, "pids": LIMITS_PIDS}}
+            "limits_per_sandbox": {"memory_mb": LIMITS_MB, "cpu": LIMITS_CPU, "pids": LIMITS_PIDS,
+                                   "memory_cgroup": a.memory_cgroup}}
         meta = res.setdefault("meta", {})
         meta[k] = (meta.get(k, []) if a.append_runs and isinstance(meta.get(k), list) else []) + [entry]
     res["bench"] = "density"

@@ -8,6 +8,10 @@ sandboxes, each with an interactive `sh` session open (as the density fill's she
 diffs /proc/slabinfo and /proc/meminfo before and after: bytes per sandbox for each slab cache
 (active objects x object size), largest first. --runs repeats it (spread = min/median/max).
 
+--memory-cgroup pooled creates them with memory_cgroup="pooled" (pools of --pool-size sharing one memory
+cgroup, docs/density.md "Pooled memory cgroups"); each build records which it used and the memory
+cgroups it added, so own and pooled rows sit side by side in one file (--append).
+
 Writes bench/results/density_slab.json (--out).
 """
 from __future__ import annotations
@@ -60,20 +64,29 @@ def slab_delta(before: dict, after: dict, n: int) -> list[dict]:
     return sorted(rows, key=lambda r: -r["bytes_per_sb"])
 
 
-def one_run(host: Host, image: str, n: int, log) -> dict:
+def memcg_count() -> int:
+    """Memory cgroups on the host (v1: the memory hierarchy's; v2: every cgroup with memory on)."""
+    for line in Path("/proc/cgroups").read_text().splitlines():
+        f = line.split()
+        if f and f[0] == "memory":
+            return int(f[2])
+    return -1
+
+
+def one_run(host: Host, image: str, n: int, log, memory_cgroup: str = "own") -> dict:
     time.sleep(1)
-    s0, m0 = slabinfo(), meminfo()
+    s0, m0, c0 = slabinfo(), meminfo(), memcg_count()
     live = []
     t0 = time.perf_counter()
     for _ in range(n):
-        info = host.create(CreateRequest(image=image, backend="container"))
+        info = host.create(CreateRequest(image=image, backend="container", memory_cgroup=memory_cgroup))
         sb = Sandbox(host, info)
         ses = sb.sessions.create(shell="/bin/sh")
         ses.run("echo ready")
         live.append((sb, ses))
     fill_s = time.perf_counter() - t0
     time.sleep(2)
-    s1, m1 = slabinfo(), meminfo()
+    s1, m1, c1 = slabinfo(), meminfo(), memcg_count()
     rows = slab_delta(s0, s1, n)
     mem = {k: round((m1[k] - m0[k]) / n) for k in ("Slab", "SReclaimable", "SUnreclaim", "KernelStack",
                                                    "PageTables", "AnonPages", "Shmem", "Percpu")}
@@ -87,13 +100,15 @@ def one_run(host: Host, image: str, n: int, log) -> dict:
         sb.kill()
     kill_s = time.perf_counter() - t0
     top = rows[:25]
-    log(f"  n={n}: slab {mem['Slab'] / MiB:.2f} MiB/sb (unreclaimable {mem['SUnreclaim'] / MiB:.2f}), "
+    log(f"  n={n} ({memory_cgroup}, {c1 - c0} memory cgroups added)")
+    log(f"  slab {mem['Slab'] / MiB:.2f} MiB/sb (unreclaimable {mem['SUnreclaim'] / MiB:.2f}), "
         f"percpu {mem['Percpu'] / 1024:.0f} KiB/sb, stacks {mem['KernelStack'] / 1024:.0f} KiB/sb, "
         f"used {mem['used'] / MiB:.2f} MiB/sb; fill {fill_s:.0f} s, kill {kill_s:.0f} s")
     for r in top[:15]:
         log(f"    {r['cache']:<28} {r['objs_per_sb']:8.1f} objs  {r['bytes_per_sb'] / 1024:8.1f} KiB "
             f"(slab pages {r['pages_bytes_per_sb'] / 1024:.1f} KiB)")
-    return {"n": n, "meminfo_per_sb": mem, "slab_per_sb": top, "fill_s": round(fill_s, 1),
+    return {"n": n, "memory_cgroup": memory_cgroup, "memcgs_added": c1 - c0,
+            "meminfo_per_sb": mem, "slab_per_sb": top, "fill_s": round(fill_s, 1),
             "kill_s": round(kill_s, 1)}
 
 
@@ -105,6 +120,9 @@ def main() -> None:
     ap.add_argument("--out", default=str(RESULTS / "density_slab.json"))
     ap.add_argument("--root", default="/var/tmp/shoal-density-slab", help="Shoal root for the bench")
     ap.add_argument("--append", action="store_true", help="add these runs to --out under --label")
+    ap.add_argument("--memory-cgroup", choices=("own", "pooled"), default="own",
+                    help="one memory cgroup per sandbox (own), or shared by pools of --pool-size (pooled)")
+    ap.add_argument("--pool-size", type=int, default=0, help="sandboxes per pool (0: the root's setting, 64)")
     args = ap.parse_args()
     host = Host.get(Path(args.root))  # a root of its own, kept (its layer stays mounted, as a host's would)
     try:
@@ -113,10 +131,15 @@ def main() -> None:
         with tempfile.TemporaryDirectory(dir=host.settings.tmp_dir) as d:
             layer = host.store.build_from_dir(make_busybox_tree(Path(d) / "rootfs"), name="slab-busybox")
         image = host.store.create_image("slab-busybox:1", [layer.digest]).ref
-    warm = Sandbox(host, host.create(CreateRequest(image=image, backend="container")))
+    be = host.backend("container")
+    if args.pool_size:
+        be.cgroups.pools.size = args.pool_size
+    pool_size = be.cgroups.pools.size
+    warm = Sandbox(host, host.create(CreateRequest(image=image, backend="container",
+                                                   memory_cgroup=args.memory_cgroup)))
     warm.sessions.create(shell="/bin/sh").run("true")
     warm.kill()
-    runs = [one_run(host, image, args.n, print) for _ in range(args.runs)]
+    runs = [one_run(host, image, args.n, print, args.memory_cgroup) for _ in range(args.runs)]
     keys = [r["cache"] for r in runs[0]["slab_per_sb"][:15]]
     summary = {}
     for k in keys:
@@ -125,7 +148,10 @@ def main() -> None:
     for k in runs[0]["meminfo_per_sb"]:
         vals = sorted(r["meminfo_per_sb"][k] for r in runs)
         summary[f"meminfo:{k}"] = {"min": vals[0], "median": statistics.median(vals), "max": vals[-1]}
-    entry = {"label": args.label, "t": time.time(), "load_avg": Path("/proc/loadavg").read_text().split()[:3],
+    entry = {"label": args.label, "t": time.time(), "memory_cgroup": args.memory_cgroup,
+             "pool_size": pool_size if args.memory_cgroup == "pooled" else None,
+             "uptime_s": float(Path("/proc/uptime").read_text().split()[0]),
+             "load_avg": Path("/proc/loadavg").read_text().split()[:3],
              "runs": runs, "summary_bytes_per_sb": summary}
     out = Path(args.out)
     doc = json.loads(out.read_text()) if args.append and out.exists() else {"builds": []}

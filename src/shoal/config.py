@@ -42,6 +42,9 @@ class Settings:
     memory_reserve_mb: int = 0  # RAM kept out of the sandboxes' reach; 0 = max(1 GiB, 10% of RAM)
     system_cgroup: str = "shoal-system"  # shoald's own memory cgroup; "" = stay where started (systemd)
     system_memory_min_mb: int = 256  # v2 memory.min of that cgroup (v1 has no such protection)
+    # ---- [density] pooled memory cgroups (docs/density.md, "Pooled memory cgroups")
+    memory_cgroup: str = "own"  # a sandbox's default: "own" memory cgroup, or "pooled"
+    memory_pool_size: int = 64  # sandboxes per pooled memory cgroup
     # ---- end of density-oom's fields ---------------------------------------------------------
     # ---- [density] reclaim of idle sandboxes (docs/density.md): zram swap, idle pause, reclaim
     zram_mb: int = 0  # size of Shoal's zram swap device; 0 = shoald sets none up
@@ -158,6 +161,9 @@ def load_settings(root: str | os.PathLike | None = None) -> Settings:
 
 # ---- [density] memory safety (density-oom) -----------------------------------------------------
 _DENSITY_OOM_INTS = ("sandboxes_memory_mb", "memory_reserve_mb", "system_memory_min_mb")
+# a pool's OOM kill takes its biggest task, whoever's it is: past a few thousand members a pool is the
+# one shared cgroup again
+MAX_MEMORY_POOL_SIZE = 4096
 
 
 def _density_oom_settings(table: object, cfg_path: Path) -> dict:
@@ -178,6 +184,17 @@ def _density_oom_settings(table: object, cfg_path: Path) -> dict:
             raise InvalidArgument(f"{cfg_path}: density.oom_kill must be 'command' or 'sandbox', "
                                   f"got {table['oom_kill']!r}")
         out["oom_kill"] = table["oom_kill"]
+    if "memory_cgroup" in table:
+        if table["memory_cgroup"] not in ("own", "pooled"):
+            raise InvalidArgument(f"{cfg_path}: density.memory_cgroup must be 'own' or 'pooled', "
+                                  f"got {table['memory_cgroup']!r}")
+        out["memory_cgroup"] = table["memory_cgroup"]
+    if "memory_pool_size" in table:
+        v = table["memory_pool_size"]
+        if isinstance(v, bool) or not isinstance(v, int) or not 2 <= v <= MAX_MEMORY_POOL_SIZE:
+            raise InvalidArgument(f"{cfg_path}: density.memory_pool_size must be an integer from 2 to "
+                                  f"{MAX_MEMORY_POOL_SIZE} (sandboxes per pooled memory cgroup), got {v!r}")
+        out["memory_pool_size"] = v
     if "system_cgroup" in table:
         v = table["system_cgroup"]
         if not isinstance(v, str) or "/" in v or v.startswith("."):

@@ -78,6 +78,14 @@ UpperKind = Literal["tmpfs", "disk"]
 # (the killed command reports oom_killed, the sandbox lives on) or "sandbox" (it ends, tombstone oom)
 OomKill = Literal["command", "sandbox"]
 NetworkMode = Literal["none", "host"]
+# "own": the sandbox has a memory cgroup of its own (a hard limit of memory_mb); "pooled": it shares one
+# with up to [density] memory_pool_size others, limited to the sum of their memory_mb (docs/density.md,
+# "Pooled memory cgroups"): for dense idle fleets, where a memory cgroup per sandbox costs kernel memory
+# that grows with the number of sandboxes
+MemoryCgroup = Literal["own", "pooled"]
+_MEMORY_CGROUP = ("'own': a memory cgroup of its own, memory_mb a hard limit; 'pooled' (container backend): "
+                  "a memory cgroup shared with up to the host's memory_pool_size sandboxes, limited to the sum "
+                  "of their memory_mb (cheaper in kernel memory; no per-sandbox usage, reclaim or cap)")
 Priority = Literal["normal", "idle"]  # CPU class: "idle" runs only on CPU time nothing else wants
 
 # Density options of a sandbox (docs/ksm-and-scheduling.md); the same descriptions on every model
@@ -102,6 +110,7 @@ class Limits(BaseModel):
     oom_kill: OomKill = Field(
         "command", description="at the memory limit: 'command' (the OOM-killed command reports oom_killed, the "
                                "sandbox lives on) or 'sandbox' (the whole sandbox ends, reason oom)")
+    memory_cgroup: MemoryCgroup = Field("own", description=_MEMORY_CGROUP)
 
     @field_validator("cpu", "memory_mb", "disk_mb", "pids")
     @classmethod
@@ -126,6 +135,7 @@ class CreateRequest(_Wire):
     pids: int | None = Field(None, gt=0)
     upper: UpperKind | None = Field(None, description="'tmpfs' (default) or 'disk'")
     oom_kill: OomKill | None = Field(None, description="'command' or 'sandbox'; null = the host's default")
+    memory_cgroup: MemoryCgroup | None = Field(None, description=_MEMORY_CGROUP + "; null = the host's default")
     ttl: float | None = Field(None, description="absolute lifetime in seconds from creation")
     idle_ttl: float | None = Field(None, description="seconds without any request before the sandbox ends")
     env: dict[str, str] | None = None

@@ -71,6 +71,7 @@ from ..core.contract import (
     Cursor,
     ExecResult,
     FileEntry,
+    MemoryCgroup,
     NetworkPolicy,
     OomKill,
     OutputCallback,

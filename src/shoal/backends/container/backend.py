@@ -208,6 +208,8 @@ class ContainerBackend(LocalBackend):
             d.mkdir(parents=True, exist_ok=True)
         self.cgroups = CgroupDriver.detect(parent=cgroup_parent(settings.root))
         self.cgroups.prepare_parent()
+        self.cgroups.configure_pools(settings.root / "mempools", settings.sandboxes_dir, settings.memory_pool_size,
+                                     swap=settings.sandbox_swap)
         self.bound_sandboxes_memory()
         self.helper = str(helper_path(settings.root / "bin"))
         self.ksm_host = ksm.KsmHost(ksm.KsmConfig.from_settings(settings.extra))
@@ -355,7 +357,7 @@ class ContainerBackend(LocalBackend):
                 "ksm": spec.ksm, "aslr": spec.aslr, "priority": spec.priority}
         self._write_meta(meta)
         try:
-            cg_dirs = self.cgroups.create(sandbox_id, limits)
+            self.cgroups.create(sandbox_id, limits)
             if spec.priority == "idle":
                 self.cgroups.set_cpu_idle(sandbox_id, True)
             if self.settings.sandbox_swap > 0:  # [density] sandbox_swap: swap under its own pressure
@@ -376,9 +378,7 @@ class ContainerBackend(LocalBackend):
                           "--hostname", str(meta["hostname"]), "--disk-mb", str(limits.disk_mb),
                           "--empty-dir", str(empty_dir),
                           "--tombstone", str(self.settings.tombstones_dir / sandbox_id)]
-        for cg in cg_dirs:
-            cmd += ["--cgroup", str(cg)]
-        cmd += ["--memory-cgroup", str(self.cgroups.memory_dir(sandbox_id)), "--oom-kill", limits.oom_kill]
+        cmd += self.cgroups.helper_args(sandbox_id) + ["--oom-kill", limits.oom_kill]
         if limits.upper == "disk":
             cmd += ["--upper", "mounted"]
         if spec.network == "host":  # the host's netns: a fresh sysfs mount finds the host's superblock
@@ -563,7 +563,8 @@ class ContainerBackend(LocalBackend):
             self._cleanup(d.name, reason="orphaned")
             reaped.append(d.name)
         for cg in cgroups - set(os.listdir(self.settings.sandboxes_dir)):
-            self.cgroups.remove(cg)
+            self.cgroups.remove(cg, orphan=True)
+        self.cgroups.sweep_pools()
         # a disk-upper image is unlinked right after its mount; one still here is from a crash between
         for img in (self.settings.root / "uppers").glob("sb-*.img"):
             try:
@@ -603,6 +604,7 @@ class ContainerBackend(LocalBackend):
 
         meta = self._live_meta(sandbox_id)
         limits = Limits(**meta["limits"])
+        self.cgroups.memory_dir(sandbox_id)  # a pooled sandbox has no memory cgroup to reclaim: InvalidArgument
         mem = limits.memory_mb << 20
         fd = os.open(self._dir(sandbox_id), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
@@ -926,11 +928,14 @@ def _remove_state_dir(d: Path) -> None:
 
 
 def _explain_oom(reason: str) -> str | None:
-    """A tombstone `oom <MiB>` / `oom <MiB> shared` (written by the supervisor) in words."""
+    """A tombstone `oom <MiB>` / `oom <MiB> shared` / `oom <MiB> pooled` (written by the supervisor) in words."""
     parts = reason.split()
     if not parts or parts[0] != "oom":
         return None
     mib = parts[1] if len(parts) > 1 and parts[1] != "0" else "?"
     if "shared" in parts[2:]:
         return f"it ran out of memory: this host's sandboxes together reached their limit of {mib} MiB"
+    if "pooled" in parts[2:]:
+        return (f"it ran out of memory: its memory pool (memory_cgroup='pooled') reached its limit of {mib} MiB "
+                "and the OOM killer took this sandbox's process")
     return f"it ran out of memory: its limit of {mib} MiB"

@@ -3,6 +3,9 @@
 Detected once at start: v2 when /sys/fs/cgroup is a cgroup2 mount with the memory controller,
 otherwise v1 with memory, pids, cpu and freezer mounted as separate (or co-mounted) hierarchies.
 Each sandbox gets `shoal-<root tag>/<id>` in every hierarchy; the supervisor removes them when it ends.
+A sandbox with memory_cgroup="pooled" shares a memory cgroup `shoal-<root tag>/mempool-<hex>` with the
+other members of its pool (mempools.py): on v1 it has no directory of its own in the memory hierarchy;
+on v2 its cgroup is `shoal-<root tag>/mempool-<hex>/<id>`, below the pool, without the memory controller.
 """
 from __future__ import annotations
 
@@ -15,7 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...core.contract import Limits
-from ...core.errors import BackendUnavailable, SandboxError
+from ...core.errors import BackendUnavailable, InvalidArgument, SandboxError
+from .mempools import PREFIX as MEMPOOL_PREFIX
+from .mempools import MemoryPools
 from .quotapool import PREFIX as POOL_PREFIX
 from .quotapool import QuotaPool
 
@@ -54,6 +59,8 @@ class CgroupDriver:
     parent: str = "shoal"
     # v1: cpu cgroups with the quota written ahead, off the create path (quotapool.py)
     quota_pool: QuotaPool | None = field(default=None, repr=False)
+    # shared memory cgroups of memory_cgroup="pooled" sandboxes (configure_pools)
+    pools: MemoryPools | None = field(default=None, repr=False)
 
     @classmethod
     def detect(cls, parent: str = "shoal") -> CgroupDriver:
@@ -82,13 +89,52 @@ class CgroupDriver:
             raise BackendUnavailable(f"cgroup controllers not available on this host: {', '.join(sorted(missing))}")
         return cls(1, mounts, parent)
 
+    def configure_pools(self, state: Path, sandboxes_dir: Path, size: int, swap: float = 0.0) -> None:
+        """Enable memory_cgroup="pooled": pools of up to `size` sandboxes, registered under `state`."""
+        self.pools = MemoryPools(state, sandboxes_dir, size, self.version, self.mounts["memory"] / self.parent, swap)
+
     # ------------------------------------------------------------------ paths
+    def pool_of(self, sandbox_id: str) -> str | None:
+        """The sandbox's memory pool, or None when it has a memory cgroup of its own."""
+        return self.pools.pool_of(sandbox_id) if self.pools else None
+
     def dirs(self, sandbox_id: str) -> list[Path]:
-        unique = dict.fromkeys(m / self.parent / sandbox_id for m in self.mounts.values())
-        return list(unique)
+        """The sandbox's own cgroup directories (what its supervisor joins, then removes)."""
+        pool = self.pool_of(sandbox_id)
+        if pool is None:
+            return list(dict.fromkeys(m / self.parent / sandbox_id for m in self.mounts.values()))
+        if self.version == 2:
+            return [self.mounts["pids"] / self.parent / pool / sandbox_id]
+        mem = self.mounts["memory"]
+        return list(dict.fromkeys(m / self.parent / sandbox_id for m in self.mounts.values() if m != mem))
 
     def _dir(self, controller: str, sandbox_id: str) -> Path:
+        if self.version == 2 or controller == "memory":
+            pool = self.pool_of(sandbox_id)
+            if pool is not None:
+                # v2: the sandbox's cgroup sits below its pool; v1 memory: the pool itself
+                return self.mounts[controller] / self.parent / pool / (sandbox_id if self.version == 2 else "")
         return self.mounts[controller] / self.parent / sandbox_id
+
+    def _pooled_memory_dir(self, sandbox_id: str) -> Path | None:
+        pool = self.pool_of(sandbox_id)
+        return self.mounts["memory"] / self.parent / pool if pool is not None else None
+
+    def _memory_watch_dir(self, sandbox_id: str) -> Path:
+        """The memory cgroup whose OOM counters and limit apply to the sandbox: its own, or its pool's."""
+        return self._pooled_memory_dir(sandbox_id) or self._dir("memory", sandbox_id)
+
+    def helper_args(self, sandbox_id: str) -> list[str]:
+        """shoal-init's cgroup arguments for the sandbox (after create())."""
+        args: list[str] = []
+        for d in self.dirs(sandbox_id):
+            args += ["--cgroup", str(d)]
+        pool_dir = self._pooled_memory_dir(sandbox_id)
+        if pool_dir is None:
+            return args + ["--memory-cgroup", str(self._dir("memory", sandbox_id))]
+        if self.version == 1:  # joined, never removed by the supervisor: the pool outlives its members
+            args += ["--join-cgroup", str(pool_dir)]
+        return args + ["--memory-cgroup", str(pool_dir), "--memory-pooled", "1"]
 
     # ------------------------------------------------------------------ lifecycle
     def prepare_parent(self) -> None:
@@ -123,6 +169,15 @@ class CgroupDriver:
                 atexit.register(self.quota_pool.close)
 
     def create(self, sandbox_id: str, limits: Limits) -> list[Path]:
+        pooled = limits.memory_cgroup == "pooled"
+        if pooled:
+            if self.pools is None:
+                raise SandboxError("memory_cgroup='pooled' needs configure_pools() on this cgroup driver")
+            shared = [c for c in ("pids", "cpu", "freezer") if self.mounts[c] == self.mounts["memory"]]
+            if self.version == 1 and shared:
+                raise InvalidArgument(f"memory_cgroup='pooled' needs the v1 memory controller in a hierarchy of its "
+                                      f"own; here it is mounted with {', '.join(shared)}")
+            self.pools.join(sandbox_id, limits.memory_mb)
         dirs = self.dirs(sandbox_id)
         quota = cpu_quota_us(limits.cpu)
         cpu_dir = self._dir("cpu", sandbox_id)
@@ -135,17 +190,19 @@ class CgroupDriver:
             mem = limits.memory_mb * 1024 * 1024
             if self.version == 2:
                 d = dirs[0]
-                _write(d / "memory.max", str(mem))
-                if (d / "memory.swap.max").exists():
-                    _write(d / "memory.swap.max", "0")
+                if not pooled:  # a pooled sandbox's cgroup has no memory controller: its pool's limit binds
+                    _write(d / "memory.max", str(mem))
+                    if (d / "memory.swap.max").exists():
+                        _write(d / "memory.swap.max", "0")
                 _write(d / "pids.max", str(limits.pids))
                 if quota is not None:
                     _write(d / "cpu.max", f"{quota} {CFS_PERIOD_US}")
             else:
-                m = self._dir("memory", sandbox_id)
-                _write(m / "memory.limit_in_bytes", str(mem))
-                if (m / "memory.memsw.limit_in_bytes").exists():
-                    _write(m / "memory.memsw.limit_in_bytes", str(mem))
+                if not pooled:
+                    m = self._dir("memory", sandbox_id)
+                    _write(m / "memory.limit_in_bytes", str(mem))
+                    if (m / "memory.memsw.limit_in_bytes").exists():
+                        _write(m / "memory.memsw.limit_in_bytes", str(mem))
                 _write(self._dir("pids", sandbox_id) / "pids.max", str(limits.pids))
                 if quota is not None:  # the period is the kernel's default already: one write, one walk
                     _write(self._dir("cpu", sandbox_id) / "cpu.cfs_quota_us", str(quota))
@@ -154,11 +211,16 @@ class CgroupDriver:
             raise SandboxError(f"cannot set up cgroups for {sandbox_id}: {e}") from e
         return dirs
 
-    def remove(self, sandbox_id: str, wait_s: float = 2.0) -> bool:
-        """Remove the sandbox's cgroups (retrying while the kernel still reaps its tasks)."""
+    def remove(self, sandbox_id: str, wait_s: float = 2.0, orphan: bool = False) -> bool:
+        """Remove the sandbox's cgroups (retrying while the kernel still reaps its tasks), and its
+        membership of a memory pool. orphan: a cgroup the sweep found without a sandbox, which may
+        sit below a pool whose registry no longer names it (v2; looked for only then: O(pools))."""
         deadline = time.monotonic() + wait_s
         ok = True
-        for d in self.dirs(sandbox_id):
+        dirs = self.dirs(sandbox_id)
+        if orphan and self.version == 2 and self.pool_of(sandbox_id) is None:
+            dirs += list(self.mounts["pids"].joinpath(self.parent).glob(f"{MEMPOOL_PREFIX}*/{sandbox_id}"))
+        for d in dirs:
             while True:
                 try:
                     d.rmdir()
@@ -171,7 +233,14 @@ class CgroupDriver:
                         break
                     self._kill_all(d)
                     time.sleep(0.01)
+        if self.pools is not None:
+            ok = self.pools.leave(sandbox_id) and ok
         return ok
+
+    def sweep_pools(self) -> None:
+        """Drop ended sandboxes from their memory pools and remove empty pools (backend sweep)."""
+        if self.pools is not None:
+            self.pools.sweep()
 
     def _kill_all(self, d: Path) -> None:
         # v2 (Linux >= 5.14): cgroup.kill SIGKILLs every task at once, forks in flight included
@@ -194,8 +263,13 @@ class CgroupDriver:
         out: set[str] = set()
         for m in set(self.mounts.values()):
             p = m / self.parent
-            if p.is_dir():
-                out.update(x.name for x in p.iterdir() if x.is_dir() and not x.name.startswith(POOL_PREFIX))
+            if not p.is_dir():
+                continue
+            for x in p.iterdir():
+                if x.name.startswith(MEMPOOL_PREFIX) and self.version == 2:  # v2: pooled sandboxes below
+                    out.update(y.name for y in x.iterdir() if y.is_dir())
+                elif x.is_dir() and not x.name.startswith((POOL_PREFIX, MEMPOOL_PREFIX)):
+                    out.add(x.name)
         return out
 
     # ------------------------------------------------------------------ freezer and stats
@@ -277,6 +351,9 @@ class CgroupDriver:
             return []
 
     def memory_bytes(self, sandbox_id: str) -> int | None:
+        """The sandbox's memory use; None when unreadable or pooled (its pool's use is its members')."""
+        if self.pool_of(sandbox_id) is not None:
+            return None
         d = self._dir("memory", sandbox_id)
         name = "memory.current" if self.version == 2 else "memory.usage_in_bytes"
         try:
@@ -286,11 +363,18 @@ class CgroupDriver:
 
     # ------------------------------------------------------------------ reclaim (reclaim.py)
     def memory_dir(self, sandbox_id: str) -> Path:
+        """The sandbox's own memory cgroup (reclaim, usage); a pooled sandbox has none: InvalidArgument."""
+        if self.pool_of(sandbox_id) is not None:
+            raise InvalidArgument(f"sandbox {sandbox_id} shares a pooled memory cgroup (memory_cgroup='pooled'): "
+                                  "per-sandbox memory usage and reclaim are not available for it")
         return self._dir("memory", sandbox_id)
 
     def allow_swap(self, sandbox_id: str, memory_bytes: int, swap_bytes: int) -> None:
         """Let the sandbox keep up to swap_bytes in swap under its own memory pressure (create()
-        allows none: a sandbox at its limit is OOM-killed rather than slowed down by swapping)."""
+        allows none: a sandbox at its limit is OOM-killed rather than slowed down by swapping).
+        A pooled sandbox's pool carries the swap for all its members (mempools.py): nothing to do."""
+        if self.pool_of(sandbox_id) is not None:
+            return
         d = self.memory_dir(sandbox_id)
         if self.version == 2:
             if (d / "memory.swap.max").exists():
@@ -307,8 +391,9 @@ class CgroupDriver:
     # ------------------------------------------------------------------ OOM (density-oom; memory_dir above)
     def oom_kills(self, sandbox_id: str) -> int | None:
         """Processes of the sandbox the OOM killer has killed so far (its own limit or an ancestor's);
-        None when unreadable (gone, or a v1 kernel older than 4.13)."""
-        d = self._dir("memory", sandbox_id)
+        None when unreadable (gone, or a v1 kernel older than 4.13). A pooled sandbox: its pool's count
+        (a neighbour's kill counts too; the exec path pairs it with its command's SIGKILL)."""
+        d = self._memory_watch_dir(sandbox_id)
         try:
             text = (d / ("memory.events" if self.version == 2 else "memory.oom_control")).read_text()
         except OSError:
@@ -322,8 +407,11 @@ class CgroupDriver:
     def oom_reason(self, sandbox_id: str, own_before: int | None = None) -> str:
         """The tombstone for an OOM kill just seen: "oom <limit MiB>" when the sandbox's own limit was
         reached (v2: its `oom` count grew past own_before; v1: its peak usage reached its limit; the
-        peak is reset), else "oom <aggregate MiB> shared" (all sandboxes together)."""
-        d = self._dir("memory", sandbox_id)
+        peak is reset), else "oom <aggregate MiB> shared" (all sandboxes together). A pooled sandbox:
+        "oom <pool MiB> pooled" when its pool's limit was reached (v1: the pool's peak, not reset: it is
+        every member's to read)."""
+        pooled = self.pool_of(sandbox_id) is not None
+        d = self._memory_watch_dir(sandbox_id)
         own = False
         try:
             if self.version == 2:
@@ -337,11 +425,12 @@ class CgroupDriver:
                     if (d / usage).exists():
                         peak, lim = int((d / usage).read_text()), int((d / limit).read_text())
                         own = own or peak + (1 << 20) >= lim
-                        _write(d / usage, "0")
+                        if not pooled:
+                            _write(d / usage, "0")
         except (OSError, ValueError):
             pass
         if own:
-            return f"oom {self._limit_mb(d) or 0}"
+            return f"oom {self._limit_mb(d) or 0}" + (" pooled" if pooled else "")
         return f"oom {self.parent_memory_limit_mb() or 0} shared"
 
     def own_ooms(self, sandbox_id: str) -> int | None:
@@ -349,7 +438,7 @@ class CgroupDriver:
         if self.version != 2:
             return None
         try:
-            for line in (self._dir("memory", sandbox_id) / "memory.events").read_text().splitlines():
+            for line in (self._memory_watch_dir(sandbox_id) / "memory.events").read_text().splitlines():
                 key, _, value = line.partition(" ")
                 if key == "oom":
                     return int(value)

@@ -240,6 +240,9 @@ class GvisorBackend(LocalBackend):
         if spec.ksm or not spec.aslr or spec.priority != "normal":
             raise InvalidArgument("ksm, aslr=False and priority='idle' are options of the container backend; "
                                   "gVisor sandboxes do not take them")
+        if spec.limits.memory_cgroup != "own":
+            raise InvalidArgument("memory_cgroup='pooled' is an option of the container backend; gVisor sandboxes "
+                                  "each have a memory cgroup of their own")
         runsc = oci.runsc_argv(self.runsc, self.runsc_root, spec.network)
         sandbox_id = f"gv-{self.settings.host_tag}-{secrets.token_hex(6)}"
         d = self._dir(sandbox_id)

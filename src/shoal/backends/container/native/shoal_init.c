@@ -113,6 +113,10 @@ struct config {
     int no_aslr;       /* --aslr 0: processes exec'd in the sandbox get ADDR_NO_RANDOMIZE (aslr=False) */
     const char *memory_cgroup; /* --memory-cgroup: the sandbox's memory cgroup, watched for OOM kills */
     int oom_kill;              /* --oom-kill command|sandbox: what an OOM kill inside the sandbox ends */
+    /* --memory-pooled 1: memory_cgroup is a pool shared with other sandboxes (cgroups.py, pooled memory
+     * cgroups): its OOM kills may be a neighbour's, so they never end this sandbox from here */
+    int memory_pooled;
+    const char *join_cgroup;   /* --join-cgroup DIR: joined like --cgroup but never removed (the v1 pool) */
 };
 
 static struct config cfg;
@@ -1352,7 +1356,7 @@ static int v1_peak_at_limit(const char *usage, const char *limit) {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", cfg.memory_cgroup, usage);
     long long peak = read_key(path, "");
-    write_file(path, "0");
+    if (!cfg.memory_pooled) write_file(path, "0"); /* a pool's peak is its members' to read, not one's to reset */
     snprintf(path, sizeof path, "%s/%s", cfg.memory_cgroup, limit);
     long long lim = read_key(path, "");
     errno = 0;
@@ -1439,14 +1443,15 @@ static long read_limit_mib(const char *dir) {
     return b >= (1LL << 50) ? 0 : (long)(b >> 20);
 }
 
-/* "oom <MiB>" (the sandbox's own limit) or "oom <MiB> shared" (the parent's: all sandboxes together) */
+/* "oom <MiB>" (the sandbox's own limit), "oom <MiB> pooled" (its pool's limit: the sum of its members')
+ * or "oom <MiB> shared" (the parent's: all sandboxes together) */
 static void oom_reason(const struct oom_watch *w, char *out, size_t len) {
     char parent[4096];
     snprintf(parent, sizeof parent, "%s", cfg.memory_cgroup);
     char *slash = strrchr(parent, '/');
     if (slash) *slash = 0;
     if (w->shared) snprintf(out, len, "oom %ld shared", read_limit_mib(parent));
-    else snprintf(out, len, "oom %ld", read_limit_mib(cfg.memory_cgroup));
+    else snprintf(out, len, cfg.memory_pooled ? "oom %ld pooled" : "oom %ld", read_limit_mib(cfg.memory_cgroup));
 }
 
 static int supervise(int ready_fd) {
@@ -1514,8 +1519,10 @@ static int supervise(int ready_fd) {
     close(3);
     char pidbuf[32];
     snprintf(pidbuf, sizeof pidbuf, "%d", init_pid);
-    for (int i = 0; i < cfg.n_cgroups; i++) {
-        snprintf(path, sizeof path, "%s/cgroup.procs", cfg.cgroups[i]);
+    for (int i = 0; i <= cfg.n_cgroups; i++) {
+        const char *cg = i < cfg.n_cgroups ? cfg.cgroups[i] : cfg.join_cgroup;
+        if (!cg) break;
+        snprintf(path, sizeof path, "%s/cgroup.procs", cg);
         if (write_file(path, pidbuf) < 0) {
             kill(init_pid, SIGKILL);
             waitpid(init_pid, NULL, 0);
@@ -1556,7 +1563,7 @@ static int supervise(int ready_fd) {
             if (errno == EINTR) continue;
             break;
         }
-        if (pf[1].revents && oom_check(&ow) && cfg.oom_kill == OOM_KILL_SANDBOX && !oom_ended) {
+        if (pf[1].revents && oom_check(&ow) && cfg.oom_kill == OOM_KILL_SANDBOX && !oom_ended && !cfg.memory_pooled) {
             oom_ended = 1;
             kill(init_pid, SIGKILL);
         }
@@ -1668,6 +1675,7 @@ static void usage(void) {
             "                         [--cgroup DIR]... [--ttl-ms N] [--idle-ttl-ms N] [--tombstone FILE]\n"
             "                         [--net none|host] [--ca-bundle FILE] [--upper tmpfs|mounted]\n"
             "                         [--memory-cgroup DIR] [--oom-kill command|sandbox]\n"
+            "                         [--memory-pooled 0|1] [--join-cgroup DIR]\n"
             "                         [--ksm 0|1] [--aslr 0|1] [--sysfs DIR] [--empty-dir DIR]\n"
             "                         [--mntns FILE]\n"
             "       shoal-init seccomp-table | ksm-probe\n"
@@ -1706,6 +1714,11 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--empty-dir")) cfg.empty_dir = v;
         else if (!strcmp(a, "--mntns")) cfg.mntns = v;
         else if (!strcmp(a, "--memory-cgroup")) cfg.memory_cgroup = v;
+        else if (!strcmp(a, "--memory-pooled")) {
+            if (strcmp(v, "0") != 0 && strcmp(v, "1") != 0) usage();
+            cfg.memory_pooled = v[0] == '1';
+        }
+        else if (!strcmp(a, "--join-cgroup")) cfg.join_cgroup = v;
         else if (!strcmp(a, "--oom-kill")) {
             if (!strcmp(v, "sandbox")) cfg.oom_kill = OOM_KILL_SANDBOX;
             else if (strcmp(v, "command") != 0) usage();
@@ -1734,6 +1747,7 @@ int main(int argc, char **argv) {
     if (cfg.empty_dir) cfg.empty_dir = strdup(cfg.empty_dir);
     if (cfg.mntns) cfg.mntns = strdup(cfg.mntns);
     if (cfg.memory_cgroup) cfg.memory_cgroup = strdup(cfg.memory_cgroup);
+    if (cfg.join_cgroup) cfg.join_cgroup = strdup(cfg.join_cgroup);
     for (int i = 0; i < cfg.n_cgroups; i++) cfg.cgroups[i] = strdup(cfg.cgroups[i]);
     g_argv = argv;
     snprintf(rootfs, sizeof rootfs, "%s/rootfs", cfg.state_dir);
