@@ -124,3 +124,20 @@ def test_a_promoted_lazy_layer_copied_from_another_root_is_still_checked(
     (p,) = dst.store.ensure_mounted([layer])
     assert (p / "data/hello.txt").read_text() == "hello, lazily\n"
     assert dst.store.lazy_layer(layer) is not None and dst.store.location(layer) == "local"
+
+
+def test_a_mounted_lazy_layer_serves_no_new_sandbox_once_its_registry_is_not_trusted(
+        registry, lazy_pushed, make_root, creds, monkeypatch):
+    """Mounted while trusted, then the operator takes the registry off the list: the mount stays for
+    the sandboxes holding it, but a new sandbox's ensure_mounted refuses it (before the fix only a
+    layer not mounted yet was checked, and new sandboxes kept reading the unchecked image)."""
+    h = make_root()
+    with registry.client() as cl:
+        res = pull(h.store, f"{registry.addr}/shoal/lazy:1", client=cl, lazy=True)
+    paths = h.store.ensure_mounted(res.image.layers)
+    assert all(os.path.ismount(p) for p in paths)
+    monkeypatch.setenv(ENV, f"{registry.addr}/shoal/other")
+    with pytest.raises(UntrustedRegistry, match="not in trusted_registries"):
+        h.store.ensure_mounted(res.image.layers)
+    monkeypatch.setenv(ENV, registry.addr)
+    assert h.store.ensure_mounted(res.image.layers) == paths

@@ -595,10 +595,12 @@ class LayerStore:
         """Mount each layer once per host (idempotent, safe across processes)."""
         digests = list(digests)
         paths = [self.mount_path(d) for d in digests]
+        # every lazy layer, mounted or not: a mount made while its registry was trusted must not serve
+        # new sandboxes (its reads keep reaching the kernel's EROFS parser) once it is not
+        self._check_lazy_trust(digests)
         missing = [(d, p) for d, p in zip(digests, paths)
                    if not os.path.ismount(p) or self._stale(d) or self._promoted(d)]
         if missing:
-            self._check_lazy_trust([d for d, _ in missing])
             lazy = [d for d, _ in missing if not self.image_path(d).exists() and self.lazy_layer(d) is not None]
             if len(lazy) > 1:
                 from ..lazy.mount import warm
@@ -634,13 +636,15 @@ class LayerStore:
     def _check_lazy_trust(self, digests: list[str]) -> None:
         """A layer that came lazily from a registry no longer (or never) trusted is not mounted: its
         image (on demand, or assembled from its chunks) was never checked before the kernel parses it.
-        Once per mount, never per read."""
+        Once per ensure_mounted (a sandbox's start), never per read."""
         from ..lazy.trust import check_lazy_layer
 
-        for d in digests:
-            rows = self._query("SELECT origin FROM lazy_layers WHERE digest=?", [d])
-            if rows:
-                check_lazy_layer(d, json.loads(rows[0][0]), self.settings.trusted_registries)
+        if not digests:
+            return
+        rows = self._query(f"SELECT digest, origin FROM lazy_layers WHERE digest IN ({','.join('?' * len(digests))})",
+                           digests)
+        for d, origin in rows:  # one query per ensure_mounted: a root without lazy layers pays that only
+            check_lazy_layer(d, json.loads(origin), self.settings.trusted_registries)
 
     def _stale(self, digest: str) -> bool:
         """A lazy layer mounted through a lazy daemon that has died since."""
