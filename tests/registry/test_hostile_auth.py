@@ -5,6 +5,7 @@ escaping into a pull or the lazy daemon's prefetch threads."""
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 from servers import RangeServer, Redirector
@@ -61,3 +62,19 @@ def test_a_redirect_loop_is_a_registry_error():
                 cl.read_blob("shoal/x", "sha256:" + "0" * 64, 0, 100)
     finally:
         loop.close()
+
+
+def test_a_relative_redirect_s_query_is_in_no_log_record(caplog):
+    """httpcore logs response headers (DEBUG): a relative Location (the registry's own host, a signed
+    storage path) kept its query string, signature and all, in the log (the filter knew only URLs
+    with a scheme)."""
+    loop = Redirector("/storage/blob?X-Amz-Signature=SECRETSIG&X-Amz-Credential=AKIA", keep_path=False)
+    try:
+        with caplog.at_level(logging.DEBUG), RegistryClient(loop.addr, plain_http=True, anonymous=True) as cl, \
+                pytest.raises(RegistryError, match="redirected more than"):
+            cl.get_manifest("shoal/x", "1")
+    finally:
+        loop.close()
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "/storage/blob?<redacted>" in text  # the records are there, the query is not
+    assert "SECRETSIG" not in text and "AKIA" not in text

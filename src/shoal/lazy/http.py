@@ -57,10 +57,13 @@ class _RedactUrls(logging.Filter):
 
     _USERINFO = re.compile(r"(?<=//)[^/@\s'\"]+@")
     _QUERY = re.compile(r"(https?://[^\s?'\"]*)\?[^\s'\"]*")
+    # httpcore's header tuples: a relative Location (same host, e.g. a signed storage path) has no scheme
+    _LOCATION = re.compile(r"(?i)(b'location', b'[^'?]*)\?[^']*")
 
     def filter(self, record: logging.LogRecord) -> bool:
         msg = record.getMessage()
         clean = self._QUERY.sub(r"\1?<redacted>", self._USERINFO.sub("", msg))
+        clean = self._LOCATION.sub(r"\1?<redacted>", clean)
         if clean != msg:
             record.msg, record.args = clean, None
         return True
