@@ -239,8 +239,8 @@ def push(image: str = typer.Argument(..., help="local image name[:tag]"),
          as_json: bool = typer.Option(False, "--json"), root: str | None = RootOpt):
     """Push an image to an OCI registry: each layer as its EROFS blob plus a chunk index; blobs the
     registry has are skipped, interrupted uploads resume; then the prefetch lists recorded here for
-    its layers. Credentials: SHOAL_REGISTRY_USER / SHOAL_REGISTRY_PASSWORD or `docker login`
-    (~/.docker/config.json)."""
+    its layers. Credentials: SHOAL_REGISTRY_USER / SHOAL_REGISTRY_PASSWORD (for the registry named in
+    SHOAL_REGISTRY_HOST) or `docker login` (~/.docker/config.json)."""
     from .registry import push as push_image
 
     host = _host(root)

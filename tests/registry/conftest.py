@@ -84,3 +84,4 @@ def creds(monkeypatch):
     """The lazy daemon finds credentials where any registry client does: here, the environment."""
     monkeypatch.setenv("SHOAL_REGISTRY_USER", USER)
     monkeypatch.setenv("SHOAL_REGISTRY_PASSWORD", PASSWORD)
+    monkeypatch.setenv("SHOAL_REGISTRY_HOST", "127.0.0.1")  # every loopback test registry (any port)

@@ -38,9 +38,37 @@ def test_credentials_from_the_environment(registry, monkeypatch, tmp_path):
     monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))
     monkeypatch.setenv("SHOAL_REGISTRY_USER", USER)
     monkeypatch.setenv("SHOAL_REGISTRY_PASSWORD", PASSWORD)
+    monkeypatch.setenv("SHOAL_REGISTRY_HOST", registry.addr)
     with RegistryClient(registry.addr, ca=registry.ca) as cl:
         cl.ping()
         assert cl.credentials is not None and cl.credentials.source == "env"
+
+
+def test_credentials_from_the_environment_go_to_the_registry_they_name_only(registry, monkeypatch, tmp_path):
+    """SHOAL_REGISTRY_USER / _PASSWORD went to every registry the host pulled from (before the fix):
+    a tenant's registry answering `401 Basic` got the operator's credentials for another registry.
+    They are now for the registries SHOAL_REGISTRY_HOST names (required with them)."""
+    from servers import RangeServer
+
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))
+    monkeypatch.setenv("SHOAL_REGISTRY_USER", USER)
+    monkeypatch.setenv("SHOAL_REGISTRY_PASSWORD", PASSWORD)
+    monkeypatch.setenv("SHOAL_REGISTRY_HOST", registry.addr)
+    evil = RangeServer(tmp_path, challenge='Basic realm="evil"')  # plain HTTP, records Authorization
+    try:
+        with RegistryClient(f"127.0.0.1:{evil.port}", plain_http=True) as cl, \
+                pytest.raises(RegistryError, match="requires credentials"):
+            cl.ping()
+        assert evil.authorizations and all(a[2] is None for a in evil.authorizations), evil.authorizations
+        monkeypatch.setenv("SHOAL_REGISTRY_HOST", "127.0.0.1")  # the host: any port
+        assert find_credentials(f"127.0.0.1:{evil.port}") is not None
+        monkeypatch.setenv("SHOAL_REGISTRY_HOST", f"127.0.0.1:{evil.port + 1}, reg.example")  # other ports, hosts
+        assert find_credentials(f"127.0.0.1:{evil.port}") is None
+    finally:
+        evil.close()
+    monkeypatch.delenv("SHOAL_REGISTRY_HOST")  # unscoped: refused, typed, for every registry
+    with pytest.raises(RegistryError, match="SHOAL_REGISTRY_HOST"):
+        RegistryClient(registry.addr, ca=registry.ca)
 
 
 def test_credentials_from_docker_config_auths(registry, monkeypatch, tmp_path):

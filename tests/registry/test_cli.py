@@ -13,7 +13,8 @@ CLI = [sys.executable, "-m", "shoal.cli"]
 
 
 def _shoal(*args: str, root) -> subprocess.CompletedProcess:
-    env = dict(os.environ, SHOAL_REGISTRY_USER=USER, SHOAL_REGISTRY_PASSWORD=PASSWORD, SHOAL_URL="local")
+    env = dict(os.environ, SHOAL_REGISTRY_USER=USER, SHOAL_REGISTRY_PASSWORD=PASSWORD,
+               SHOAL_REGISTRY_HOST="127.0.0.1", SHOAL_URL="local")
     cmd, *rest = args  # --root before any `--`
     return subprocess.run([*CLI, cmd, "--root", str(root), *rest], env=env, capture_output=True, text=True,
                           timeout=120)

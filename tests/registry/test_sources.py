@@ -29,6 +29,7 @@ def test_a_worker_source_pulls_from_a_registry_prefix(host, base_image, registry
         push(host.store, base_image, f"{registry.addr}/fleet/{base_image}", client=cl)
     monkeypatch.setenv("SHOAL_REGISTRY_USER", USER)
     monkeypatch.setenv("SHOAL_REGISTRY_PASSWORD", PASSWORD)
+    monkeypatch.setenv("SHOAL_REGISTRY_HOST", registry.addr)
     monkeypatch.setenv("SHOAL_REGISTRY_CA", str(registry.ca))
     source = open_image_source(f"oci://{registry.addr}/fleet")
     img = source.pull_into(fresh_host.store, base_image)  # what Task.prepare does for a missing image

@@ -1,6 +1,8 @@
 """Registry credentials: where they come from, and keeping them out of everything printed.
 
-Order: explicit arguments, then SHOAL_REGISTRY_USER / SHOAL_REGISTRY_PASSWORD, then the `auths`
+Order: explicit arguments, then SHOAL_REGISTRY_USER / SHOAL_REGISTRY_PASSWORD for the registries
+SHOAL_REGISTRY_HOST names (host or host:port, comma- or space-separated; required with them: else
+they went to every registry pulled from, a tenant's included), then the `auths`
 entry for the registry in Docker's config (`$DOCKER_CONFIG/config.json`, else
 `~/.docker/config.json`), so `docker login` is enough. Credential helpers (`credsStore`) are not
 run. `Credentials` never shows its password: its repr is redacted and Shoal's messages name only
@@ -81,8 +83,25 @@ def find_credentials(registry: str, username: str | None = None, password: str |
         return Credentials(username, password, "argument")
     env_user, env_pw = os.environ.get("SHOAL_REGISTRY_USER"), os.environ.get("SHOAL_REGISTRY_PASSWORD")
     if env_user and env_pw is not None:
-        return Credentials(env_user, env_pw, "env")
+        scope = os.environ.get(ENV_HOST, "").replace(",", " ").split()
+        if not scope:
+            raise RegistryError(f"SHOAL_REGISTRY_USER / SHOAL_REGISTRY_PASSWORD are set but not {ENV_HOST}: name the "
+                                "registry (host or host:port, several separated by commas) they are for; they are "
+                                "sent to no other")
+        if _in_scope(registry, scope):
+            return Credentials(env_user, env_pw, "env")
     return from_docker_config(registry)
+
+
+ENV_HOST = "SHOAL_REGISTRY_HOST"
+
+
+def _in_scope(registry: str, scope: list[str]) -> bool:
+    """Whether `registry` is one of `scope`'s entries: "host" (any port) or "host:port"."""
+    from ..lazy.trust import _host_port  # the same host/port split (IPv6, Docker Hub's aliases) as trust
+
+    host, port = _host_port(registry)
+    return any(h == host and (not p or p == port) for h, p in map(_host_port, scope))
 
 
 # ----------------------------------------------------------------------------- WWW-Authenticate

@@ -190,7 +190,8 @@ class RegistryClient:
         if challenge.scheme == "basic":
             if self.credentials is None:
                 raise RegistryError(f"registry {self.registry} requires credentials: set SHOAL_REGISTRY_USER / "
-                                    f"SHOAL_REGISTRY_PASSWORD or `docker login {self.registry}`")
+                                    f"SHOAL_REGISTRY_PASSWORD with SHOAL_REGISTRY_HOST={self.registry}, or "
+                                    f"`docker login {self.registry}`")
             header = self.credentials.basic()
         elif challenge.scheme == "bearer":
             header = self._token(challenge.params, repo)
