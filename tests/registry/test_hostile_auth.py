@@ -78,3 +78,65 @@ def test_a_relative_redirect_s_query_is_in_no_log_record(caplog):
     text = "\n".join(r.getMessage() for r in caplog.records)
     assert "/storage/blob?<redacted>" in text  # the records are there, the query is not
     assert "SECRETSIG" not in text and "AKIA" not in text
+
+
+class _Huge:
+    """Answers every request but /token with `status` (and, for 401, a bearer challenge naming its own
+    /token) and every /token with 200, each with a body of `size` zero bytes sent as fast as the
+    client reads; `sent` counts the body bytes that left."""
+
+    def __init__(self, status: int, size: int = 256 << 20):
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.sent = 0
+        outer = self
+
+        class H(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def do_GET(self):
+                code = 200 if self.path.startswith("/token") else status
+                self.send_response(code)
+                if code == 401:
+                    self.send_header("WWW-Authenticate", f'Bearer realm="http://{outer.addr}/token",service="x"')
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(size))
+                self.end_headers()
+                block = b"\0" * (1 << 20)
+                try:
+                    for _ in range(size >> 20):
+                        self.wfile.write(block)
+                        outer.sent += len(block)
+                except OSError:
+                    self.close_connection = True
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.server.daemon_threads = True
+        self.addr = f"127.0.0.1:{self.server.server_address[1]}"
+        import threading
+
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("status", [500, 404, 401])
+def test_a_huge_error_or_token_body_is_not_read_whole(status):
+    """A hostile registry's error answer (or its token service's) of any size was read whole into the
+    puller's memory (the lazy daemon's too: a root process on the host) before its 64 KiB of JSON were
+    looked at. Now at most a small bounded head is read: the server manages to send only what the
+    socket buffers take."""
+    from shoal.core.errors import ShoalError
+
+    srv = _Huge(status)
+    try:
+        with RegistryClient(srv.addr, plain_http=True, anonymous=True, timeout=5) as cl, pytest.raises(ShoalError):
+            cl.get_manifest("shoal/x", "1")
+        assert srv.sent < (48 << 20), srv.sent
+    finally:
+        srv.close()

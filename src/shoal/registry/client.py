@@ -37,6 +37,8 @@ from .media import ACCEPT_MANIFESTS
 from .uploads import UploadSessions
 
 MAX_MANIFEST_BYTES = 4 << 20  # distribution's own limit on a manifest it accepts
+SMALL_BODY_BYTES = 64 << 10  # of an answer whose body is not needed whole (an error's JSON, an upload's)
+MAX_TOKEN_BYTES = 1 << 20  # a token service's JSON (Docker Hub's: ~4 KiB)
 log = logging.getLogger("shoal.registry")
 
 
@@ -151,18 +153,20 @@ class RegistryClient:
             raise RegistryError(f"registry {self.registry}: its token service {where[1]} is not HTTPS: "
                                 f"the credentials of {self.registry} were not sent")
         try:  # the registry names its token service: the credentials go there (Docker Hub: another host)
-            r = self._http.get(realm, params=query, headers=headers, extensions={"shoal_credentials_for": where})
+            r = self._http.send(self._http.build_request("GET", realm, params=query, headers=headers,
+                                                         extensions={"shoal_credentials_for": where}), stream=True)
         except httpx.TransportError as e:
             raise self._transport_error(e, "token request") from None
         except httpx.TooManyRedirects:
             raise RegistryError(f"registry {self.registry}: token request redirected too many times") from None
+        raw = self._small_body(r, MAX_TOKEN_BYTES)
         if r.status_code in (401, 403):
             raise RegistryError(f"registry {self.registry}: authentication failed {self._who()} "
                                 f"(token service answered {r.status_code})")
         if r.status_code != 200:
             raise RegistryError(f"registry {self.registry}: token service answered {r.status_code}")
         try:
-            body = r.json()
+            body = json.loads(raw)
             token = body.get("token") or body.get("access_token")
         except (ValueError, AttributeError):
             token = None
@@ -214,15 +218,15 @@ class RegistryClient:
                 hdrs["Authorization"] = auth
             req = self._http.build_request(method, self._url(path), headers=hdrs, content=content)
             log.debug("%s %s", method, urlsplit(str(req.url)).path)
-            try:
-                r = self._http.send(req, stream=stream)
+            try:  # always streamed: a hostile registry's answer body is read only as far as needed
+                r = self._http.send(req, stream=True)
             except httpx.TransportError as e:
                 raise self._transport_error(e, what) from None
             except httpx.TooManyRedirects:  # a hostile registry's redirect loop: typed, not httpx's own error
                 raise RegistryError(f"registry {self.registry}: {what} redirected more than "
                                     f"{self._http.max_redirects} times: refused") from None
             if r.status_code == 401:
-                r.close()
+                self._small_body(r)  # its connection stays reusable (the auth round trip that follows)
                 if origin_of(r.url) != self._origin:  # a redirect's target (storage) asks: never answered
                     raise RegistryError(f"registry {self.registry}: {what} was redirected to "
                                         f"{r.url.host}:{origin_of(r.url)[2]}, which asked for credentials; those "
@@ -231,20 +235,38 @@ class RegistryClient:
                     raise RegistryError(f"registry {self.registry}: authentication failed {self._who()} ({what})")
                 continue
             if r.status_code in ok:
+                if not stream:  # callers of a plain request use its status and headers only
+                    self._small_body(r)
                 return r
-            if stream:
-                r.read()
-            r.close()
-            raise self._error(r, what, missing)
+            raise self._error(r, what, missing, self._small_body(r))
         raise RegistryError(f"registry {self.registry}: authentication failed {self._who()} ({what})")
 
-    def _error(self, r: httpx.Response, what: str, missing: type[Exception] | None) -> Exception:
+    def _small_body(self, r: httpx.Response, cap: int = SMALL_BODY_BYTES) -> bytes:
+        """At most `cap` bytes of a streamed answer (an error's JSON, a token), within the timeout; the
+        response is closed. More than `cap` is cut off (the connection is dropped, not drained): a
+        hostile registry's 20 GB error body or token answer was read whole into memory before."""
+        buf = bytearray()
+        deadline = time.monotonic() + self.timeout
+        try:
+            for block in r.iter_bytes():
+                buf += block
+                if len(buf) > cap or time.monotonic() > deadline:
+                    break
+        except httpx.HTTPError:
+            pass  # what arrived is all the caller gets (an error's detail, or too little for a token)
+        finally:
+            r.close()
+        return bytes(buf[:cap])
+
+    def _error(self, r: httpx.Response, what: str, missing: type[Exception] | None, body: bytes = b"") -> Exception:
         detail = ""
         try:
-            errs = r.json().get("errors") or []
+            errs = json.loads(body).get("errors") or []
             detail = "; ".join(f"{e.get('code')}: {e.get('message')}" for e in errs if isinstance(e, dict))
         except (ValueError, AttributeError):
             pass
+        # the registry's own words: no terminal control sequences, no page of text
+        detail = "".join(c if c.isprintable() else "?" for c in detail[:500])
         msg = f"registry {self.registry}: {what} answered {r.status_code}" + (f" ({detail})" if detail else "")
         if r.status_code == 404 and missing is not None:
             return missing(msg)
