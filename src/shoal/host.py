@@ -177,7 +177,7 @@ class Host(SandboxBackend):
             limits = Limits(cpu=req.cpu or s.default_cpu, memory_mb=req.memory_mb or s.default_memory_mb,
                             disk_mb=req.disk_mb or s.default_disk_mb, pids=req.pids or s.default_pids,
                             upper=req.upper or "tmpfs", oom_kill=req.oom_kill or s.oom_kill,
-                            memory_cgroup=req.memory_cgroup or s.memory_cgroup)
+                            memory_cgroup=req.memory_cgroup or s.memory_cgroup, memory_pool=req.memory_pool or "")
             spec = SandboxSpec(image=label, layers=digests, limits=limits, ttl=req.ttl, idle_ttl=req.idle_ttl,
                                env={**config.get("env", {}), **(req.env or {})}, base_env=config.get("env", {}),
                                hostname=req.hostname, workdir=req.workdir or config.get("workdir", "/"),
@@ -240,7 +240,8 @@ class Host(SandboxBackend):
                               memory_mb=req.memory_mb or info.limits.memory_mb,
                               disk_mb=req.disk_mb or info.limits.disk_mb, pids=req.pids or info.limits.pids,
                               upper=req.upper or info.limits.upper, oom_kill=info.limits.oom_kill,
-                              memory_cgroup=info.limits.memory_cgroup, ttl=ttl,
+                              memory_cgroup=info.limits.memory_cgroup,
+                              memory_pool=info.limits.memory_pool or None, ttl=ttl,
                               idle_ttl=idle_ttl, env=env,
                               ksm=info.ksm, aslr=info.aslr, priority=info.priority)  # as the parent
         reply = ForkReply(snapshot=snap, sandboxes=[])

@@ -176,6 +176,28 @@ def test_tenants_cannot_see_each_other(daemon, tenants, base_image):
         assert run(a, info.id, "echo", "mine").stdout == "mine\n"
 
 
+def test_pooled_sandboxes_never_share_a_memory_cgroup_across_tenants(daemon, tenants, base_image, admin):
+    """A pool member can push its neighbours into an OOM kill: shoald keys each tenant's pools by the
+    tenant, whatever key the tenant sends (here tenant a forges b's); an admin's key (a fleet gateway
+    passing its tenant on) is kept."""
+    from shoal.backends.container.mempools import group_prefix
+
+    url = daemon["url"]
+    a, b = HttpBackend(url, tenants["tenant-a"]), HttpBackend(url, tenants["tenant-b"])
+    by_id = daemon["root"] / "mempools" / "by-id"
+    kw = {"image": base_image, "memory_mb": 32, "memory_cgroup": "pooled"}
+    with created(a, **kw) as a1, created(a, memory_pool="tenant:tenant-b", **kw) as a2, \
+            created(b, **kw) as b1, created(admin, memory_pool="gw:tenant-c", **kw) as c1:
+        pools = {i.id: os.readlink(by_id / i.id) for i in (a1, a2, b1, c1)}
+        assert pools[a1.id] == pools[a2.id]  # one pool for a's two, the forged key ignored
+        assert pools[a1.id].startswith(group_prefix("tenant:tenant-a"))
+        assert pools[b1.id].startswith(group_prefix("tenant:tenant-b")) and pools[b1.id] != pools[a1.id]
+        assert pools[c1.id].startswith(group_prefix("gw:tenant-c"))
+        assert a.info(a2.id).limits.memory_pool == "tenant:tenant-a"
+    with pytest.raises(InvalidArgument, match="memory_pool"):  # the server's validation, sent unvalidated
+        a.json("POST", "/sandboxes", json={**kw, "memory_pool": "a/b"})
+
+
 def test_auth_is_required_and_checked(daemon, tenants):
     with pytest.raises(Unauthorized):
         HttpBackend(daemon["url"], "sk-wrong").list()

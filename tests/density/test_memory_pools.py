@@ -178,3 +178,16 @@ def test_bad_values_and_what_a_pool_cannot_do_raise_typed_errors(host, base_imag
     sb = make(image=base_image)
     with pytest.raises(InvalidArgument, match="pooled memory cgroup"):
         sb.reclaim()
+
+
+def test_pools_are_kept_apart_by_their_key(host, base_image, pools):
+    """Sandboxes of different memory_pool keys (shoald: tenants) never share a pool, even with room;
+    the same key shares one."""
+    cg, make = pools
+    a1 = make(8, image=base_image, memory_pool="job-a")
+    b1 = make(image=base_image, memory_pool="job-b")
+    a2 = make(image=base_image, memory_pool="job-a")
+    none = make(image=base_image)
+    assert cg.pool_of(a1.id) == cg.pool_of(a2.id)
+    assert len({cg.pool_of(a1.id), cg.pool_of(b1.id), cg.pool_of(none.id)}) == 3
+    assert a1.info().limits.memory_pool == "job-a"

@@ -21,10 +21,16 @@ def over_shoald(daemon, root, e2b_image):
     d["proc"].wait(20)
 
 
-def test_sdk_through_shoald(over_shoald):
+def test_sdk_through_shoald(over_shoald, daemon):
     opts = {"api_url": over_shoald["url"], "sandbox_url": over_shoald["url"], "api_key": over_shoald["key"]}
     s = Sandbox.create("base", timeout=60, **opts)
     try:
+        # the front passes its tenant on as the memory-pool key (pooled memory cgroups never mix its tenants)
+        from shoal.backends.http import HttpBackend
+
+        admin = HttpBackend(daemon["url"], daemon["admin_key"])
+        assert admin.info(s.sandbox_id).limits.memory_pool.startswith("e2b:"), s.sandbox_id
+        admin.close()
         r = s.commands.run("echo via shoald; echo e >&2; exit 0")
         assert (r.stdout, r.stderr) == ("via shoald\n", "e\n")
         h = s.commands.run("sleep 0.2; echo bg", background=True)

@@ -71,6 +71,8 @@ def test_hosts_registered(fleet):
 def test_routing_files_commands_sessions(gw, tenant_key, made):
     sb = create(gw, tenant_key)
     made.append(sb)
+    # the host sees the gateway; the gateway names the tenant, so a host's memory pools never mix tenants
+    assert sb.info().limits.memory_pool.startswith("tenant:t-")  # conftest names tenants t-<hex>
     assert sb.commands.run("echo hi; echo err >&2").stdout == "hi\n"
     sb.files.write("/tmp/x.txt", "fleet")
     assert sb.files.read("/tmp/x.txt") == "fleet"

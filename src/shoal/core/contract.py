@@ -86,6 +86,11 @@ MemoryCgroup = Literal["own", "pooled"]
 _MEMORY_CGROUP = ("'own': a memory cgroup of its own, memory_mb a hard limit; 'pooled' (container backend): "
                   "a memory cgroup shared with up to the host's memory_pool_size sandboxes, limited to the sum "
                   "of their memory_mb (cheaper in kernel memory; no per-sandbox usage, reclaim or cap)")
+# pooled sandboxes share a memory cgroup only with sandboxes of the same memory_pool key: a pool member
+# can push its neighbours into an OOM kill, so shoald sets the key to the tenant (no cross-tenant pools)
+MEMORY_POOL_PATTERN = r"^[A-Za-z0-9._:@-]{0,128}$"
+_MEMORY_POOL = ("pooled sandboxes share a memory cgroup only with sandboxes of the same key; shoald sets it to "
+                "the calling tenant (an admin's value is kept: a fleet gateway passes its tenant on)")
 Priority = Literal["normal", "idle"]  # CPU class: "idle" runs only on CPU time nothing else wants
 
 # Density options of a sandbox (docs/ksm-and-scheduling.md); the same descriptions on every model
@@ -111,6 +116,7 @@ class Limits(BaseModel):
         "command", description="at the memory limit: 'command' (the OOM-killed command reports oom_killed, the "
                                "sandbox lives on) or 'sandbox' (the whole sandbox ends, reason oom)")
     memory_cgroup: MemoryCgroup = Field("own", description=_MEMORY_CGROUP)
+    memory_pool: str = Field("", pattern=MEMORY_POOL_PATTERN, description=_MEMORY_POOL)
 
     @field_validator("cpu", "memory_mb", "disk_mb", "pids")
     @classmethod
@@ -136,6 +142,7 @@ class CreateRequest(_Wire):
     upper: UpperKind | None = Field(None, description="'tmpfs' (default) or 'disk'")
     oom_kill: OomKill | None = Field(None, description="'command' or 'sandbox'; null = the host's default")
     memory_cgroup: MemoryCgroup | None = Field(None, description=_MEMORY_CGROUP + "; null = the host's default")
+    memory_pool: str | None = Field(None, pattern=MEMORY_POOL_PATTERN, description=_MEMORY_POOL)
     ttl: float | None = Field(None, description="absolute lifetime in seconds from creation")
     idle_ttl: float | None = Field(None, description="seconds without any request before the sandbox ends")
     env: dict[str, str] | None = None

@@ -4,6 +4,7 @@ the sandboxes its keys created. Errors: status + `{"code", "message"}`."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import math
 import secrets
 import time
@@ -98,11 +99,14 @@ def router(front: Front) -> APIRouter:
         timeout = _timeout(body.get("timeout"), front.default_timeout)
         metadata = _str_map(body.get("metadata"), "metadata")
         env = _str_map(body.get("envVars"), "envVars")
+        # pooled memory cgroups (a host's [density] default) never mix this front's tenants
+        pool = "e2b:" + hashlib.sha256(tenant.encode()).hexdigest()[:32]
         try:
             if snap is not None:
-                info = front.backend.create(CreateRequest(from_snapshot=snap.id, ttl=timeout, env=env))
+                info = front.backend.create(CreateRequest(from_snapshot=snap.id, ttl=timeout, env=env,
+                                                          memory_pool=pool))
             else:
-                info = front.backend.create(CreateRequest(image=image, ttl=timeout, env=env,
+                info = front.backend.create(CreateRequest(image=image, ttl=timeout, env=env, memory_pool=pool,
                                                           backend=front.sandbox_backend))
         except ImageNotFound as e:
             raise ApiError(404, f"template {template!r}: {e}") from None

@@ -55,7 +55,7 @@ from ..core.contract import (
 from ..core.postgres import redact
 from ..layers.store import split_ref
 from ..server.quotas import limits_of
-from ..server.state import ADMIN, Tenant
+from ..server.state import ADMIN, Tenant, own_memory_pool
 from . import placement
 from .directory import Directory, Entry, Slot
 from .schema import CREATING, DEAD, LOST, RUNNING, UP
@@ -231,6 +231,7 @@ class FleetBackend(SandboxBackend):
         """Reserve (quota + placement, one transaction), create on the host with the slot as its
         idempotency key, confirm (in the background). A host that refuses for capacity hands the
         slot to the next best."""
+        req = own_memory_pool(tenant, req)  # hosts see the gateway (an admin): it names the tenant
         limits = limits_of(req, self.defaults)
         want = self.wanted(req)
         slot = self.directory.reserve(tenant, limits, want, idempotency_key, images=self._images(tenant, want))

@@ -426,7 +426,8 @@ class AsyncSandbox:
                      from_snapshot: str | SnapshotInfo | None = None, backend: str = "container",
                      root: str | os.PathLike | None = None, url: str | None = None, api_key: str | None = None,
                      oom_kill: OomKill | None = None, ksm: bool = False, aslr: bool = True,
-                     priority: Priority = "normal", memory_cgroup: MemoryCgroup | None = None) -> AsyncSandbox:
+                     priority: Priority = "normal", memory_cgroup: MemoryCgroup | None = None,
+                     memory_pool: str | None = None) -> AsyncSandbox:
         """Create a sandbox from an image (name[:tag]) and/or layers composed on top, bottom -> top,
         or restore a snapshot (`from_snapshot=` id or SnapshotInfo) as a new sandbox.
 
@@ -441,13 +442,14 @@ class AsyncSandbox:
         sandboxes (a side channel between them: opt in only among sandboxes that may share one);
         aslr=False lays identical programs out identically, which is what lets KSM merge them;
         priority="idle" runs the sandbox only on CPU time no normal sandbox wants; memory_cgroup="pooled"
-        shares a memory cgroup with other pooled sandboxes (docs/density.md, "Pooled memory cgroups").
+        shares a memory cgroup with other pooled sandboxes of the same `memory_pool` key (docs/density.md,
+        "Pooled memory cgroups"; shoald sets the key to the calling tenant).
         """
         return cls(await _t(Sandbox.create, image=image, layers=layers, cpu=cpu, memory_mb=memory_mb, disk_mb=disk_mb,
                             pids=pids, upper=upper, ttl=ttl, idle_ttl=idle_ttl, env=env, hostname=hostname,
                             workdir=workdir, from_snapshot=from_snapshot, backend=backend, root=root, url=url,
                             api_key=api_key, oom_kill=oom_kill, ksm=ksm, aslr=aslr, priority=priority,
-                            memory_cgroup=memory_cgroup))
+                            memory_cgroup=memory_cgroup, memory_pool=memory_pool))
 
     @classmethod
     async def connect(cls, sandbox_id: str, *, root: str | os.PathLike | None = None, url: str | None = None,

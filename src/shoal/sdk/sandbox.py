@@ -255,7 +255,8 @@ class Sandbox:
                from_snapshot: str | SnapshotInfo | None = None, backend: str = "container",
                root: str | os.PathLike | None = None, url: str | None = None,
                api_key: str | None = None, oom_kill: OomKill | None = None, ksm: bool = False, aslr: bool = True,
-               priority: Priority = "normal", memory_cgroup: MemoryCgroup | None = None) -> Sandbox:
+               priority: Priority = "normal", memory_cgroup: MemoryCgroup | None = None,
+               memory_pool: str | None = None) -> Sandbox:
         """Create a sandbox from an image (name[:tag]) and/or layers composed on top, bottom -> top,
         or restore a snapshot (`from_snapshot=` id or SnapshotInfo) as a new sandbox.
 
@@ -270,13 +271,14 @@ class Sandbox:
         sandboxes (a side channel between them: opt in only among sandboxes that may share one);
         aslr=False lays identical programs out identically, which is what lets KSM merge them;
         priority="idle" runs the sandbox only on CPU time no normal sandbox wants; memory_cgroup="pooled"
-        shares a memory cgroup with other pooled sandboxes (docs/density.md, "Pooled memory cgroups")."""
+        shares a memory cgroup with other pooled sandboxes of the same `memory_pool` key (docs/density.md,
+        "Pooled memory cgroups"; shoald sets the key to the calling tenant)."""
         be, isolation = _backend_for(backend, url, api_key, root)
         snap = from_snapshot.id if isinstance(from_snapshot, SnapshotInfo) else from_snapshot
         req = _model(CreateRequest, image=image, layers=layers, from_snapshot=snap, backend=isolation, cpu=cpu,
                      memory_mb=memory_mb, disk_mb=disk_mb, pids=pids, upper=upper, ttl=ttl, idle_ttl=idle_ttl,
                      env=env, hostname=hostname, workdir=workdir, oom_kill=oom_kill, ksm=ksm, aslr=aslr,
-                     priority=priority, memory_cgroup=memory_cgroup)
+                     priority=priority, memory_cgroup=memory_cgroup, memory_pool=memory_pool)
         return cls(be, be.create(req))
 
     @classmethod

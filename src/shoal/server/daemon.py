@@ -20,7 +20,7 @@ from .handles import HandleTable
 from .idle import IdlePolicy
 from .quotas import QuotaBook, limits_of
 from .served import Handles, Served
-from .state import DaemonState, Tenant
+from .state import DaemonState, Tenant, own_memory_pool
 
 log = logging.getLogger("shoald")
 
@@ -155,6 +155,7 @@ class Daemon(Served):
             return info
 
     def _create(self, tenant: Tenant, req: CreateRequest) -> SandboxInfo:
+        req = own_memory_pool(tenant, req)
         limits = limits_of(req, self.settings)
         with self.quotas.reserve(tenant, [limits]):
             committed = self.backend.committed()

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..core.contract import CreateRequest
 from ..core.errors import InvalidArgument, TenantNotFound
 
 _SCHEMA = """
@@ -53,6 +54,15 @@ class Tenant:
 
 
 ADMIN = Tenant("admin", Quotas(sandboxes=10**6, cpu=1e9, memory_mb=10**9, disk_mb=10**9), admin=True)
+
+
+def own_memory_pool(tenant: Tenant, req: CreateRequest) -> CreateRequest:
+    """The create as the host runs it: a tenant's pooled sandboxes share memory cgroups only with its
+    own (a pool member can push its neighbours into an OOM kill). Whatever key a tenant sends is
+    replaced by its name; an admin's is kept (a fleet gateway sets its caller's tenant this way)."""
+    if tenant.admin:
+        return req
+    return req.model_copy(update={"memory_pool": f"tenant:{tenant.name}"})
 
 
 def hash_key(key: str) -> str:

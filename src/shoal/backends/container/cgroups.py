@@ -177,7 +177,7 @@ class CgroupDriver:
             if self.version == 1 and shared:
                 raise InvalidArgument(f"memory_cgroup='pooled' needs the v1 memory controller in a hierarchy of its "
                                       f"own; here it is mounted with {', '.join(shared)}")
-            self.pools.join(sandbox_id, limits.memory_mb)
+            self.pools.join(sandbox_id, limits.memory_mb, limits.memory_pool)
         dirs = self.dirs(sandbox_id)
         quota = cpu_quota_us(limits.cpu)
         cpu_dir = self._dir("cpu", sandbox_id)

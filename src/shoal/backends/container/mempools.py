@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import os
 import secrets
 import threading
@@ -29,6 +30,13 @@ from pathlib import Path
 from ...core.errors import SandboxError
 
 PREFIX = "mempool-"  # the pool's cgroup directory (and its registry directory) starts with this
+
+
+def group_prefix(group: str) -> str:
+    """Pools of one key (`Limits.memory_pool`: shoald sets the tenant) are named `mempool-<tag>-<hex>`:
+    a join looks only at its own key's pools, so sandboxes of different keys never share one. The tag
+    is a hash (a key is free text; 64 bits: no tenant can pick a name that lands in another's pools)."""
+    return f"{PREFIX}{hashlib.sha256(group.encode()).hexdigest()[:16]}-"
 
 
 def _write(path: Path, value: str) -> None:
@@ -46,7 +54,7 @@ class MemoryPools:
         self.mem_parent = mem_parent  # the Shoal parent in the memory hierarchy (v2: the unified one)
         self.swap = swap  # [density] sandbox_swap: the pool may swap this fraction of its limit
         self._pool_of: dict[str, str] = {}
-        self._hint: str | None = None  # the pool this process last joined: tried first
+        self._hint: dict[str, str] = {}  # per key, the pool this process last joined: tried first
         self._tlock = threading.Lock()  # flock is per open file: threads of one process need their own lock
         self._fd: int | None = None
 
@@ -148,11 +156,11 @@ class MemoryPools:
             # lowering: the pool keeps the higher limit (the parent's still bounds it) until its next change
 
     # ------------------------------------------------------------------ join / leave
-    def join(self, sandbox_id: str, memory_mb: int) -> str:
-        """Make the sandbox a member of a pool with room (a new pool when none has); returns the pool.
-        The pool's limit is raised before any of the sandbox's tasks arrive."""
+    def join(self, sandbox_id: str, memory_mb: int, group: str = "") -> str:
+        """Make the sandbox a member of a pool of its key `group` with room (a new pool when none has);
+        returns the pool. The pool's limit is raised before any of the sandbox's tasks arrive."""
         with self._locked():
-            pool, members = self._choose()
+            pool, members = self._choose(group_prefix(group))
             self._make_cgroup(pool)
             (self.state / pool / f"{sandbox_id}@{memory_mb}").touch()  # the member first, then its index
             link = self.state / "by-id" / sandbox_id
@@ -161,14 +169,15 @@ class MemoryPools:
             os.symlink(pool, link)
             self._pool_of[sandbox_id] = pool
             self._apply_limit(pool, sum(members.values()) + memory_mb, raising=True)
-            self._hint = pool
+            self._hint[group_prefix(group)] = pool
             return pool
 
-    def _choose(self) -> tuple[str, dict[str, int]]:
-        # the last pool first, with its ended members dropped (so its limit is exact at every join);
-        # then any pool that counts fewer than `size` markers; else a new pool
-        order = [self._hint] if self._hint else []
-        order += [p for p in os.listdir(self.state) if p.startswith(PREFIX) and p != self._hint]
+    def _choose(self, prefix: str) -> tuple[str, dict[str, int]]:
+        # the key's last pool first, with its ended members dropped (so its limit is exact at every
+        # join); then any pool of the key that counts fewer than `size` markers; else a new pool
+        hint = self._hint.get(prefix)
+        order = [hint] if hint else []
+        order += [p for p in os.listdir(self.state) if p.startswith(prefix) and p != hint]
         for i, pool in enumerate(order):
             try:
                 members = self._members(pool)
@@ -178,7 +187,7 @@ class MemoryPools:
                 members = self._prune(pool, members)
             if len(members) < self.size:
                 return pool, members
-        pool = PREFIX + secrets.token_hex(4)
+        pool = prefix + secrets.token_hex(4)
         (self.state / pool).mkdir()
         return pool, {}
 
@@ -203,8 +212,8 @@ class MemoryPools:
         if members:
             self._apply_limit(pool, sum(members.values()), raising=False)
             return True
-        if self._hint == pool:
-            self._hint = None
+        for key in [k for k, v in self._hint.items() if v == pool]:
+            del self._hint[key]
         with contextlib.suppress(OSError):
             (self.state / pool).rmdir()
         try:
