@@ -140,3 +140,31 @@ def test_a_huge_error_or_token_body_is_not_read_whole(status):
         assert srv.sent < (48 << 20), srv.sent
     finally:
         srv.close()
+
+
+def test_an_index_pulled_by_digest_cannot_name_its_manifest_by_tag(tmp_path):
+    """An image pulled by digest is pinned: the index's bytes are checked against it. Its entry named
+    the platform's manifest by whatever string it held, and a tag was fetched unchecked (before the
+    fix): the registry (or whoever pushes tags there) could swap a pinned image's content at will."""
+    from shoal.registry.client import sha256_digest
+    from shoal.registry.pull import resolve_manifest
+    from shoal.registry.push import host_platform
+    from shoal.registry.reference import parse_reference
+
+    os_name, arch = host_platform()
+    index = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
+                        "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": "swap",
+                                       "size": 100, "platform": {"os": os_name, "architecture": arch}}]}).encode()
+    d = tmp_path / "v2/r/manifests"
+    d.mkdir(parents=True)
+    (d / sha256_digest(index)).write_bytes(index)
+    (d / "swap").write_text(json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                                        "config": {"digest": "sha256:" + "1" * 64}, "layers": []}))
+    reg = RangeServer(tmp_path)  # serves the files at their paths: a registry answering what it likes
+    try:
+        with RegistryClient(f"127.0.0.1:{reg.port}", plain_http=True, anonymous=True) as cl, \
+                pytest.raises(RegistryError, match="not a sha256 digest"):
+            resolve_manifest(cl, parse_reference(f"127.0.0.1:{reg.port}/r@{sha256_digest(index)}"))
+        assert not reg.gets("/manifests/swap")
+    finally:
+        reg.close()

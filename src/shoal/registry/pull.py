@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -50,6 +51,7 @@ from .reference import Reference, parse_reference
 
 PullProgress = Callable[[str, int, int], None]  # (what, bytes done, bytes total)
 MIN_CHUNK_SIZE, MAX_CHUNK_SIZE = 4 << 10, 16 << 20  # what a pulled chunk index may use (push: 128 KiB)
+DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")  # an index entry names its manifest by this only
 
 
 @dataclass
@@ -98,7 +100,12 @@ def resolve_manifest(client: RegistryClient, ref: Reference, platform: str | Non
     m = client.get_manifest(ref.repository, ref.reference)
     if m.media_type in INDEX_TYPES or "manifests" in m.json():
         entry = choose_manifest(m.json(), platform)
-        m = client.get_manifest(ref.repository, entry["digest"])
+        digest = entry.get("digest")
+        if not isinstance(digest, str) or not DIGEST_RE.fullmatch(digest):
+            # by tag, the registry could swap the image under an index pulled by its digest
+            raise RegistryError(f"{ref}: the index names its manifest by {str(digest)[:80]!r}, not a sha256 digest: "
+                                "refused")
+        m = client.get_manifest(ref.repository, digest)
     return m
 
 
