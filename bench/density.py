@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import gc
 import json
 import os
 import platform
@@ -1154,6 +1155,12 @@ class Fill:
         self.paused_upto = 0  # handles[:paused_upto] were paused (and reclaimed, with --reclaim) during the fill
         self.batch_reclaims: list[dict] = []
         self.guard_wait_s = 0.0
+        # the client process's own pauses: CPython's collections of the oldest generation walk every
+        # live object (this process holds the handles of all N sandboxes), and a create that waits on
+        # one counts it (gc_report())
+        self.gc_events: list[tuple[float, float]] = []  # (start, seconds) of each gen-2 collection
+        self.slow_creates: list[tuple[int, float, float]] = []  # (n, start, seconds) of creates over 250 ms
+        self._gc_t0 = 0.0
         # --idle-pipeline: each sandbox is paused (and reclaimed) by a worker once it has been ready for
         # --pipeline-idle-s, as shoald's idle policy treats each sandbox on its own clock, instead of
         # stopping the fill for a batch every --pause-every sandboxes
@@ -1362,6 +1369,9 @@ class Fill:
         stop = None
         c0 = r0 = 0
         t_start = time.perf_counter()
+        gc.callbacks.append(self._gc_cb)
+        if a.gc_freeze:
+            gc.freeze()  # what exists before the fill is never scanned again
         with progress() as p:
             task = p.add_task(self.label, total=self.max_n, note="")
             while stop is None:
@@ -1374,6 +1384,8 @@ class Fill:
                 t_created = time.perf_counter()
                 self.handles.append(h)
                 self.create_s.append(dt)
+                if dt > 0.25:
+                    self.slow_creates.append((i + 1, t_created - dt, dt))
                 self.pending.append(self.pool.submit(self._ready, h, t_created))
                 if len(self.pending) > 4 * a.ready_workers:  # keep readiness from falling far behind
                     self.pending.pop(0).result()
@@ -1394,6 +1406,8 @@ class Fill:
                     self.guard_wait_s += time.perf_counter() - t_wait
                 if n in steps_at:
                     s = self.measure(base, c0, r0)
+                    if a.gc_freeze:  # --gc-freeze: the sandboxes held so far move out of the collector's walks
+                        gc.freeze()
                     steps.append(s)
                     c0, r0 = len(self.create_s), len(self.ready_s)
                     limits = s["limits"]
@@ -1411,6 +1425,7 @@ class Fill:
                 if stop is None and budget and time.perf_counter() - t_start > budget:
                     stop = f"{flag} {budget:g} reached"  # keeps one invocation <= 10 min
         fill_s = time.perf_counter() - t_start
+        gc.callbacks.remove(self._gc_cb)
         t_drain = time.perf_counter()
         self.drain_pipeline()  # the last sandboxes through their idle period, pause and reclaim
         drain_s = time.perf_counter() - t_drain
@@ -1431,8 +1446,31 @@ class Fill:
         return {"n_held": len(self.handles), "stop": stop, "fill_s": fill_s, "steps": steps,
                 "paused_during_fill": self.paused_upto, "batch_reclaims": self.batch_reclaims,
                 "idle_pipeline": pipeline, "end": end, "settle": settle, "guard_wait_s": round(self.guard_wait_s, 1),
+                "gc": self.gc_report(),
                 "errors": self.errors[:20], "cache_files": {k: str(v) for k, v in base["cache_files"].items()},
                 "base_free_frac": base["meminfo"]["MemAvailable"] / base["meminfo"]["MemTotal"]}
+
+    def _gc_cb(self, phase: str, info: dict) -> None:
+        if info.get("generation") != 2:
+            return
+        if phase == "start":
+            self._gc_t0 = time.perf_counter()
+        else:
+            self.gc_events.append((self._gc_t0, time.perf_counter() - self._gc_t0))
+
+    def gc_report(self) -> dict:
+        """The client's gen-2 collections during the fill, and how much of each slow create (> 250 ms)
+        was spent inside one."""
+        def overlap(t0: float, dt: float) -> float:
+            return sum(max(0.0, min(t0 + dt, g0 + gd) - max(t0, g0)) for g0, gd in self.gc_events)
+        durs = [d for _, d in self.gc_events]
+        slow = [{"n": n, "ms": round(dt * 1e3, 1), "in_gc_ms": round(overlap(t0, dt) * 1e3, 1)}
+                for n, t0, dt in self.slow_creates]
+        return {"frozen": bool(self.args.gc_freeze), "gen2_collections": len(durs),
+                "gen2_max_ms": round(max(durs) * 1e3, 1) if durs else None,
+                "gen2_total_s": round(sum(durs), 2), "slow_creates": len(slow),
+                "slow_creates_in_gc": sum(1 for x in slow if x["in_gc_ms"] > 0.5 * x["ms"]),
+                "slowest": sorted(slow, key=lambda x: -x["ms"])[:20]}
 
     def paused_phase(self, base_run: dict) -> dict:
         """python-paused: the same sandboxes, left idle, paused, measured; then resume -> first exec."""
@@ -1982,6 +2020,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ksm", action="store_true", help="create with KSM on (when the API exists)")
     ap.add_argument("--memory-cgroup", choices=("own", "pooled"), default="own",
                     help="Shoal: a memory cgroup per sandbox (own), or shared by pools (pooled, docs/density.md)")
+    ap.add_argument("--gc-freeze", action="store_true",
+                    help="client: gc.freeze() at each step, so CPython's full collections skip the handles held")
     ap.add_argument("--pool-size", type=int, default=0, help="sandboxes per memory pool (0: the root's setting, 64)")
     ap.add_argument("--root", default="/var/tmp/shoal-density", help="Shoal root for the bench")
     ap.add_argument("--py-root", default=os.environ.get("SHOAL_PY_ROOT", "/var/tmp/shoal-py"),
