@@ -369,8 +369,14 @@ def pooled_shell_rows() -> tuple[list[str], str, str] | None:
     elif med >= 20000:
         verdict = "met at the median, not in every run, with pooled memory cgroups (opt-in)"
     else:
+        def rule(stop: str) -> str:
+            return next((v for k, v in (("create p99", "create p99 > 1 s"), ("free memory", "free memory < 10%"),
+                                        ("--fill-budget", "the run's time budget")) if stop.startswith(k)),
+                        stop.split(";")[0][:60])
+        rules = sorted({rule(r["stop"]) for r in runs})
         verdict = (f"not reached, {20000 - med:,.0f} short at the median: "
-                   f"{runs[0]['stop'].split(';')[0][:72]} (docs/density.md, \"Pooled memory cgroups\")")
+                   + ("every run stopped at " + rules[0] if len(rules) == 1 else "stopped by " + ", ".join(rules))
+                   + " (docs/density.md, \"Pooled memory cgroups\")")
     ratios, at = [], []
     for r in runs:
         first = next(st for st in r["steps"] if st["n"] >= 20)["create_ms"]["p50"]
