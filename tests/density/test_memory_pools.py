@@ -191,3 +191,19 @@ def test_pools_are_kept_apart_by_their_key(host, base_image, pools):
     assert cg.pool_of(a1.id) == cg.pool_of(a2.id)
     assert len({cg.pool_of(a1.id), cg.pool_of(b1.id), cg.pool_of(none.id)}) == 3
     assert a1.info().limits.memory_pool == "job-a"
+
+
+def test_sweep_drops_a_member_that_ended_on_its_own_and_removes_its_empty_pool(host, base_image, pools):
+    """A member that ends without Shoal (its TTL) stays counted until its pool is next looked at; the
+    backend's sweep looks at every pool: the member goes, and with it the emptied pool's cgroup."""
+    cg, make = pools
+    sb = make(4, image=base_image, memory_mb=40, ttl=1)
+    pool = cg.mounts["memory"] / cg.parent / cg.pool_of(sb.id)
+    deadline = time.monotonic() + 15
+    while (host.settings.sandboxes_dir / sb.id).exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pool.exists() and pool.name in cg.pools.pools()  # nobody has looked at the pool yet
+    host.backend("container").sweep()
+    assert not pool.exists()
+    assert pool.name not in cg.pools.pools()
+    assert cg.pool_of(sb.id) is None
