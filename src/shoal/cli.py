@@ -402,6 +402,9 @@ def run(ctx: typer.Context, image: str = typer.Argument(..., help="image name[:t
         no_aslr: bool = typer.Option(False, "--no-aslr", help="ASLR off inside: identical programs lay out "
                                                               "identically, so KSM merges them"),
         priority: str | None = typer.Option(None, "--priority", help="'normal' or 'idle' (CPU class)"),
+        memory_cgroup: str | None = typer.Option(None, "--memory-cgroup",
+                                                 help="'own' or 'pooled' (a memory cgroup shared with other "
+                                                      "sandboxes; denser, docs/density.md); default: the host's"),
         root: str | None = RootOpt):
     """Create a sandbox from IMAGE and run `-- CMD...` in it (removed afterwards unless --detach).
 
@@ -411,7 +414,8 @@ def run(ctx: typer.Context, image: str = typer.Argument(..., help="image name[:t
 
     opts = {"target": image, "cmd": list(ctx.args), "layers": layer or [], "memory_mb": memory_mb, "cpu": cpu,
             "disk_mb": disk_mb, "timeout": timeout, "detach": detach, "ttl": ttl, "root": root,
-            "in_process": in_process, "ksm": ksm, "no_aslr": no_aslr, "priority": priority}
+            "in_process": in_process, "ksm": ksm, "no_aslr": no_aslr, "priority": priority,
+            "memory_cgroup": memory_cgroup}
     raise typer.Exit(dispatch("run", opts))
 
 

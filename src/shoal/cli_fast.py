@@ -107,7 +107,8 @@ _RUN_OPTS = {"--layer": ("layers", "list"), "-l": ("layers", "list"), "--memory-
              "--cpu": ("cpu", "float"), "--disk-mb": ("disk_mb", "int"), "--timeout": ("timeout", "float"),
              "--detach": ("detach", "flag"), "-d": ("detach", "flag"), "--ttl": ("ttl", "float"),
              "--root": ("root", "str"), "--in-process": ("in_process", "flag"), "--ksm": ("ksm", "flag"),
-             "--no-aslr": ("no_aslr", "flag"), "--priority": ("priority", "str")}
+             "--no-aslr": ("no_aslr", "flag"), "--priority": ("priority", "str"),
+             "--memory-cgroup": ("memory_cgroup", "str")}
 _EXEC_OPTS = {"--timeout": ("timeout", "float"), "--root": ("root", "str")}
 
 
@@ -176,7 +177,7 @@ def create_body(opts: dict) -> dict:
     body: dict = {"image": opts["target"]}
     if opts.get("layers"):
         body["layers"] = opts["layers"]
-    for key in ("cpu", "memory_mb", "disk_mb", "ttl", "priority"):
+    for key in ("cpu", "memory_mb", "disk_mb", "ttl", "priority", "memory_cgroup"):
         if opts.get(key) is not None:  # 0 too: the daemon names it as out of range, never a silent default
             body[key] = opts[key]
     if opts.get("ksm"):
@@ -415,7 +416,8 @@ def run_local(command: str, opts: dict) -> int:
     sb = Sandbox.create(opts["target"], layers=opts["layers"] or None, memory_mb=opts.get("memory_mb"),
                         cpu=opts.get("cpu"), disk_mb=opts.get("disk_mb"), ttl=opts.get("ttl"), root=root,
                         url=LOCAL if opts.get("in_process") else None, ksm=bool(opts.get("ksm")),
-                        aslr=not opts.get("no_aslr"), priority=opts.get("priority") or "normal")
+                        aslr=not opts.get("no_aslr"), priority=opts.get("priority") or "normal",
+                        memory_cgroup=opts.get("memory_cgroup"))
     if opts["detach"] and not opts["cmd"]:
         print(sb.id)
         return 0

@@ -100,6 +100,24 @@ def test_no_daemon_runs_in_process_without_typer(root, base_image):
     assert r.returncode == 2 and r.stderr.startswith("error:") and "no-such:1" in r.stderr
 
 
+def test_memory_cgroup_flag_reaches_the_sandbox(root, base_image):
+    """`--memory-cgroup pooled` (docs/density.md) on the CLI: the sandbox is pooled; a bad value is a
+    clear error naming the field, and makes no sandbox."""
+    env = dict(_env(root), SHOAL_URL=LOCAL)
+    r = subprocess.run(FAST + ["run", "--in-process", "-d", "--memory-cgroup", "pooled", base_image], env=env,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    sb = Sandbox.connect(r.stdout.strip(), root=root)
+    try:
+        assert sb.info().limits.memory_cgroup == "pooled"
+    finally:
+        sb.kill()
+    r = subprocess.run(FAST + ["run", "--in-process", "-d", "--memory-cgroup", "shared", base_image], env=env,
+                       capture_output=True, text=True)
+    assert r.returncode != 0 and "memory_cgroup" in r.stderr, r.stderr[-2000:]
+    assert not Sandbox.list(root=root)
+
+
 @pytest.mark.parametrize("value", [
     {"id": "sb-x", "limits": {"cpu": 0.5, "memory_mb": 64}, "layers": [], "ttl": None, "ok": True},
     "caf\u00e9 \u20ac \ud83d\ude00 \\ \"q\" \n\t\x00", [1, -2, 3.25, 1e300, -0.0, 10**20, False], {},
@@ -125,7 +143,8 @@ def test_bodies_are_valid_for_the_daemon_models():
     """One source of truth for the wire schema: what the fast path sends, the daemon's models accept
     field for field, and what it reads, the models define."""
     _, o = cli_fast.parse(["run", "-l", "extra", "--memory-mb", "64", "--cpu", "0.5", "--disk-mb", "32",
-                           "--ttl", "30", "--timeout", "5", "img:1", "--", "sh", "-c", "exit 3"])
+                           "--ttl", "30", "--timeout", "5", "--memory-cgroup", "pooled", "img:1", "--", "sh",
+                           "-c", "exit 3"])
     body = cli_fast.create_body(o)
     assert set(body) <= set(CreateRequest.model_fields)
     assert CreateRequest.model_validate(body).model_dump(exclude_unset=True) == body
