@@ -73,3 +73,38 @@ def test_sandbox_sees_only_its_own_cgroup(root, base_image, host):
             assert own.strip() == "0::/"  # a cgroup namespace rooted at the sandbox's cgroup
         else:
             assert "shoal-" not in own  # v1 paths are relative to the namespace root too
+
+
+def test_parents_of_removed_roots_are_removed_at_the_next_start(tmp_path):
+    """A root removed with rm -rf leaves its parent cgroups behind; the next backend start on any root
+    removes them (parents.py: on this kernel each left-over memory cgroup can hold MiBs of slab)."""
+    import shutil
+    import subprocess
+
+    from shoal import Host
+    from shoal.backends.container.parents import OWNERS_DIR
+
+    gone, other = tmp_path / "gone", tmp_path / "other"
+    cg = Host.get(gone).backend("container").cgroups
+    dirs = [m / cg.parent for m in set(cg.mounts.values())]
+    assert all(d.is_dir() for d in dirs) and (OWNERS_DIR / cg.parent).read_text() == str(gone.resolve())
+    # a child cgroup with a task keeps its parent (rmdir is refused), and the record stays for later
+    busy = cg.mounts["pids"] / cg.parent / "busy"
+    busy.mkdir()
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        (busy / "cgroup.procs").write_text(str(sleeper.pid))
+        shutil.rmtree(gone)
+        Host.get(other).backend("container")
+        assert busy.is_dir() and (OWNERS_DIR / cg.parent).exists()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    time.sleep(0.1)  # the kernel drops the dead task from the cgroup
+    Host.get(tmp_path / "third").backend("container")
+    assert not any(d.exists() for d in dirs), [d for d in dirs if d.exists()]
+    assert not (OWNERS_DIR / cg.parent).exists()
+    # the live roots' parents are untouched
+    for r in (other, tmp_path / "third"):
+        c = Host.get(r).backend("container").cgroups
+        assert all((m / c.parent).is_dir() for m in set(c.mounts.values()))

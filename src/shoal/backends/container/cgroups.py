@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import errno
 import hashlib
+import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from ...core.contract import Limits
 from ...core.errors import BackendUnavailable, InvalidArgument, SandboxError
 from .mempools import PREFIX as MEMPOOL_PREFIX
 from .mempools import MemoryPools
+from .parents import record_owner, sweep_orphans
 from .quotapool import PREFIX as POOL_PREFIX
 from .quotapool import QuotaPool
 
@@ -137,7 +139,17 @@ class CgroupDriver:
         return args + ["--memory-cgroup", str(pool_dir), "--memory-pooled", "1"]
 
     # ------------------------------------------------------------------ lifecycle
-    def prepare_parent(self) -> None:
+    def prepare_parent(self, owner: Path | None = None) -> None:
+        """Make this root's parent cgroup (and, v1, its quota pool). `owner`: the root it belongs to,
+        recorded so that a later start removes it once the root is gone; that start is this one for
+        the parents of other roots already gone (parents.py)."""
+        if owner is not None:
+            try:
+                sweep_orphans(set(self.mounts.values()), keep=self.parent)
+                record_owner(self.parent, owner)
+            except OSError as e:  # a read-only /run: the parent is left for the boot, as before
+                logging.getLogger(__name__).warning("cannot record cgroup parent %s for %s: %s",
+                                                    self.parent, owner, e)
         if self.version == 2:
             root = CGROUP_ROOT
             parent = root / self.parent

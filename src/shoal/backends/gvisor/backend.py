@@ -66,6 +66,7 @@ from ...core.errors import (
 )
 from ..container.cgroups import cgroup_parent
 from ..container.initclient import CappedBuffer, RingLog
+from ..container.parents import record_owner
 from ..files import SandboxFiles
 from ..local import LocalBackend
 from ..pids import alive, starttime
@@ -138,6 +139,8 @@ class GvisorBackend(LocalBackend):
         for d in (self.base, self.tombstones, self.runsc_root):
             d.mkdir(parents=True, exist_ok=True)
         self.cgroup_parent = cgroup_parent(self.settings.root) + "-gv"
+        with contextlib.suppress(OSError):  # removed with the root's other parents once it is gone
+            record_owner(cgroup_parent(self.settings.root), self.settings.root)
 
     # ------------------------------------------------------------------ state
     def _dir(self, sandbox_id: str) -> Path:
