@@ -45,6 +45,9 @@ class Settings:
     # ---- [density] pooled memory cgroups (docs/density.md, "Pooled memory cgroups")
     memory_cgroup: str = "own"  # a sandbox's default: "own" memory cgroup, or "pooled"
     memory_pool_size: int = 64  # sandboxes per pooled memory cgroup
+    # a sandbox's `cpu` is a cap, a CFS quota of its own; false: a weight only (cpu.shares / cpu.weight),
+    # no cap, since every quota write walks all the host's task groups (docs/density.md, "CPU quotas")
+    cpu_quota: bool = True
     # ---- end of density-oom's fields ---------------------------------------------------------
     # ---- [density] reclaim of idle sandboxes (docs/density.md): zram swap, idle pause, reclaim
     zram_mb: int = 0  # size of Shoal's zram swap device; 0 = shoald sets none up
@@ -195,6 +198,11 @@ def _density_oom_settings(table: object, cfg_path: Path) -> dict:
             raise InvalidArgument(f"{cfg_path}: density.memory_pool_size must be an integer from 2 to "
                                   f"{MAX_MEMORY_POOL_SIZE} (sandboxes per pooled memory cgroup), got {v!r}")
         out["memory_pool_size"] = v
+    if "cpu_quota" in table:
+        if not isinstance(table["cpu_quota"], bool):
+            raise InvalidArgument(f"{cfg_path}: density.cpu_quota must be true (cpu is a cap) or false (a weight), "
+                                  f"got {table['cpu_quota']!r}")
+        out["cpu_quota"] = table["cpu_quota"]
     if "system_cgroup" in table:
         v = table["system_cgroup"]
         if not isinstance(v, str) or "/" in v or v.startswith("."):

@@ -79,3 +79,33 @@ def test_a_dead_process_pool_under_another_root_is_swept_at_start(host):
         if stale.exists():
             stale.rmdir()
         other.rmdir()
+
+
+def test_cpu_quota_off_makes_cpu_a_weight_with_no_quota(host, base_image, monkeypatch, tmp_path):
+    """[density] cpu_quota = false: `cpu` sets the group's weight and no quota is written (no walk of the
+    host's task groups per create); busy loops are never throttled."""
+    from shoal import Host
+    from shoal.config import load_settings
+    from shoal.core.errors import InvalidArgument
+
+    cg = host.backend("container").cgroups
+    monkeypatch.setattr(cg, "cpu_quota", False)
+    with Sandbox.create(base_image, cpu=0.5, memory_mb=64, root=host.settings.root) as sb:
+        d = cg._dir("cpu", sb.id)
+        if cg.version == 1:
+            assert (d / "cpu.cfs_quota_us").read_text().strip() == "-1"
+            assert (d / "cpu.shares").read_text().strip() == "512"
+        else:
+            assert (d / "cpu.max").read_text().split()[0] == "max"
+            assert (d / "cpu.weight").read_text().strip() == "50"
+        sb.commands.run("for i in 1 2; do (while :; do :; done) & done; sleep 1; kill $(jobs -p)", timeout=20)
+        stat = dict(line.split() for line in (d / "cpu.stat").read_text().splitlines())
+        assert stat["nr_throttled"] == "0", stat
+    cfg = tmp_path / "c.toml"
+    monkeypatch.setenv("SHOAL_CONFIG", str(cfg))
+    cfg.write_text('[density]\ncpu_quota = "no"\n')
+    with pytest.raises(InvalidArgument, match="density.cpu_quota must be true"):
+        load_settings(tmp_path / "r")
+    cfg.write_text("[density]\ncpu_quota = false\n")
+    assert load_settings(tmp_path / "r").cpu_quota is False
+    assert Host.get(tmp_path / "r").backend("container").cgroups.cpu_quota is False

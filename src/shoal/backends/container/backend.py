@@ -207,6 +207,7 @@ class ContainerBackend(LocalBackend):
         for d in (settings.sandboxes_dir, settings.tombstones_dir):
             d.mkdir(parents=True, exist_ok=True)
         self.cgroups = CgroupDriver.detect(parent=cgroup_parent(settings.root))
+        self.cgroups.cpu_quota = settings.cpu_quota
         self.cgroups.prepare_parent(owner=settings.root)
         self.cgroups.configure_pools(settings.root / "mempools", settings.sandboxes_dir, settings.memory_pool_size,
                                      swap=settings.sandbox_swap)

@@ -49,6 +49,17 @@ def cpu_quota_us(cpu: float) -> int | None:
     return max(1000, int(cpu * CFS_PERIOD_US))
 
 
+def cpu_weight(cpu: float, version: int) -> int | None:
+    """The CFS weight for `cpu` cores when `cpu` is a weight, not a cap ([density] cpu_quota = false):
+    v1 cpu.shares 1024 per core, v2 cpu.weight 100 per core, in the kernel's ranges; None for one core
+    (the kernel's default already: no write). Unlike a quota, a weight write walks no other group."""
+    if cpu == 1.0:
+        return None
+    if version == 2:
+        return min(10_000, max(1, round(cpu * 100)))
+    return min(262_144, max(2, round(cpu * 1024)))
+
+
 def _write(path: Path, value: str) -> None:
     with open(path, "w") as f:
         f.write(value)
@@ -63,6 +74,9 @@ class CgroupDriver:
     quota_pool: QuotaPool | None = field(default=None, repr=False)
     # shared memory cgroups of memory_cgroup="pooled" sandboxes (configure_pools)
     pools: MemoryPools | None = field(default=None, repr=False)
+    # [density] cpu_quota: a sandbox's `cpu` is a cap (a CFS quota of its own); False: a weight only
+    # (cpu_weight), because every quota write walks all the host's task groups: O(live sandboxes)
+    cpu_quota: bool = True
 
     @classmethod
     def detect(cls, parent: str = "shoal") -> CgroupDriver:
@@ -191,7 +205,8 @@ class CgroupDriver:
                                       f"own; here it is mounted with {', '.join(shared)}")
             self.pools.join(sandbox_id, limits.memory_mb, limits.memory_pool)
         dirs = self.dirs(sandbox_id)
-        quota = cpu_quota_us(limits.cpu)
+        quota = cpu_quota_us(limits.cpu) if self.cpu_quota else None
+        weight = None if self.cpu_quota else cpu_weight(limits.cpu, self.version)
         cpu_dir = self._dir("cpu", sandbox_id)
         try:
             for d in dirs:
@@ -209,6 +224,8 @@ class CgroupDriver:
                 _write(d / "pids.max", str(limits.pids))
                 if quota is not None:
                     _write(d / "cpu.max", f"{quota} {CFS_PERIOD_US}")
+                if weight is not None:
+                    _write(d / "cpu.weight", str(weight))
             else:
                 if not pooled:
                     m = self._dir("memory", sandbox_id)
@@ -218,6 +235,8 @@ class CgroupDriver:
                 _write(self._dir("pids", sandbox_id) / "pids.max", str(limits.pids))
                 if quota is not None:  # the period is the kernel's default already: one write, one walk
                     _write(self._dir("cpu", sandbox_id) / "cpu.cfs_quota_us", str(quota))
+                if weight is not None:
+                    _write(cpu_dir / "cpu.shares", str(weight))
         except OSError as e:
             self.remove(sandbox_id)
             raise SandboxError(f"cannot set up cgroups for {sandbox_id}: {e}") from e
