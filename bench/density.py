@@ -822,7 +822,7 @@ class ShoalSide(Side):
 
     def __init__(self, root: Path, profile: str, py_root: Path, ksm: bool, session_procs: int = 0,
                  max_sandboxes: int = 0, ksm_pages_to_scan: int = 0, memory_cgroup: str = "own",
-                 pool_size: int = 0):
+                 pool_size: int = 0, cpu_weight: bool = False):
         from shoal import Host
         from shoal.backends.container.cgroups import cgroup_parent
         from shoal.core.contract import CreateRequest
@@ -852,6 +852,9 @@ class ShoalSide(Side):
             self.extra["memory_cgroup"] = memory_cgroup
             if pool_size:
                 be.cgroups.pools.size = pool_size  # type: ignore[attr-defined]
+        self.cpu_weight = cpu_weight
+        if cpu_weight:  # --cpu-weight: the root's [density] cpu_quota = false, for this run
+            be.cgroups.cpu_quota = False  # type: ignore[attr-defined]
         if ksm and ksm_pages_to_scan:  # written by the backend when its first ksm sandbox starts
             import dataclasses
 
@@ -1022,6 +1025,7 @@ class DockerSide(Side):
         from docker_engine import PrivateDockerd
 
         self.profile = profile
+        self.cpu_weight = shoal.cpu_weight  # the same CPU semantics as the Shoal side
         self.engine = PrivateDockerd(prefix="shoal-density-dockerd-", cgroup_parent=DOCKER_CGROUP, export=True)
         if not self.engine.up():
             raise RuntimeError(self.engine.error)
@@ -1067,7 +1071,9 @@ class DockerSide(Side):
         cmd = ["sh"] if self.profile == "shell" else ["bash", "-c", f"{PY_START} exec bash"]
         wd = ["-w", "/work/repo"] if self.profile != "shell" else []
         t0 = time.perf_counter()
-        r = self._docker("run", "-d", "-i", "--network=none", f"--memory={LIMITS_MB}m", f"--cpus={LIMITS_CPU}",
+        # --cpu-weight: a share, as Shoal's cpu_quota = false (1024 per core; no CFS quota written)
+        cpu = f"--cpu-shares={round(LIMITS_CPU * 1024)}" if self.cpu_weight else f"--cpus={LIMITS_CPU}"
+        r = self._docker("run", "-d", "-i", "--network=none", f"--memory={LIMITS_MB}m", cpu,
                          f"--pids-limit={LIMITS_PIDS}", *env, *wd, self.image, *cmd)
         dt = time.perf_counter() - t0
         return {"id": r.stdout.strip()}, dt
@@ -1544,7 +1550,7 @@ def run_kind(kind: str, args: argparse.Namespace, with_paused: bool) -> list[dic
     tears down. One private dockerd (and one import of the image) serves all runs of the profile."""
     shoal = ShoalSide(Path(args.root), kind, Path(args.py_root), args.ksm, args.session_procs,
                       (args.max if kind == "shell" else args.py_max) + 8, args.ksm_pages_to_scan,
-                      args.memory_cgroup, args.pool_size)
+                      args.memory_cgroup, args.pool_size, args.cpu_weight)
     docker: DockerSide | None = None
     runs: list[dict] = []
     with_shoal = "shoal" in args.sides.split(",")  # --sides docker: the Shoal side only prepares the image
@@ -2022,6 +2028,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="Shoal: a memory cgroup per sandbox (own), or shared by pools (pooled, docs/density.md)")
     ap.add_argument("--gc-freeze", action="store_true",
                     help="client: gc.freeze() at each step, so CPython's full collections skip the handles held")
+    ap.add_argument("--cpu-weight", action="store_true",
+                    help="cpu as a weight, no CFS quota, on both sides (Shoal: [density] cpu_quota = false; "
+                         "Docker: --cpu-shares instead of --cpus): a quota write walks every task group")
     ap.add_argument("--pool-size", type=int, default=0, help="sandboxes per memory pool (0: the root's setting, 64)")
     ap.add_argument("--root", default="/var/tmp/shoal-density", help="Shoal root for the bench")
     ap.add_argument("--py-root", default=os.environ.get("SHOAL_PY_ROOT", "/var/tmp/shoal-py"),
@@ -2136,7 +2145,8 @@ def main(argv: list[str] | None = None) -> int:
                                                                                         time.gmtime()),
             "sysctl_before": sysctl_before, "tuned": tuned, "nofile": nofile,
             "limits_per_sandbox": {"memory_mb": LIMITS_MB, "cpu": LIMITS_CPU, "pids": LIMITS_PIDS,
-                                   "memory_cgroup": a.memory_cgroup}}
+                                   "memory_cgroup": a.memory_cgroup,
+                                   "cpu_as": "weight" if a.cpu_weight else "cap (CFS quota)"}}
         meta = res.setdefault("meta", {})
         meta[k] = (meta.get(k, []) if a.append_runs and isinstance(meta.get(k), list) else []) + [entry]
     res["bench"] = "density"
