@@ -82,6 +82,7 @@ ZRAM_DEV: list[Any] = []  # the run's zram device (--zram-mb), read at every ste
 PROFILES = ("shell", "python", "python-paused")
 DOCKER_CGROUP = "shoal-density-docker"
 LIMITS_MB, LIMITS_CPU, LIMITS_PIDS = 512, 1.0, 512
+LAUNCH_SAMPLE = 50  # every 50th create keeps its launch steps (launch_report()), beside every slow one
 RM_TIMEOUT_S = 180  # one `docker rm -f` of 50 containers; past it the engine is taken as hung
 # what each profile's main binary is, for the page-cache sharing check
 MAIN_FILES = {"shell": ["bin/busybox"],
@@ -794,6 +795,10 @@ class Side:
     def mounts_inside(self, h: Any) -> int | None:
         return None
 
+    def launch_phases(self, h: Any) -> dict[str, float] | None:
+        """Milliseconds per step of this sandbox's launch, where the side can say (launch_report())."""
+        return None
+
     def paused_count(self, hs: list[Any]) -> int | None:
         """How many of these sandboxes are paused now (asked of the side, not counted by the bench)."""
         return None
@@ -969,6 +974,10 @@ class ShoalSide(Side):
             raise NotImplementedError("this build of Shoal has no sb.reclaim()")
         r = fn(target)
         return r.model_dump() if hasattr(r, "model_dump") else dict(r)
+
+    def launch_phases(self, h: Any) -> dict[str, float] | None:
+        fn = getattr(self.host.backend("container"), "launch_phases", None)  # builds from December 2026 on
+        return fn(h["sb"].id) or None if fn else None
 
     def mounts_inside(self, h: Any) -> int | None:
         pid = h["sb"].info().init_pid
@@ -1166,6 +1175,8 @@ class Fill:
         # one counts it (gc_report())
         self.gc_events: list[tuple[float, float]] = []  # (start, seconds) of each gen-2 collection
         self.slow_creates: list[tuple[int, float, float]] = []  # (n, start, seconds) of creates over 250 ms
+        # launch steps (launch_report()) of every slow create and of every LAUNCH_SAMPLE-th one, as (n, ms, steps)
+        self.launches: list[tuple[int, float, dict[str, float]]] = []
         self._gc_t0 = 0.0
         # --idle-pipeline: each sandbox is paused (and reclaimed) by a worker once it has been ready for
         # --pipeline-idle-s, as shoald's idle policy treats each sandbox on its own clock, instead of
@@ -1392,6 +1403,8 @@ class Fill:
                 self.create_s.append(dt)
                 if dt > 0.25:
                     self.slow_creates.append((i + 1, t_created - dt, dt))
+                if (dt > 0.25 or i % LAUNCH_SAMPLE == 0) and (launch_steps := side.launch_phases(h)):
+                    self.launches.append((i + 1, dt * 1e3, launch_steps))
                 self.pending.append(self.pool.submit(self._ready, h, t_created))
                 if len(self.pending) > 4 * a.ready_workers:  # keep readiness from falling far behind
                     self.pending.pop(0).result()
@@ -1452,7 +1465,7 @@ class Fill:
         return {"n_held": len(self.handles), "stop": stop, "fill_s": fill_s, "steps": steps,
                 "paused_during_fill": self.paused_upto, "batch_reclaims": self.batch_reclaims,
                 "idle_pipeline": pipeline, "end": end, "settle": settle, "guard_wait_s": round(self.guard_wait_s, 1),
-                "gc": self.gc_report(),
+                "gc": self.gc_report(), "launch": self.launch_report(),
                 "errors": self.errors[:20], "cache_files": {k: str(v) for k, v in base["cache_files"].items()},
                 "base_free_frac": base["meminfo"]["MemAvailable"] / base["meminfo"]["MemTotal"]}
 
@@ -1477,6 +1490,41 @@ class Fill:
                 "gen2_total_s": round(sum(durs), 2), "slow_creates": len(slow),
                 "slow_creates_in_gc": sum(1 for x in slow if x["in_gc_ms"] > 0.5 * x["ms"]),
                 "slowest": sorted(slow, key=lambda x: -x["ms"])[:20]}
+
+    def launch_report(self) -> dict | None:
+        """Where creates spent their time, by launch step (the backend's launch_phases()): the median
+        step times of sampled ordinary creates as N grows, and each slow create's steps, with the step
+        that took most of it. "outside" is the create's time not in any step (the client, the layer
+        store, the Host's own work)."""
+        if not self.launches:
+            return None
+
+        def with_outside(ms: float, steps: dict[str, float]) -> dict[str, float]:
+            return {**steps, "outside": round(max(0.0, ms - sum(steps.values())), 3)}
+
+        ordinary = [(n, with_outside(ms, st)) for n, ms, st in self.launches if ms <= 250]
+        by_decile: list[dict] = []
+        if ordinary:
+            top = max(n for n, _ in ordinary)
+            for k in range(10):  # the samples in each tenth of the fill
+                lo, hi = top * k / 10, top * (k + 1) / 10
+                part = [st for n, st in ordinary if lo < n <= hi]
+                if part:
+                    by_decile.append({"n_upto": int(hi), "samples": len(part),
+                                      "p50_ms": {name: round(statistics.median(st[name] for st in part), 3)
+                                                 for name in part[0]}})
+        slow = []
+        for n, ms, st in self.launches:
+            if ms > 250:
+                full = with_outside(ms, st)
+                worst = max(full, key=lambda k: full[k])
+                slow.append({"n": n, "ms": round(ms, 1), "worst_step": worst, "worst_ms": full[worst], "steps": full})
+        worst_counts: dict[str, int] = {}
+        for x in slow:
+            worst_counts[x["worst_step"]] = worst_counts.get(x["worst_step"], 0) + 1
+        return {"sample_every": LAUNCH_SAMPLE, "ordinary_by_tenth": by_decile, "slow_creates": len(slow),
+                "slow_by_worst_step": dict(sorted(worst_counts.items(), key=lambda kv: -kv[1])),
+                "slowest": sorted(slow, key=lambda x: -x["ms"])[:40]}
 
     def paused_phase(self, base_run: dict) -> dict:
         """python-paused: the same sandboxes, left idle, paused, measured; then resume -> first exec."""

@@ -149,3 +149,22 @@ def test_the_template_mount_namespace_is_one_empty_read_only_mount(root, base_im
     f = r["mountinfo"][0].split()
     assert f[4] == "/" and f[f.index("-") + 1] == "tmpfs" and "ro" in f[5].split(","), r
     assert r["ls"] == [] and r["wrote"] == "Read-only file system", r
+
+
+def test_launch_phases_account_for_the_whole_launch(root, base_image):
+    """launch_phases() names every step of a launch, Python's and shoal-init's (supervisor and init),
+    in order, each a non-negative duration, and together they cover the launch as timed around it:
+    a slow create can be attributed to a step (docs/density.md, "The create tail")."""
+    import time
+
+    from shoal.backends.container.backend import LAUNCH_STEPS
+
+    t0 = time.monotonic()
+    with Sandbox.create(base_image, root=root) as sb:
+        wall_ms = (time.monotonic() - t0) * 1e3
+        phases = Host.get(root).backend("container").launch_phases(sb.id)
+        assert tuple(phases) == LAUNCH_STEPS
+        assert all(ms >= 0 for ms in phases.values()), phases
+        # the steps are consecutive intervals of one clock: their sum is the launch, within the create
+        assert 0.5 * wall_ms < sum(phases.values()) <= wall_ms, (phases, wall_ms)
+        assert phases["rootfs"] > 0 and phases["clone"] > 0

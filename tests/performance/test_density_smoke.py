@@ -32,6 +32,10 @@ def test_density_quick(tmp_path, bench_root):
     assert "threads (pid_max / threads-max)" in last["limits"]
     assert any(v for v in last["pagecache_bytes"].values())  # busybox is in the page cache
     assert "docker" not in res["profiles"]["shell"]["sides"]
+    # the first create's launch steps were kept (every 50th is): Python's, shoal-init's, and the rest
+    launch = run["launch"]
+    first = launch["ordinary_by_tenth"][0]
+    assert first["samples"] >= 1 and {"cgroup_dirs", "clone", "rootfs", "returned", "outside"} <= set(first["p50_ms"])
     assert out.with_suffix(".png").stat().st_size > 1000
     # everything was killed: no live sandbox left under the bench root
     left = [p for p in (root / "sandboxes").iterdir()] if (root / "sandboxes").exists() else []

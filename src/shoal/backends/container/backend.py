@@ -300,6 +300,7 @@ class ContainerBackend(LocalBackend):
         """Start a sandbox. `lower_dirs` are the mounted layers, bottom -> top."""
         if not lower_dirs:
             raise InvalidArgument("a sandbox needs at least one mounted layer")
+        marks = [("start", time.monotonic())]  # launch_phases(): where a create spends its time
         if self.state_dir_count() >= self.max_sandboxes:  # all processes on this host
             raise QuotaExceeded(f"host sandbox limit reached ({self.max_sandboxes}); kill some or retry later")
         if spec.ksm and (why := ksm.probe(self.helper)) != "ok":
@@ -313,9 +314,10 @@ class ContainerBackend(LocalBackend):
         sandbox_id = f"{self.id_prefix}-{self.settings.host_tag}-{secrets.token_hex(6)}"
         d = self._dir(sandbox_id)
         d.mkdir()
+        marks.append(("checks", time.monotonic()))
         started: dict = {}  # what _launch_in got to: the partial sandbox to take down if it fails
         try:
-            return self._launch_in(spec, lower_dirs, sandbox_id, d, sysfs, empty_dir, mntns, started)
+            return self._launch_in(spec, lower_dirs, sandbox_id, d, sysfs, empty_dir, mntns, started, marks)
         except BaseException as e:
             self._abandon(sandbox_id, started)
             # the step may have wrapped it (cgroups: SandboxError from the OSError)
@@ -350,7 +352,8 @@ class ContainerBackend(LocalBackend):
         self._cleanup(sandbox_id)
 
     def _launch_in(self, spec: SandboxSpec, lower_dirs: list[Path], sandbox_id: str, d: Path,
-                   sysfs: Path | None, empty_dir: Path, mntns: Path | None, started: dict) -> SandboxInfo:
+                   sysfs: Path | None, empty_dir: Path, mntns: Path | None, started: dict,
+                   marks: list[tuple[str, float]]) -> SandboxInfo:
         (d / "rootfs").mkdir()
         (d / "disk").mkdir()
         limits = spec.limits
@@ -360,6 +363,7 @@ class ContainerBackend(LocalBackend):
                 "hostname": spec.hostname or sandbox_id, "workdir": spec.workdir, "network": spec.network,
                 "ksm": spec.ksm, "aslr": spec.aslr, "priority": spec.priority}
         self._write_meta(meta)
+        marks.append(("meta", time.monotonic()))
         try:
             self.cgroups.create(sandbox_id, limits)
             if spec.priority == "idle":
@@ -370,6 +374,7 @@ class ContainerBackend(LocalBackend):
         except Exception:
             _remove_state_dir(d)
             raise
+        marks.append(("cgroup_dirs", time.monotonic()))
         if limits.upper == "disk":
             try:
                 mount_disk_upper(self.settings.root, sandbox_id, limits.disk_mb, d / "disk")
@@ -402,7 +407,9 @@ class ContainerBackend(LocalBackend):
         if not spec.aslr:
             cmd += ["--aslr", "0"]
         # env={}: nothing of the host environment may leak into init (/proc/1/environ)
+        marks.append(("args", time.monotonic()))
         proc = subprocess.run(cmd, capture_output=True, stdin=subprocess.DEVNULL, env={})
+        returned = time.monotonic()
         line = proc.stdout.decode(errors="replace").strip()
         if proc.returncode != 0 or not line.startswith("OK "):
             self._cleanup(sandbox_id)
@@ -412,8 +419,11 @@ class ContainerBackend(LocalBackend):
         init_pid, sup_pid = int(fields[1]), int(fields[2])
         started.update(init_pid=init_pid, sup_pid=sup_pid)
         meta.update(init_pid=init_pid, sup_pid=sup_pid, init_start=starttime(init_pid), sup_start=starttime(sup_pid))
-        if len(fields) > 3:  # the supervisor holds the upper as a detached mount on this fd
+        if len(fields) > 3 and fields[3].isdigit():  # the supervisor holds the upper as a detached mount on this fd
             meta["upper_fd"] = int(fields[3])
+        helper_marks = next((f[2:] for f in fields[3:] if f.startswith("t=")), "")
+        meta["launch_ms"] = launch_phases_ms(marks + parse_helper_marks(helper_marks)
+                                             + [("returned", returned), ("pids", time.monotonic())])
         self._write_meta(meta)
         with self._lock:
             self._meta[sandbox_id] = meta
@@ -434,6 +444,12 @@ class ContainerBackend(LocalBackend):
                            ksm=meta.get("ksm", False), aslr=meta.get("aslr", True),
                            priority=meta.get("priority", "normal"),
                            memory_bytes=self.cgroups.memory_bytes(meta["id"]) if state != SandboxState.DEAD else None)
+
+    def launch_phases(self, sandbox_id: str) -> dict[str, float]:
+        """Where this sandbox's launch spent its time: milliseconds per step, in order, each named by
+        the step it ends (see LAUNCH_STEPS); {} for a sandbox launched by a build without them."""
+        meta = self._meta.get(sandbox_id) or self._load(sandbox_id)
+        return dict(meta.get("launch_ms") or {})
 
     def info(self, sandbox_id: str) -> SandboxInfo:
         meta = self._live_meta(sandbox_id)
@@ -918,6 +934,32 @@ class ContainerBackend(LocalBackend):
 
 # everything a sandbox's state dir can hold (the supervisor's own cleanup removes the same names)
 STATE_DIR_NAMES = ("agent.sock", "meta.json", "meta.json.tmp", "rootfs", "disk")
+
+
+# The steps of a launch, each named by the mark that ends it (launch_phases()): Python's checks and
+# templates, the first meta write, the cgroup directories, the helper's argv; then shoal-init's own
+# marks (native/shoal_init.c, mark()): its exec (Python's fork/exec of it), the supervisor's fork, the
+# upper tmpfs, the control socket, the init clone, the cgroup joins, init's wake-up, its cgroup namespace,
+# the overlay, the rest of the root (/dev, /proc), the network, the hardening, the supervisor's
+# read of init's result; last Python's wait for the launcher and its pid start times.
+LAUNCH_STEPS = ("checks", "meta", "cgroup_dirs", "args", "exec", "forked", "upper", "socket", "clone", "joined",
+                "go", "cgroupns", "overlay", "rootfs", "net", "hardened", "ready", "returned", "pids")
+
+
+def parse_helper_marks(text: str) -> list[tuple[str, float]]:
+    """shoal-init's "name:us,name:us" (CLOCK_MONOTONIC microseconds) as (name, seconds) pairs, the
+    clock of time.monotonic(); malformed entries are skipped (the marks are a diagnosis, not state)."""
+    out = []
+    for item in text.split(","):
+        name, _, us = item.partition(":")
+        if name and us.isdigit():
+            out.append((name, int(us) / 1e6))
+    return out
+
+
+def launch_phases_ms(marks: list[tuple[str, float]]) -> dict[str, float]:
+    """Milliseconds from each mark to the next, keyed by the later one's name."""
+    return {name: round((t - marks[i][1]) * 1e3, 3) for i, (name, t) in enumerate(marks[1:])}
 
 
 def _remove_state_dir(d: Path) -> None:

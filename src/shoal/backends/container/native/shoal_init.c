@@ -4,7 +4,8 @@
  * One binary, three roles (bubblewrap-style: each step maps to one kernel feature):
  *
  *   launcher   (the process Python starts)   forks the supervisor, waits for "ready", prints
- *                                            "OK <init_pid> <supervisor_pid>" and exits.
+ *                                            "OK <init_pid> <supervisor_pid> <upper_fd> t=<marks>"
+ *                                            (marks: see mark()) and exits.
  *   supervisor (host namespaces, detached)   mounts the size-capped tmpfs that holds the writable
  *                                            upper, clones the sandbox init, puts it in its cgroups,
  *                                            then waits for it to die and releases everything
@@ -121,7 +122,7 @@ struct config {
 
 static struct config cfg;
 static char **g_argv; /* scrubbed in init so /proc/1/cmdline shows no host paths */
-static int status_fd = -1; /* init -> supervisor: "" on success, error text on failure */
+static int status_fd = -1; /* init -> supervisor: "+<init's marks>" on success, error text on failure */
 static int ready_out_fd = -1; /* supervisor -> launcher: "OK ..." or "ERR ..." */
 
 static void die(const char *fmt, ...) {
@@ -146,6 +147,33 @@ static long long now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Launch phases: CLOCK_MONOTONIC microseconds at each step of a launch, reported on the "OK" line as
+ * "t=name:us,..." so the runtime can say where a slow create spent its time (docs/density.md, "The
+ * create tail"). Each process keeps its own copy (fork/clone copy it): the launcher's first mark
+ * reaches the supervisor, and init sends the marks it adds back on the status pipe. */
+#define MAX_MARKS 24
+static struct { const char *name; long long us; } marks[MAX_MARKS];
+static int n_marks;
+
+static void mark(const char *name) {
+    struct timespec ts;
+    if (n_marks == MAX_MARKS) return;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    marks[n_marks].name = name;
+    marks[n_marks++].us = (long long)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+/* "name:us,name:us" of marks[from..]; "" when there are none */
+static void format_marks(char *out, size_t len, int from) {
+    size_t n = 0;
+    out[0] = 0;
+    for (int i = from; i < n_marks && n < len; i++) {
+        int w = snprintf(out + n, len - n, "%s%s:%lld", i > from ? "," : "", marks[i].name, marks[i].us);
+        if (w < 0 || (size_t)w >= len - n) { out[n] = 0; break; }
+        n += (size_t)w;
+    }
 }
 
 static int write_file(const char *path, const char *data) {
@@ -405,6 +433,7 @@ static void setup_rootfs(void) {
         errno = 0;
         if (chdir(cfg.rootfs) < 0) die("chdir rootfs");
     }
+    mark("overlay");
     close_lower_fds();
     if (disk_fd >= 0) close(disk_fd);
     close(UPPER_FD);
@@ -1245,12 +1274,14 @@ static int init_main(void *arg) {
      * optimised away, since the compiler cannot see clone() copy them into the child */
     struct init_args *ia = arg;
     int go_fd = ia->go_fd;
+    int first_mark = n_marks; /* the supervisor's marks came with the clone: send only init's own */
     status_fd = ia->status_fd;
     cfg.upper_detached = ia->upper_detached;
     char b;
     /* wait until the supervisor has placed us in our cgroups */
     if (read(go_fd, &b, 1) != 1) _exit(EXIT_SETUP);
     close(go_fd);
+    mark("go");
     /* before the capabilities go: written with CAP_SYS_RESOURCE, 500 becomes the floor too */
     if (write_file("/proc/self/oom_score_adj", SANDBOX_OOM_ADJ) < 0) die("oom_score_adj");
     ready_out_fd = -1;
@@ -1264,18 +1295,26 @@ static int init_main(void *arg) {
     errno = 0;
     /* now inside the sandbox cgroups: a cgroup namespace rooted here hides the host's tree */
     if (unshare(CLONE_NEWCGROUP) < 0) die("unshare cgroup ns");
+    mark("cgroupns");
     setup_rootfs();
+    mark("rootfs");
     if (sethostname(cfg.hostname, strlen(cfg.hostname)) < 0) die("sethostname");
     if (!cfg.host_net) loopback_up();
+    mark("net");
     density_options();
     prctl(PR_SET_PDEATHSIG, 0);
     if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0) die("dumpable");
     drop_capabilities();
     install_seccomp();
     int listen_fd = 3;
-    /* success: close the status pipe without writing anything */
+    mark("hardened");
+    /* success: "+" and init's marks (an error is text that never starts with "+") */
     for (char **a = g_argv; *a; a++) memset(*a, 0, strlen(*a));
     prctl(PR_SET_NAME, "shoal-init", 0, 0, 0);
+    char done[512] = "+";
+    format_marks(done + 1, sizeof done - 1, first_mark);
+    ssize_t w = write(status_fd, done, strlen(done));
+    (void)w;
     close(status_fd);
     status_fd = -1;
     return serve(listen_fd);
@@ -1462,6 +1501,7 @@ static int supervise(int ready_fd) {
     signal(SIGPIPE, SIG_IGN);
     /* inherited by init, which raises its own to SANDBOX_OOM_ADJ first thing */
     if (write_file("/proc/self/oom_score_adj", SUPERVISOR_OOM_ADJ) < 0) errno = 0;
+    mark("forked");
 
     /* the upper, detached (see UPPER_FD); on kernels without the new mount API, mounted on disk/ */
     int ufd = -1;
@@ -1484,6 +1524,7 @@ static int supervise(int ready_fd) {
     char path[4096];
     if (mkdirat(UPPER_FD, "upper", 0755) < 0) die("mkdir upper");
     if (mkdirat(UPPER_FD, "work", 0755) < 0) die("mkdir work");
+    mark("upper");
 
     /* the control socket is bound here, in the host mount namespace, before the sandbox exists */
     int lfd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -1501,6 +1542,7 @@ static int supervise(int ready_fd) {
     }
     /* fd 3 must survive into init: clear CLOEXEC (clone does not exec, but be explicit) */
     fcntl(3, F_SETFD, 0);
+    mark("socket");
 
     int go[2], st[2];
     if (pipe2(go, O_CLOEXEC) < 0 || pipe2(st, O_CLOEXEC) < 0) die("pipe");
@@ -1514,6 +1556,7 @@ static int supervise(int ready_fd) {
                            CLONE_NEWPID | CLONE_NEWUTS | CLONE_NEWIPC |
                                (cfg.host_net ? 0 : CLONE_NEWNET) | SIGCHLD, &ia);
     if (init_pid < 0) die("clone");
+    mark("clone");
     close(go[0]);
     close(st[1]);
     close(3);
@@ -1530,20 +1573,28 @@ static int supervise(int ready_fd) {
             die("join cgroup %s", path);
         }
     }
+    mark("joined");
     if (write(go[1], "g", 1) != 1) die("start init");
     close(go[1]);
 
     char err[1024];
     ssize_t n = read(st[0], err, sizeof err - 1);
     close(st[0]);
-    if (n > 0) {
-        err[n] = 0;
+    err[n > 0 ? n : 0] = 0;
+    if (n > 0 && err[0] != '+') {
         waitpid(init_pid, NULL, 0);
         release_resources();
         dprintf(ready_fd, "ERR %s\n", err);
         _exit(1);
     }
-    dprintf(ready_fd, "OK %d %d %d\n", init_pid, getpid(), UPPER_FD);
+    mark("ready");
+    char sup_marks[640];
+    format_marks(sup_marks, sizeof sup_marks, 0);
+    /* init's marks (after its "+") go between the supervisor's: they happened before "ready" */
+    const char *ready_mark = strrchr(sup_marks, ',');
+    dprintf(ready_fd, "OK %d %d %d t=%.*s%s%s%s\n", init_pid, getpid(), UPPER_FD,
+            ready_mark ? (int)(ready_mark - sup_marks) : 0, sup_marks, n > 1 ? "," : "", n > 1 ? err + 1 : "",
+            ready_mark ? ready_mark : "");
     close(ready_fd);
     int devnull = open("/dev/null", O_RDWR);
     if (devnull >= 0) {
@@ -1758,6 +1809,7 @@ int main(int argc, char **argv) {
     cfg.sock = sock;
 
     int ready[2];
+    mark("exec");
     if (pipe2(ready, O_CLOEXEC) < 0) die("pipe");
     pid_t sup = fork();
     if (sup < 0) die("fork");
