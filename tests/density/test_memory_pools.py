@@ -142,6 +142,27 @@ def test_runaway_in_a_pool_is_oom_killed_and_named_while_its_neighbour_lives(hos
     assert neighbour.commands.run("echo alive", timeout=10).stdout == "alive\n"
 
 
+def test_a_background_command_oom_killed_in_a_pool_ends_its_own_sandbox(host, base_image, pools):
+    """oom_kill="sandbox" in a pool: a background command (commands.start) that the OOM killer takes
+    ends its sandbox with the pool's tombstone, with nobody waiting on its handle; the neighbour, whose
+    supervisor sees the same pool count grow, lives on."""
+    cg, make = pools
+    runaway = make(2, image=base_image, memory_mb=48, oom_kill="sandbox")
+    neighbour = make(image=base_image, memory_mb=48, oom_kill="sandbox")
+    assert cg.pool_of(runaway.id) == cg.pool_of(neighbour.id)
+    neighbour.commands.start("sleep 300")
+    runaway.commands.start(alloc(200))
+    path = host.settings.tombstones_dir / runaway.id
+    deadline = time.monotonic() + 15
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert path.exists() and path.read_text() == "oom 96 pooled"
+    with pytest.raises(SandboxOutOfMemory, match="its memory pool"):
+        runaway.info()
+    assert not (host.settings.tombstones_dir / neighbour.id).exists()
+    assert neighbour.commands.run("pidof sleep", timeout=10).stdout.strip()
+
+
 def test_pause_resume_exec_and_cpu_class_in_a_pool(host, base_image, pools):
     cg, make = pools
     sb = make(4, image=base_image, priority="idle")

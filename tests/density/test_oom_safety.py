@@ -60,6 +60,32 @@ def test_oom_kill_sandbox_policy_ends_it_with_tombstone_oom(host, base_image):
         sb.info()
 
 
+def wait_for_tombstone(host, sandbox_id: str, timeout: float = 15.0) -> str | None:
+    path = host.settings.tombstones_dir / sandbox_id
+    deadline = time.monotonic() + timeout
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return path.read_text() if path.exists() else None
+
+
+def test_oom_kill_sandbox_policy_ends_it_for_a_process_shoal_did_not_start(host, base_image):
+    """A session's own child, started by the shell inside the sandbox, not by Shoal: only the
+    supervisor can see its OOM kill (on v1 the kernel's notification comes before the kill is
+    counted, so the supervisor looks again). Nobody waits on any handle; the sandbox still ends."""
+    sb = Sandbox.create(base_image, memory_mb=48, disk_mb=16, root=host.settings.root, oom_kill="sandbox")
+    session = sb.sessions.create()
+    session.run(f"({alloc(200)}) >/dev/null 2>&1 &", timeout=10)
+    assert wait_for_tombstone(host, sb.id) == "oom 48"
+    with pytest.raises(SandboxOutOfMemory, match="its limit of 48 MiB"):
+        sb.info()
+
+
+def test_oom_kill_sandbox_policy_ends_it_for_a_background_command_nobody_waits_on(host, base_image):
+    sb = Sandbox.create(base_image, memory_mb=48, disk_mb=16, root=host.settings.root, oom_kill="sandbox")
+    sb.commands.start(alloc(200))
+    assert wait_for_tombstone(host, sb.id) == "oom 48"
+
+
 def test_a_kill_through_shoal_is_not_taken_for_an_oom(host, base_image):
     sb = Sandbox.create(base_image, memory_mb=48, disk_mb=16, root=host.settings.root, oom_kill="sandbox")
     r = sb.commands.run("true", timeout=10)

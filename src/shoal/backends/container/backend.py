@@ -744,14 +744,19 @@ class ContainerBackend(LocalBackend):
             return result
         result.oom_killed = True
         if meta.get("limits", {}).get("oom_kill") == "sandbox":
-            # the supervisor ends it too where the kernel tells it (v2's memory.events); v1's memcg
-            # notifications do not fire for a kill, so the command's end is the signal here
-            try:
-                self.kill(sandbox_id, reason=self.cgroups.oom_reason(sandbox_id, own_before))
-            except SandboxNotFound:
-                pass
+            self._end_for_oom(sandbox_id, own_before)
             raise self._await_end(sandbox_id, meta)
         return result
+
+    def _end_for_oom(self, sandbox_id: str, own_before: int | None) -> None:
+        """oom_kill="sandbox": end the sandbox one of whose processes the OOM killer took. Its supervisor
+        does too where it can tell (a memory cgroup of its own: v2's memory.events, v1's notification
+        and a look at the count after it); in a pooled memory cgroup it cannot tell whose process went,
+        so the end of the process seen here is the only signal. Whichever is first writes the tombstone."""
+        try:
+            self.kill(sandbox_id, reason=self.cgroups.oom_reason(sandbox_id, own_before))
+        except SandboxNotFound:
+            pass
 
     def _await_end(self, sandbox_id: str, meta: dict) -> SandboxNotFound:
         """The error for a sandbox whose supervisor is ending it (waits for the tombstone briefly)."""
@@ -785,8 +790,12 @@ class ContainerBackend(LocalBackend):
     def start(self, sandbox_id: str, req: StartRequest) -> ContainerProcess:
         proc = self._spawn(sandbox_id, req.argv, req.env, req.cwd, timeout=req.timeout, stdin_pipe=req.stdin,
                            user=req.user, pty=(req.pty.rows, req.pty.cols) if req.pty else None)
+        on_oom = None
+        if self._load(sandbox_id).get("limits", {}).get("oom_kill") == "sandbox":
+            own_before = self.cgroups.own_ooms(sandbox_id)
+            on_oom = lambda: self._end_for_oom(sandbox_id, own_before)  # noqa: E731
         return ContainerProcess(proc, req.ring_bytes, list(req.argv),
-                                oom_kills=lambda: self.cgroups.oom_kills(sandbox_id))
+                                oom_kills=lambda: self.cgroups.oom_kills(sandbox_id), on_oom=on_oom)
 
     def open_session(self, sandbox_id: str, req: SessionRequest) -> ContainerSession:
         meta = self._live_meta(sandbox_id)

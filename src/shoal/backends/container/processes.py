@@ -51,12 +51,16 @@ class ContainerProcess(ProcessHandle):
     """A background command: output since a cursor, wait, kill; a pump thread reads its pipes."""
 
     def __init__(self, proc: initclient.Process, ring_bytes: int, argv: list[str],
-                 oom_kills: Callable[[], int | None] | None = None):
+                 oom_kills: Callable[[], int | None] | None = None, on_oom: Callable[[], None] | None = None):
         self._proc = proc
         # the sandbox's OOM-kill count now and at the end tells an OOM kill from any other SIGKILL
         self._oom_kills = oom_kills
         self._oom_before = oom_kills() if oom_kills else None
         self._oom_killed: bool | None = None
+        # called (on a thread of its own) once an OOM kill ended the process, whether or not anyone
+        # waits for it: the backend ends the sandbox there under oom_kill="sandbox"
+        self._on_oom = on_oom
+        self._signalled = False  # SIGKILL through kill(): never taken for the OOM killer's
         self.id = "proc-" + secrets.token_hex(6)
         self.argv = argv
         self._out, self._err = initclient.RingLog(ring_bytes), initclient.RingLog(ring_bytes)
@@ -106,8 +110,25 @@ class ContainerProcess(ProcessHandle):
         finally:
             sel.close()
             p.close_pipes()  # a finished command keeps only its control socket
+            self._decide_oom()
             self._done.set()
             self._notify()
+        if self._oom_killed and self._on_oom is not None:
+            threading.Thread(target=self._on_oom, name=f"shoal-oom-{p.sandbox_id}", daemon=True).start()
+
+    def _decide_oom(self) -> None:
+        """oom_killed: ended by SIGKILL, neither by its timeout nor through kill(), while the sandbox's
+        OOM-kill count grew (the kernel counts before it signals). In a pooled memory cgroup a
+        neighbour's kill at the same moment cannot be told apart (docs/density.md)."""
+        if self._proc.status is None or self._oom_kills is None or self._oom_before is None:
+            self._oom_killed = False
+            return
+        code, _ = initclient.decode_status(self._proc.status)
+        if code != 137 or self._proc.timed_out or self._signalled:
+            self._oom_killed = False
+            return
+        after = self._oom_kills()
+        self._oom_killed = after is not None and after > self._oom_before
 
     def _notify(self) -> None:
         with self._changed:
@@ -189,9 +210,6 @@ class ContainerProcess(ProcessHandle):
         assert self._proc.status is not None  # the pump sets it before _done
         code, sig = initclient.decode_status(self._proc.status)
         o = self.output()
-        if self._oom_killed is None:  # decided once, at the first wait after the end
-            after = self._oom_kills() if self._oom_kills and code == 137 and not self._proc.timed_out else None
-            self._oom_killed = after is not None and self._oom_before is not None and after > self._oom_before
         return ExecResult(exit_code=code, signal=sig, stdout=o.stdout, stderr=o.stderr,
                           stdout_bytes=self._out.end, stderr_bytes=self._err.end,
                           stdout_truncated=self._out.start > 0, stderr_truncated=self._err.start > 0,
@@ -199,6 +217,8 @@ class ContainerProcess(ProcessHandle):
                           oom_killed=self._oom_killed)
 
     def kill(self, signal: int = 9) -> None:
+        if signal == 9:
+            self._signalled = True
         self._proc.signal(signal)
 
     def close(self) -> None:

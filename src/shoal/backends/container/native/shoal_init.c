@@ -1367,6 +1367,8 @@ static void release_resources(void) {
  * sandbox's own ("oom <its limit MiB>") when its own limit was hit (v2: the `oom` event; v1: its peak
  * usage reached its limit, failcnt being no longer kept on recent kernels), else as the aggregate limit
  * of all sandboxes, the parent cgroup's ("oom <MiB> shared"). */
+#define OOM_RECHECK_MAX_MS 1024 /* v1: the last wait for a kill after an OOM notification (~2 s in all) */
+
 struct oom_watch {
     int v2, fd, ctl_fd;     /* fd: what poll() watches; ctl_fd: v1's memory.oom_control */
     long long kills, own;   /* counters as last read */
@@ -1402,17 +1404,24 @@ static int v1_peak_at_limit(const char *usage, const char *limit) {
     return peak > 0 && lim > 0 && peak + (1 << 20) >= lim;
 }
 
-static void oom_counts(struct oom_watch *w, long long *kills, long long *own) {
+static long long oom_kill_count(const struct oom_watch *w) {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", cfg.memory_cgroup, w->v2 ? "memory.events" : "memory.oom_control");
-    *kills = read_key(path, "oom_kill");
+    return read_key(path, "oom_kill");
+}
+
+/* How often the cgroup's own limit was reached. v2: the `oom` count. v1: a counter of our own, +1 when
+ * the peak since the last look reached the limit (memory, or memory+swap); read only once a kill is
+ * seen, since the look resets the peak. */
+static long long own_oom_count(const struct oom_watch *w) {
     if (w->v2) {
-        *own = read_key(path, "oom");
-    } else { /* a counter of our own: +1 each time the peak reached the limit (memory, or memory+swap) */
-        int hit = v1_peak_at_limit("memory.max_usage_in_bytes", "memory.limit_in_bytes");
-        hit |= v1_peak_at_limit("memory.memsw.max_usage_in_bytes", "memory.memsw.limit_in_bytes");
-        *own = w->own + hit;
+        char path[4096];
+        snprintf(path, sizeof path, "%s/memory.events", cfg.memory_cgroup);
+        return read_key(path, "oom");
     }
+    int hit = v1_peak_at_limit("memory.max_usage_in_bytes", "memory.limit_in_bytes");
+    hit |= v1_peak_at_limit("memory.memsw.max_usage_in_bytes", "memory.memsw.limit_in_bytes");
+    return w->own + hit;
 }
 
 static int oom_watch_open(struct oom_watch *w) {
@@ -1438,7 +1447,8 @@ static int oom_watch_open(struct oom_watch *w) {
         }
     }
     errno = 0;
-    oom_counts(w, &w->kills, &w->own);
+    w->kills = oom_kill_count(w);
+    w->own = own_oom_count(w);
     return w->fd;
 }
 
@@ -1454,9 +1464,9 @@ static int oom_check(struct oom_watch *w) {
             while (read(w->fd, buf, sizeof buf) > 0) {}
         errno = 0;
     }
-    long long kills, own;
-    oom_counts(w, &kills, &own);
+    long long kills = oom_kill_count(w);
     if (kills <= w->kills) return 0;
+    long long own = own_oom_count(w);
     w->shared = own <= w->own;
     w->kills = kills;
     w->own = own;
@@ -1608,15 +1618,26 @@ static int supervise(int ready_fd) {
     int wfd = oom_watch_open(&ow);
     int pfd = (int)syscall(SYS_pidfd_open, init_pid, 0);
     int oom_ended = 0; /* --oom-kill sandbox: this supervisor ended it after an OOM kill */
+    /* v1's notification comes when the cgroup goes under OOM, before the killer has chosen and counted
+     * its victim: after a wake-up with no new kill, look again after 4, 8, 16 ... ms, for about 2 s.
+     * A parent's OOM notifies every sandbox below it, so the look-ups stay few (9) per sandbox. */
+    int recheck_ms = 0;
     while (pfd >= 0 && wfd >= 0) {
         struct pollfd pf[2] = {{.fd = pfd, .events = POLLIN}, {.fd = wfd, .events = ow.v2 ? POLLPRI : POLLIN}};
-        if (poll(pf, 2, -1) < 0) {
+        int ready = poll(pf, 2, recheck_ms ? recheck_ms : -1);
+        if (ready < 0) {
             if (errno == EINTR) continue;
             break;
         }
-        if (pf[1].revents && oom_check(&ow) && cfg.oom_kill == OOM_KILL_SANDBOX && !oom_ended && !cfg.memory_pooled) {
-            oom_ended = 1;
-            kill(init_pid, SIGKILL);
+        if (pf[1].revents || (ready == 0 && recheck_ms)) {
+            int killed = oom_check(&ow);
+            if (killed) recheck_ms = 0;
+            else if (!ow.v2 && pf[1].revents) recheck_ms = 4;
+            else if (recheck_ms) recheck_ms = recheck_ms * 2 > OOM_RECHECK_MAX_MS ? 0 : recheck_ms * 2;
+            if (killed && cfg.oom_kill == OOM_KILL_SANDBOX && !oom_ended && !cfg.memory_pooled) {
+                oom_ended = 1;
+                kill(init_pid, SIGKILL);
+            }
         }
         if (pf[0].revents) break;
     }
